@@ -1,0 +1,56 @@
+"""sqla-queue: a PostgreSQL job queue for applications that already use SQLAlchemy.
+
+with Session(engine) as session, session.begin():
+    session.add(order)
+    enqueue(session, "emails.send_receipt", {"order_id": order.id})
+# both rows commit, or neither; workers are woken by NOTIFY on commit
+"""
+
+from __future__ import annotations
+
+from .enqueue import enqueue, enqueue_many, enqueue_many_async
+from .errors import (
+    AppLoadError,
+    ConfigurationError,
+    InvalidJobError,
+    JobCancelledError,
+    JobLostError,
+    JobTimeoutError,
+    SchemaMissingError,
+    SqlaQueueError,
+    TaskNotFoundError,
+    UnknownQueueError,
+)
+from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
+from .registry import JobContext, Registry, Task, load_registry
+from .retry import RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AppLoadError",
+    "ArchivedJob",
+    "Base",
+    "ConfigurationError",
+    "InvalidJobError",
+    "Job",
+    "JobCancelledError",
+    "JobContext",
+    "JobLostError",
+    "JobStatus",
+    "JobTimeoutError",
+    "Queue",
+    "Registry",
+    "Retention",
+    "RetryPolicy",
+    "SchemaMissingError",
+    "SqlaQueueError",
+    "Task",
+    "TaskNotFoundError",
+    "UnknownQueueError",
+    "enqueue",
+    "enqueue_many",
+    "enqueue_many_async",
+    "limits",
+    "load_registry",
+]

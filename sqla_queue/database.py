@@ -1,0 +1,70 @@
+"""Database URLs and engines: the URL from the caller or the environment, or an embedded server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from .errors import ConfigurationError
+
+URL_ENV_VAR = "SQLA_QUEUE_DATABASE_URL"
+EMBEDDED_DIR_ENV_VAR = "SQLA_QUEUE_EMBEDDED_DIR"
+DEFAULT_EMBEDDED_DIR = ".sqla_queue/pgdata"
+
+_embedded_servers: dict[Path, Any] = {}
+
+
+def normalize_url(url: str) -> str:
+    """Accept `postgres://`, `postgresql://` or `postgresql+psycopg://`; always use psycopg 3."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(
+            detail=f"{url!r} is not a database URL; expected "
+            "postgresql://user:password@host:5432/dbname"
+        ) from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            detail=f"sqla-queue needs PostgreSQL, but the URL's backend is "
+            f"{parsed.get_backend_name()!r}; expected postgresql://user:password@host/dbname"
+        )
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def embedded_url(data_dir: str | os.PathLike[str] | None = None) -> str:
+    """Start (or reuse) an embedded PostgreSQL from the `pgserver` package; return its URL."""
+    try:
+        import pgserver
+    except ImportError:
+        raise ConfigurationError(
+            detail="no database URL was given and the embedded server is not installed. "
+            f"Pass --database-url or set {URL_ENV_VAR}, or `pip install 'sqla-queue[embedded]'` "
+            "(Python 3.10-3.12)"
+        ) from None
+    path = Path(data_dir or os.environ.get(EMBEDDED_DIR_ENV_VAR) or DEFAULT_EMBEDDED_DIR)
+    path = path.resolve()
+    if path not in _embedded_servers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _embedded_servers[path] = pgserver.get_server(path, cleanup_mode=None)  # type: ignore[attr-defined]
+    return normalize_url(str(_embedded_servers[path].get_uri()))
+
+
+def resolve_url(url: str | None) -> tuple[str, str]:
+    """The URL to use and where it came from: the argument, the environment, or embedded."""
+    if url:
+        return normalize_url(url), "argument"
+    from_env = os.environ.get(URL_ENV_VAR)
+    if from_env:
+        return normalize_url(from_env), URL_ENV_VAR
+    return embedded_url(), "embedded"
+
+
+def create_queue_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine on psycopg 3 for the worker and CLI (short transactions only)."""
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(normalize_url(url), **kwargs)

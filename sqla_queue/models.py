@@ -1,0 +1,315 @@
+"""The queue's tables as SQLAlchemy models: `Queue`, `Job`, `ArchivedJob`.
+
+They live in their own PostgreSQL schema (`sqla_queue`) and their own `MetaData`,
+so they never collide with an application's `jobs` table and an application's
+autogenerate can leave them alone (see `sqla_queue.alembic_ext`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.sql import ClauseElement
+
+from .errors import InvalidJobError
+
+SCHEMA = "sqla_queue"
+"""The PostgreSQL schema that holds every table of the queue."""
+
+NOTIFY_CHANNEL = "sqla_queue"
+"""The LISTEN/NOTIFY channel; the payload is the queue's name."""
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 5
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+@dataclass
+class Limits:
+    """Bounds that enqueue enforces; change them on `sqla_queue.limits` at start-up."""
+
+    max_args_bytes: int = 1_000_000
+    """The largest `args`, as JSON text, that a job may carry."""
+    max_name_length: int = 200
+    """The longest task or queue name."""
+
+
+limits = Limits()
+
+PRIORITY_MAX = 32767
+
+
+def _reject_non_json(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} value {value!r:.80}")
+
+
+def validate_job(
+    task: object,
+    args: object,
+    queue: object,
+    priority: object,
+    max_attempts: object,
+    run_at: object,
+) -> str:
+    """Check a job's fields before it reaches the database; returns `args` as JSON text.
+
+    Raises `InvalidJobError` (a ValueError) for a bad field and `TypeError` for args that
+    are not JSON-serialisable, each naming the task and the fix.
+    """
+    name = task if isinstance(task, str) else repr(task)
+    for label, value in (("task", task), ("queue", queue)):
+        if not isinstance(value, str) or not value:
+            raise InvalidJobError(task=name, detail=f"{label} must be a non-empty string")
+        if len(value) > limits.max_name_length:
+            raise InvalidJobError(
+                task=name[:60],
+                detail=f"{label} name is {len(value)} characters; the limit is "
+                f"{limits.max_name_length} (sqla_queue.limits.max_name_length)",
+            )
+        if not value.isprintable():
+            raise InvalidJobError(task=name, detail=f"{label} name has control characters")
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise InvalidJobError(
+            task=name,
+            detail=f"args must be a dict of keyword arguments with str keys, "
+            f"got {type(args).__name__}",
+        )
+    try:
+        encoded = json.dumps(args, allow_nan=False, default=_reject_non_json)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"args of task {name!r} are not JSON-serialisable: {exc}. "
+            "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
+        ) from None
+    if len(encoded) > limits.max_args_bytes:
+        raise InvalidJobError(
+            task=name,
+            detail=f"args are {len(encoded)} bytes as JSON; the limit is {limits.max_args_bytes} "
+            "(sqla_queue.limits.max_args_bytes). Store large payloads elsewhere and pass a key.",
+        )
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise InvalidJobError(task=name, detail=f"priority must be an int, got {priority!r}")
+    if not 0 <= priority <= PRIORITY_MAX:
+        raise InvalidJobError(
+            task=name,
+            detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}",
+        )
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+    ):
+        raise InvalidJobError(
+            task=name, detail=f"max_attempts must be a positive int or None, got {max_attempts!r}"
+        )
+    if run_at is not None and not isinstance(run_at, ClauseElement):
+        if not isinstance(run_at, dt.datetime):
+            raise InvalidJobError(task=name, detail=f"run_at must be a datetime, got {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidJobError(
+                task=name,
+                detail="run_at has no time zone; pass an aware datetime such as "
+                "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=",
+            )
+    return encoded
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the queue's own models (own `MetaData`, own schema)."""
+
+    metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job is in its life."""
+
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class Retention(str, enum.Enum):
+    """What happens to a job that succeeded, chosen per queue."""
+
+    delete = "delete"
+    """The row is deleted at once (the default: the table stays small)."""
+    keep = "keep"
+    """The row stays with status `done` until `sqla-queue prune` removes it."""
+    archive = "archive"
+    """The row moves to `sqla_queue.jobs_archive` in the finishing statement."""
+
+
+def _check_in(column: str, enum_type: type[enum.Enum]) -> str:
+    values = ", ".join(f"'{member.value}'" for member in enum_type)
+    return f"{column} IN ({values})"
+
+
+class Queue(Base):
+    """A named queue. Jobs reference it by name; pausing it stops claims from it."""
+
+    __tablename__ = "queues"
+    __table_args__ = (CheckConstraint(_check_in("retention", Retention), name="retention"),)
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    retention: Mapped[str] = mapped_column(Text, server_default=text("'delete'"))
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+    jobs: Mapped[list[Job]] = relationship(
+        back_populates="queue_row",
+        primaryjoin="Queue.name == foreign(Job.queue)",
+        viewonly=True,
+    )
+
+    def __repr__(self) -> str:
+        return f"Queue(name={self.name!r}, paused={self.paused!r}, retention={self.retention!r})"
+
+
+class Job(Base):
+    """A unit of work: `task` called with `args` as keyword arguments.
+
+    Add one to a session beside your own objects (`session.add(Job(task=..., args=...))`)
+    or call `sqla_queue.enqueue`; it becomes visible to workers when that transaction commits.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_check_in("status", JobStatus), name="status"),
+        CheckConstraint("max_attempts IS NULL OR max_attempts > 0", name="max_attempts"),
+        Index(
+            "ix_jobs_claim",
+            "queue",
+            "priority",
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        Index(
+            "ix_jobs_claim_any_queue",
+            "priority",
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        Index("ix_jobs_heartbeat", "heartbeat_at", postgresql_where=text("status = 'running'")),
+        Index(
+            "ix_jobs_finished",
+            "finished_at",
+            postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
+        ),
+        {
+            "postgresql_with": {
+                "autovacuum_vacuum_scale_factor": "0",
+                "autovacuum_vacuum_threshold": "1000",
+                "autovacuum_vacuum_insert_scale_factor": "0",
+                "autovacuum_vacuum_insert_threshold": "1000",
+                "autovacuum_analyze_scale_factor": "0",
+                "autovacuum_analyze_threshold": "1000",
+                "fillfactor": "90",
+            }
+        },
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    queue: Mapped[str] = mapped_column(
+        Text,
+        ForeignKey(f"{SCHEMA}.queues.name", onupdate="CASCADE"),
+        server_default=text(f"'{DEFAULT_QUEUE}'"),
+    )
+    task: Mapped[str] = mapped_column(Text)
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    status: Mapped[str] = mapped_column(Text, server_default=text("'queued'"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    run_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    locked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    locked_by: Mapped[str | None] = mapped_column(Text)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    queue_row: Mapped[Queue | None] = relationship(
+        back_populates="jobs",
+        primaryjoin="Queue.name == foreign(Job.queue)",
+        viewonly=True,
+    )
+
+    __mapper_args__ = {"eager_defaults": False}
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("queue", DEFAULT_QUEUE)
+        kwargs.setdefault("args", {})
+        kwargs.setdefault("priority", 0)
+        validate_job(
+            kwargs.get("task"),
+            kwargs["args"],
+            kwargs["queue"],
+            kwargs["priority"],
+            kwargs.get("max_attempts"),
+            kwargs.get("run_at"),
+        )
+        super().__init__(**kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(id={self.id!r}, task={self.task!r}, queue={self.queue!r}, "
+            f"status={self.status!r}, attempts={self.attempts!r})"
+        )
+
+
+class ArchivedJob(Base):
+    """A finished job moved out of `jobs` by a queue whose retention is `archive`."""
+
+    __tablename__ = "jobs_archive"
+    __table_args__ = (Index("ix_jobs_archive_finished_at", "finished_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    queue: Mapped[str] = mapped_column(Text)
+    task: Mapped[str] = mapped_column(Text)
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(SmallInteger)
+    run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer)
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    locked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    locked_by: Mapped[str | None] = mapped_column(Text)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

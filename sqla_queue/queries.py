@@ -1,0 +1,459 @@
+"""Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
+
+One file, so a reader who wants to know what hits the database reads only this.
+Statements are built once and executed with bound parameters; none interpolates
+a value into SQL text. Batch statements take parallel arrays and `unnest` them,
+so a batch of any size is one statement and one round trip.
+
+The fencing condition: every statement that ends a claim matches the job's id,
+the attempt number the claim returned, and `status = 'running'`. A worker whose
+job was reaped (and perhaps claimed again) changes nothing when it wakes up late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    DateTime,
+    Delete,
+    Float,
+    Insert,
+    Integer,
+    Interval,
+    Select,
+    SmallInteger,
+    Table,
+    Text,
+    Update,
+    and_,
+    any_,
+    bindparam,
+    column,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    table,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.selectable import TableValuedAlias
+
+from .models import NOTIFY_CHANNEL, SCHEMA, ArchivedJob, Job, JobStatus, Queue
+
+jobs = cast(Table, Job.__table__)
+queues = cast(Table, Queue.__table__)
+archive = cast(Table, ArchivedJob.__table__)
+
+CLAIMED_COLUMNS = (
+    jobs.c.id,
+    jobs.c.task,
+    jobs.c.args,
+    jobs.c.attempts,
+    jobs.c.max_attempts,
+    jobs.c.queue,
+)
+"""The columns a claim returns, in this order: (id, task, args, attempts, max_attempts, queue)."""
+
+FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
+
+
+def _seconds(name: str) -> Any:
+    """`make_interval(secs => :name)`, for a bound number of seconds."""
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
+
+
+def _claimed_batch(*extra: tuple[str, str, Any]) -> TableValuedAlias:
+    """`unnest(:job_ids, :job_attempts, ...) AS f(id, attempt, ...)`: one row per claimed job.
+
+    `extra` adds (parameter, column, element type) triples of further parallel arrays.
+    """
+    arrays = [
+        bindparam("job_ids", type_=ARRAY(BigInteger)),
+        bindparam("job_attempts", type_=ARRAY(Integer)),
+        *(bindparam(param, type_=ARRAY(type_)) for param, _, type_ in extra),
+    ]
+    names = ["id", "attempt", *(name for _, name, _ in extra)]
+    return func.unnest(*arrays).table_valued(*names).render_derived(name="f")
+
+
+def _fenced(batch: TableValuedAlias) -> tuple[Any, ...]:
+    return (
+        jobs.c.id == batch.c.id,
+        jobs.c.attempts == batch.c.attempt,
+        jobs.c.status == JobStatus.running.value,
+    )
+
+
+# -- enqueue ---------------------------------------------------------------------------------
+
+
+def insert_jobs() -> Insert:
+    """Insert jobs, for executemany; returns ids in parameter order.
+
+    Parameters per row: `job_task`, `job_args`, `job_queue`, `job_priority`, `job_run_at`
+    (or NULL), `job_delay` (an interval, or NULL), `job_max_attempts`. A NULL `job_run_at`
+    means now plus the delay, by the database clock.
+    """
+    run_at = func.coalesce(
+        bindparam("job_run_at", type_=DateTime(timezone=True)),
+        func.now() + func.coalesce(bindparam("job_delay", type_=Interval), text("'0'::interval")),
+    )
+    return (
+        insert(jobs)
+        .values(
+            task=bindparam("job_task", type_=Text),
+            args=bindparam("job_args", type_=JSONB),
+            queue=bindparam("job_queue", type_=Text),
+            priority=bindparam("job_priority", type_=SmallInteger),
+            run_at=run_at,
+            max_attempts=bindparam("job_max_attempts", type_=Integer),
+        )
+        .returning(jobs.c.id, sort_by_parameter_order=True)
+    )
+
+
+# -- claim -----------------------------------------------------------------------------------
+
+
+def claim_jobs(queue_names: Sequence[str] | None) -> Update:
+    """Claim up to `:limit` due jobs, lowest priority first, and mark them running.
+
+    Parameters: `limit`, `worker_id`, and `queues` (a list) when `queue_names` is given;
+    `None` claims from every queue. Paused queues are skipped. The candidates CTE is
+    MATERIALIZED so the planner cannot re-run the locking subquery and lock more than
+    `limit` rows.
+    """
+    paused = exists().where(queues.c.name == jobs.c.queue, queues.c.paused)
+    conditions = [
+        jobs.c.status == JobStatus.queued.value,
+        jobs.c.run_at <= func.now(),
+        ~paused,
+    ]
+    if queue_names is not None:
+        conditions.append(jobs.c.queue == any_(bindparam("queues", type_=ARRAY(Text))))
+    candidates = (
+        select(jobs.c.id)
+        .where(*conditions)
+        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id == candidates.c.id)
+        .values(
+            status=JobStatus.running.value,
+            attempts=jobs.c.attempts + 1,
+            locked_at=func.now(),
+            heartbeat_at=func.now(),
+            locked_by=bindparam("worker_id", type_=Text),
+        )
+        .returning(*CLAIMED_COLUMNS)
+    )
+
+
+# -- finish ----------------------------------------------------------------------------------
+
+
+def complete_keep() -> Update:
+    """Mark claimed jobs done (retention `keep`). Parameters: `job_ids`, `job_attempts`."""
+    batch = _claimed_batch()
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(status=JobStatus.done.value, finished_at=func.now())
+    )
+
+
+def complete_delete() -> Delete:
+    """Delete a batch of claimed jobs that succeeded (retention `delete`)."""
+    batch = _claimed_batch()
+    return delete(jobs).where(*_fenced(batch))
+
+
+def complete_archive() -> Insert:
+    """Move a batch of succeeded jobs to the archive table in one statement."""
+    batch = _claimed_batch()
+    moved = delete(jobs).where(*_fenced(batch)).returning(*jobs.c).cte("moved")
+    names = [c.name for c in archive.c]
+    values = [
+        literal(JobStatus.done.value).label("status")
+        if name == "status"
+        else func.now().label("finished_at")
+        if name == "finished_at"
+        else moved.c[name]
+        for name in names
+    ]
+    return insert(archive).from_select(names, select(*values)).add_cte(moved)
+
+
+def retry_jobs() -> Update:
+    """Put failed attempts back to `queued`, due after their own delay.
+
+    Parameters: `job_ids`, `job_attempts`, `job_delays` (seconds), `job_errors` (tracebacks).
+    """
+    batch = _claimed_batch(("job_delays", "delay", Float), ("job_errors", "error", Text))
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(
+            status=JobStatus.queued.value,
+            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, batch.c.delay),
+            last_error=batch.c.error,
+            locked_by=None,
+            locked_at=None,
+            heartbeat_at=None,
+        )
+    )
+
+
+def fail_jobs() -> Update:
+    """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`."""
+    batch = _claimed_batch(("job_errors", "error", Text))
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(
+            status=JobStatus.failed.value,
+            finished_at=func.now(),
+            last_error=batch.c.error,
+            heartbeat_at=None,
+        )
+    )
+
+
+def release_jobs() -> Update:
+    """Return claimed jobs to `queued` now (shutdown).
+
+    Parameters: `job_ids`, `job_attempts`, `job_refunds`.
+
+    A job that never started gets its attempt back (`refund` 1); one interrupted mid-run
+    keeps it (`refund` 0), so a job that always kills its worker still reaches max_attempts.
+    """
+    batch = _claimed_batch(("job_refunds", "refund", Integer))
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(
+            status=JobStatus.queued.value,
+            attempts=jobs.c.attempts - batch.c.refund,
+            run_at=func.now(),
+            locked_by=None,
+            locked_at=None,
+            heartbeat_at=None,
+        )
+    )
+
+
+# -- liveness --------------------------------------------------------------------------------
+
+
+def heartbeat_jobs() -> Update:
+    """Refresh the heartbeat of the jobs a worker holds; returns the ids it still owns.
+
+    A held job missing from the result was reaped or cancelled: its handler is told.
+    """
+    batch = _claimed_batch()
+    return update(jobs).where(*_fenced(batch)).values(heartbeat_at=func.now()).returning(jobs.c.id)
+
+
+def reap_stale_jobs() -> Update:
+    """Requeue `running` jobs whose heartbeat is older than `:lease` seconds.
+
+    Safe when several workers reap at once: SKIP LOCKED splits the rows between them and
+    the status condition is re-checked on the locked row. Returns (id, queue).
+    """
+    stale = (
+        select(jobs.c.id)
+        .where(
+            jobs.c.status == JobStatus.running.value,
+            jobs.c.heartbeat_at < func.now() - _seconds("lease"),
+        )
+        .with_for_update(skip_locked=True)
+        .cte("stale")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id == stale.c.id, jobs.c.status == JobStatus.running.value)
+        .values(
+            status=JobStatus.queued.value,
+            run_at=func.now(),
+            last_error=func.concat(
+                "lease expired: worker ",
+                func.coalesce(jobs.c.locked_by, "?"),
+                " stopped heartbeating",
+            ),
+            locked_by=None,
+            locked_at=None,
+            heartbeat_at=None,
+        )
+        .returning(jobs.c.id, jobs.c.queue)
+    )
+
+
+# -- notify ----------------------------------------------------------------------------------
+
+
+def notify_queues() -> Select[Any]:
+    """`pg_notify` once per queue in `:queues`; delivered by PostgreSQL only on commit."""
+    names = func.unnest(bindparam("queues", type_=ARRAY(Text))).table_valued("name")
+    return select(func.pg_notify(NOTIFY_CHANNEL, names.c.name)).select_from(names)
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+_namespaces = table("pg_namespace", column("oid"), column("nspname"), schema="pg_catalog")
+
+
+def schema_revision() -> Select[Any]:
+    """The revision marker our migrations write as the comment on our schema."""
+    return select(func.obj_description(_namespaces.c.oid, "pg_namespace")).where(
+        _namespaces.c.nspname == SCHEMA
+    )
+
+
+# -- administration --------------------------------------------------------------------------
+
+
+def queue_settings() -> Select[Any]:
+    """(name, paused, retention) of every queue."""
+    return select(queues.c.name, queues.c.paused, queues.c.retention).order_by(queues.c.name)
+
+
+def create_queue() -> Insert:
+    """Create a queue; parameters `name`, `retention`. Existing queues are left as they are."""
+    return (
+        pg_insert(queues)
+        .values(name=bindparam("name"), retention=bindparam("retention"))
+        .on_conflict_do_nothing(index_elements=[queues.c.name])
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_paused(paused: bool) -> Update:
+    """Pause or resume the queue `:name`; returns its name if it exists."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(paused=paused)
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_retention() -> Update:
+    """Set the retention of the queue `:queue_name` to `:new_retention`."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(retention=bindparam("new_retention"))
+        .returning(queues.c.name)
+    )
+
+
+def count_unfinished_in_queue() -> Select[Any]:
+    """How many jobs of `:queue_name` are queued or running."""
+    return select(func.count()).where(
+        jobs.c.queue == bindparam("queue_name"),
+        jobs.c.status.in_([JobStatus.queued.value, JobStatus.running.value]),
+    )
+
+
+def delete_jobs_of_queue() -> Delete:
+    """Delete every job of the queue `:queue_name` (used by `queues delete --force`)."""
+    return delete(jobs).where(jobs.c.queue == bindparam("queue_name"))
+
+
+def delete_queue() -> ReturningDelete[Any]:
+    """Delete the queue `:queue_name`; returns its name if it existed."""
+    return delete(queues).where(queues.c.name == bindparam("queue_name")).returning(queues.c.name)
+
+
+def queue_stats() -> Select[Any]:
+    """Per queue and status: count and the oldest due queued job's age in seconds.
+
+    Queues with no jobs appear once with a NULL status and a count of 0.
+    """
+    due_age = func.extract("epoch", func.now() - func.min(jobs.c.run_at)).filter(
+        and_(jobs.c.status == JobStatus.queued.value, jobs.c.run_at <= func.now())
+    )
+    names = select(queues.c.name).union(select(jobs.c.queue.label("name")).distinct()).subquery()
+    return (
+        select(
+            names.c.name,
+            queues.c.paused,
+            jobs.c.status,
+            func.count(jobs.c.id),
+            due_age,
+        )
+        .select_from(names)
+        .outerjoin(queues, queues.c.name == names.c.name)
+        .outerjoin(jobs, jobs.c.queue == names.c.name)
+        .group_by(names.c.name, queues.c.paused, jobs.c.status)
+        .order_by(names.c.name, jobs.c.status)
+    )
+
+
+def prune_jobs() -> Delete:
+    """Delete finished jobs (`:statuses`) that finished more than `:older_than` seconds ago."""
+    return delete(jobs).where(
+        jobs.c.status == any_(bindparam("statuses", type_=ARRAY(Text))),
+        jobs.c.finished_at < func.now() - _seconds("older_than"),
+    )
+
+
+def prune_archive() -> Delete:
+    """Delete archived jobs older than `:older_than` seconds."""
+    return delete(archive).where(archive.c.finished_at < func.now() - _seconds("older_than"))
+
+
+def cancel_jobs() -> Update:
+    """Cancel jobs `:job_ids` that are queued or running; returns (id, previous status).
+
+    A running job's handler sees the cancellation at its worker's next heartbeat, and its
+    late finish is fenced off by the status condition.
+    """
+    before = (
+        select(jobs.c.id, jobs.c.status)
+        .where(
+            jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))),
+            or_(
+                jobs.c.status == JobStatus.queued.value,
+                jobs.c.status == JobStatus.running.value,
+            ),
+        )
+        .with_for_update()
+        .cte("before")
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id == before.c.id)
+        .values(
+            status=JobStatus.cancelled.value,
+            finished_at=func.now(),
+            heartbeat_at=None,
+        )
+        .returning(jobs.c.id, before.c.status)
+    )
+
+
+def job_by_id() -> Select[Any]:
+    """One job's row by `:job_id`."""
+    return select(jobs).where(jobs.c.id == bindparam("job_id", type_=BigInteger))
+
+
+LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"'
+"""Not expressible in Core: the one plain-text statement, sent by the listener connection."""

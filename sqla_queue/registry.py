@@ -1,0 +1,230 @@
+"""Task handlers: `Registry`, `@registry.task`, and `load_registry("pkg.mod:name")`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
+
+from .errors import AppLoadError, ConfigurationError, JobCancelledError
+from .retry import DEFAULT_RETRY, RetryPolicy
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from .models import Job
+
+
+class JobContext:
+    """What a handler registered with `pass_context=True` receives as its first argument.
+
+    `attempt` is the fencing token: pass it to outside systems so that a write from a
+    stale attempt (a worker that lost its lease and woke up late) can be rejected.
+    """
+
+    __slots__ = ("_heartbeat", "_lost", "attempt", "job_id", "queue", "task")
+
+    def __init__(
+        self,
+        job_id: int,
+        task: str,
+        queue: str,
+        attempt: int,
+        heartbeat: Callable[[JobContext], bool] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.task = task
+        self.queue = queue
+        self.attempt = attempt
+        self._heartbeat = heartbeat
+        self._lost = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled or its lease was lost: stop work and return."""
+        return self._lost.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `JobCancelledError` if the job was cancelled or reaped, for long loops."""
+        if self._lost.is_set():
+            raise JobCancelledError(job_id=self.job_id)
+
+    def heartbeat(self) -> bool:
+        """Extend this job's lease now; returns False if the worker no longer holds it."""
+        if self._heartbeat is None:
+            return not self._lost.is_set()
+        return self._heartbeat(self)
+
+    def mark_lost(self) -> None:
+        """Called by the worker when the job is no longer its own."""
+        self._lost.set()
+
+    def __repr__(self) -> str:
+        return f"JobContext(job_id={self.job_id}, task={self.task!r}, attempt={self.attempt})"
+
+
+@dataclass
+class Task:
+    """A registered handler and its options. Calling it calls the function directly."""
+
+    func: Callable[..., Any]
+    name: str
+    queue: str | None = None
+    max_attempts: int | None = None
+    retry: RetryPolicy = DEFAULT_RETRY
+    timeout: float | None = None
+    pass_context: bool = False
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.func)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def enqueue(
+        self,
+        session: Session,
+        args: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int = 0,
+        run_at: dt.datetime | None = None,
+        delay: float | dt.timedelta | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """`enqueue(session, self.name, args, ...)` with this task's queue and max_attempts."""
+        from .enqueue import enqueue
+
+        return enqueue(
+            session,
+            self.name,
+            args,
+            queue=queue or self.queue,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts or self.max_attempts,
+        )
+
+
+class Registry:
+    """The tasks a worker can run, by name.
+
+    registry = Registry()
+
+    @registry.task(queue="emails", max_attempts=10)
+    def send_receipt(order_id: int) -> None: ...
+    """
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    @overload
+    def task(self, func: Callable[..., Any], /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        pass_context: bool = False,
+    ) -> Callable[[Callable[..., Any]], Task]: ...
+
+    def task(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        pass_context: bool = False,
+    ) -> Task | Callable[[Callable[..., Any]], Task]:
+        """Register a sync or async function as a task.
+
+        The name defaults to `module.function`. Options: the default `queue` for the
+        task's `.enqueue`, `max_attempts` (used when the job row does not set it),
+        `retry` (a `RetryPolicy`), `timeout` in seconds, and `pass_context` to receive a
+        `JobContext` as the first argument.
+        """
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
+
+        def register(f: Callable[..., Any]) -> Task:
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if task_name in self._tasks and self._tasks[task_name].func is not f:
+                raise ConfigurationError(detail=f"task {task_name!r} is registered twice")
+            task = Task(
+                func=f,
+                name=task_name,
+                queue=queue,
+                max_attempts=max_attempts,
+                retry=retry or DEFAULT_RETRY,
+                timeout=timeout,
+                pass_context=pass_context,
+            )
+            self._tasks[task_name] = task
+            return task
+
+        return register(func) if func is not None else register
+
+    def get(self, name: str) -> Task | None:
+        """The task registered under `name`, or None."""
+        return self._tasks.get(name)
+
+    def __getitem__(self, name: str) -> Task:
+        return self._tasks[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+def load_registry(path: str) -> Registry:
+    """Import `"package.module:attribute"` and return the `Registry` found there."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise AppLoadError(path=path, detail="expected 'package.module:registry'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise AppLoadError(
+                path=path,
+                detail=f"no module named {exc.name!r} (is it on PYTHONPATH? run from its folder)",
+            ) from exc
+        raise AppLoadError(path=path, detail=f"importing it raised {exc!r}") from exc
+    except Exception as exc:
+        raise AppLoadError(path=path, detail=f"importing it raised {exc!r}") from exc
+    try:
+        registry = getattr(module, attribute)
+    except AttributeError:
+        raise AppLoadError(
+            path=path, detail=f"module {module_name!r} has no attribute {attribute!r}"
+        ) from None
+    if not isinstance(registry, Registry):
+        raise AppLoadError(
+            path=path,
+            detail=f"{attribute!r} is a {type(registry).__name__}, not a sqla_queue.Registry",
+        )
+    return registry
