@@ -33,6 +33,7 @@ def alembic_config(connection: Connection | None = None, url: str | None = None)
     config = Config()
     config.set_main_option("script_location", "sqla_queue:migrations")
     config.set_main_option("version_locations", versions_folder())
+    config.set_main_option("path_separator", "os")
     if url is not None:
         config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     config.attributes["connection"] = connection

@@ -387,9 +387,10 @@ def queue_stats() -> Select[Any]:
 
     Queues with no jobs appear once with a NULL status and a count of 0.
     """
-    due_age = func.extract("epoch", func.now() - func.min(jobs.c.run_at)).filter(
+    oldest_due = func.min(jobs.c.run_at).filter(
         and_(jobs.c.status == JobStatus.queued.value, jobs.c.run_at <= func.now())
     )
+    due_age = func.extract("epoch", func.now() - oldest_due)
     names = select(queues.c.name).union(select(jobs.c.queue.label("name")).distinct()).subquery()
     return (
         select(

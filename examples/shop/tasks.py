@@ -1,0 +1,31 @@
+"""The shop's background tasks. Run them with:
+
+    sqla-queue worker --app examples.shop.tasks:registry
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sqlalchemy import create_engine, update
+
+from sqla_queue import JobContext, Registry
+
+from .models import Order
+
+registry = Registry()
+log = logging.getLogger("shop")
+
+
+@registry.task(name="shop.send_receipt", queue="default", max_attempts=5, pass_context=True)
+def send_receipt(ctx: JobContext, order_id: int, email: str) -> None:
+    """Pretend to send the receipt; record that it went out.
+
+    A real handler would pass ctx.attempt to the mail API as an idempotency/fencing key.
+    """
+    log.info("sending receipt for order %s to %s (attempt %s)", order_id, email, ctx.attempt)
+    engine = create_engine(os.environ["SQLA_QUEUE_DATABASE_URL"])
+    with engine.begin() as conn:
+        conn.execute(update(Order).where(Order.id == order_id).values(receipt_sent=True))
+    engine.dispose()

@@ -1,0 +1,380 @@
+"""`sqla-queue`: migrate, run workers, enqueue, manage queues, look at the queue."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from . import admin
+from .database import URL_ENV_VAR, create_queue_engine, resolve_url
+from .errors import SqlaQueueError
+from .models import JobStatus, Retention
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("sqla_queue.cli")
+
+
+def _database_option(func: F) -> F:
+    return click.option(
+        "--database-url",
+        envvar=URL_ENV_VAR,
+        show_envvar=True,
+        help="PostgreSQL URL. Without one, an embedded server is started (sqla-queue[embedded]).",
+    )(func)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _friendly_errors(func: F) -> F:
+    """Turn our errors and connection failures into one line on stderr and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except SqlaQueueError as exc:
+            raise click.ClickException(str(exc)) from None
+        except OperationalError as exc:
+            raise click.ClickException(f"cannot use the database: {_one_line(exc)}") from None
+        except DBAPIError as exc:
+            raise click.ClickException(f"database error: {_one_line(exc)}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _engine(database_url: str | None, **kwargs: Any) -> Engine:
+    url, source = resolve_url(database_url)
+    if source == "embedded":
+        from .database import embedded_url
+
+        click.echo(
+            f"using the embedded PostgreSQL at {embedded_url()} "
+            f"(pass --database-url or set {URL_ENV_VAR} to use your own)",
+            err=True,
+        )
+    return create_queue_engine(url, **kwargs)
+
+
+@contextmanager
+def _transaction(database_url: str | None, check: bool = True) -> Iterator[Connection]:
+    engine = _engine(database_url)
+    try:
+        with engine.begin() as conn:
+            if check:
+                from .migrate import check_schema
+
+                check_schema(conn)
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def _configure_logging(level: str) -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False, console=_stderr())],
+        force=True,
+    )
+
+
+def _stderr() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+
+
+def parse_duration(value: str) -> float:
+    """'90', '90s', '15m', '12h', '7d', '2w' -> seconds."""
+    match = _DURATION.match(value)
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a duration; use e.g. 3600, 90s, 15m, 12h, 7d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@click.group()
+@click.version_option(package_name="sqla-queue")
+def main() -> None:
+    """sqla-queue: a PostgreSQL job queue for SQLAlchemy applications."""
+
+
+@main.command()
+@_database_option
+@click.option("--revision", default="sqla_queue@head", show_default=True)
+@_friendly_errors
+def migrate(database_url: str | None, revision: str) -> None:
+    """Create or upgrade the sqla_queue schema (the package's own Alembic revisions)."""
+    from .migrate import schema_revision, upgrade
+
+    engine = _engine(database_url)
+    try:
+        upgrade(engine, revision)
+        with engine.connect() as conn:
+            click.echo(f"sqla_queue schema at revision {schema_revision(conn)}")
+    finally:
+        engine.dispose()
+
+
+@main.command()
+@_database_option
+@click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
+@click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
+@click.option("-c", "--concurrency", type=int, default=4, show_default=True)
+@click.option("--batch", type=int, default=10, show_default=True, help="Jobs per claim at most.")
+@click.option(
+    "--lease", type=float, default=60.0, show_default=True, help="Seconds before reaping."
+)
+@click.option("--poll-interval", type=float, default=2.0, show_default=True)
+@click.option("--burst", is_flag=True, help="Exit when no job is due.")
+@click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
+@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
+@_friendly_errors
+def worker(
+    database_url: str | None,
+    app_path: str,
+    queues: str | None,
+    concurrency: int,
+    batch: int,
+    lease: float,
+    poll_interval: float,
+    burst: bool,
+    poll_only: bool,
+    shutdown_timeout: float,
+    log_level: str,
+) -> None:
+    """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
+    until nothing is due."""
+    from .registry import load_registry
+    from .worker import Worker, WorkerConfig
+
+    _configure_logging(log_level)
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, "")
+    config = WorkerConfig(
+        queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
+        concurrency=concurrency,
+        batch=batch,
+        lease=lease,
+        poll_interval=poll_interval,
+        burst=burst,
+        poll_only=poll_only,
+        shutdown_timeout=shutdown_timeout,
+    )
+    registry = load_registry(app_path)
+    engine = _engine(database_url, pool_size=3, max_overflow=4)
+    try:
+        stats = Worker(engine, registry, config).run()
+    finally:
+        engine.dispose()
+    if burst:
+        click.echo(
+            f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed",
+            err=True,
+        )
+
+
+@main.command()
+@_database_option
+@click.argument("task")
+@click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
+@click.option("--queue", default=None)
+@click.option("--priority", type=int, default=0, show_default=True, help="0 runs first.")
+@click.option("--delay", type=float, default=None, help="Seconds before the job is due.")
+@click.option("--max-attempts", type=int, default=None)
+@_friendly_errors
+def enqueue(
+    database_url: str | None,
+    task: str,
+    args_json: str,
+    queue: str | None,
+    priority: int,
+    delay: float | None,
+    max_attempts: int | None,
+) -> None:
+    """Enqueue one job of TASK and print its id."""
+    from sqlalchemy.orm import Session
+
+    from .enqueue import enqueue as enqueue_job
+
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--args") from None
+    with _transaction(database_url) as conn:
+        session = Session(bind=conn)
+        job = enqueue_job(
+            session,
+            task,
+            args,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+        )
+        session.flush()
+        click.echo(job.id)
+
+
+@main.group()
+def queues() -> None:
+    """Create, list, pause, resume and delete queues."""
+
+
+@queues.command("create")
+@_database_option
+@click.argument("name")
+@click.option(
+    "--retention",
+    type=click.Choice([r.value for r in Retention]),
+    default=Retention.delete.value,
+    show_default=True,
+    help="What happens to succeeded jobs.",
+)
+@_friendly_errors
+def queues_create(database_url: str | None, name: str, retention: str) -> None:
+    """Create queue NAME (or set its retention, if it exists)."""
+    with _transaction(database_url) as conn:
+        created = admin.create_queue(conn, name, retention)
+        if not created:
+            admin.set_retention(conn, name, retention)
+    click.echo(f"queue {name!r} {'created' if created else 'exists'} (retention {retention})")
+
+
+@queues.command("list")
+@_database_option
+@_friendly_errors
+def queues_list(database_url: str | None) -> None:
+    """List queues with their settings."""
+    with _transaction(database_url) as conn:
+        for info in admin.list_queues(conn):
+            state = "paused" if info.paused else "active"
+            click.echo(f"{info.name}\t{state}\tretention={info.retention}")
+
+
+@queues.command("pause")
+@_database_option
+@click.argument("name")
+@_friendly_errors
+def queues_pause(database_url: str | None, name: str) -> None:
+    """Stop workers claiming from NAME (running jobs finish)."""
+    with _transaction(database_url) as conn:
+        admin.set_paused(conn, name, True)
+    click.echo(f"queue {name!r} paused")
+
+
+@queues.command("resume")
+@_database_option
+@click.argument("name")
+@_friendly_errors
+def queues_resume(database_url: str | None, name: str) -> None:
+    """Let workers claim from NAME again."""
+    with _transaction(database_url) as conn:
+        admin.set_paused(conn, name, False)
+    click.echo(f"queue {name!r} resumed")
+
+
+@queues.command("delete")
+@_database_option
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Also delete the queue's jobs.")
+@_friendly_errors
+def queues_delete(database_url: str | None, name: str, force: bool) -> None:
+    """Delete queue NAME (refused while it has unfinished jobs, unless --force)."""
+    with _transaction(database_url) as conn:
+        deleted = admin.delete_queue(conn, name, force)
+    click.echo(f"queue {name!r} deleted ({deleted} job(s) deleted with it)")
+
+
+@main.command()
+@_database_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_friendly_errors
+def stats(database_url: str | None, as_json: bool) -> None:
+    """Jobs per queue and status, and the oldest due job's age."""
+    with _transaction(database_url) as conn:
+        rows = admin.stats(conn)
+    if as_json:
+        click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("queue", *(s.value for s in JobStatus), "oldest due (s)")
+    for row in rows:
+        label = row.queue + (" (paused)" if row.paused else "")
+        age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
+        table.add_row(label, *(str(row.counts.get(s.value, 0)) for s in JobStatus), age)
+    Console().print(table)
+
+
+@main.command()
+@_database_option
+@click.option(
+    "--older-than", required=True, help="Age of finished jobs to delete: 3600, 90s, 12h, 7d."
+)
+@click.option(
+    "--status",
+    "statuses",
+    default="done",
+    show_default=True,
+    help="Comma-separated finished statuses to prune (done, failed, cancelled).",
+)
+@click.option("--archive", is_flag=True, help="Also prune the archive table.")
+@_friendly_errors
+def prune(database_url: str | None, older_than: str, statuses: str, archive: bool) -> None:
+    """Delete finished jobs older than --older-than."""
+    seconds = parse_duration(older_than)
+    with _transaction(database_url) as conn:
+        count = admin.prune(conn, seconds, [s.strip() for s in statuses.split(",")], archive)
+    click.echo(f"pruned {count} job(s)")
+
+
+@main.group()
+def jobs() -> None:
+    """Act on single jobs."""
+
+
+@jobs.command("cancel")
+@_database_option
+@click.argument("job_ids", nargs=-1, type=int, required=True)
+@_friendly_errors
+def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
+    """Cancel queued or running jobs by id; a running handler sees ctx.cancelled."""
+    with _transaction(database_url) as conn:
+        cancelled = admin.cancel_jobs(conn, job_ids)
+    for job_id in job_ids:
+        before = cancelled.get(job_id)
+        click.echo(
+            f"job {job_id}: cancelled (was {before})"
+            if before
+            else f"job {job_id}: not cancelled (no such job, or already finished)"
+        )
+    if len(cancelled) < len(job_ids):
+        sys.exit(1)
