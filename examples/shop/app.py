@@ -1,6 +1,6 @@
 """Place orders the way a web request would: the order and its receipt job in one transaction.
 
-    python -m examples.shop.app      (uses SQLA_QUEUE_DATABASE_URL)
+python -m examples.shop.app      (uses SQLA_QUEUE_DATABASE_URL)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The shop's background tasks. Run them with:
 
-    sqla-queue worker --app examples.shop.tasks:registry
+sqla-queue worker --app examples.shop.tasks:registry
 """
 
 from __future__ import annotations
