@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from . import queries
 from .errors import ConfigurationError, UnknownQueueError
-from .models import JobStatus, Retention, validate_job
+from .models import JobStatus, Retention, validate_name
 
 Bind = Connection | Session
 
@@ -33,7 +33,7 @@ def _retention(value: str) -> str:
 
 def create_queue(bind: Bind, name: str, retention: str = Retention.delete.value) -> bool:
     """Create queue `name`; returns False if it already existed (it is left unchanged)."""
-    validate_job("queue-admin", {}, name, 0, None, None)
+    validate_name("queue", name, task="(none)")
     row = bind.execute(queries.create_queue(), {"name": name, "retention": _retention(retention)})
     return row.first() is not None
 

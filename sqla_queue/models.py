@@ -70,6 +70,20 @@ def _reject_non_json(value: object) -> object:
     raise TypeError(f"{type(value).__name__} value {value!r:.80}")
 
 
+def validate_name(label: str, value: object, task: str) -> None:
+    """A task or queue name: a non-empty printable string within `limits.max_name_length`."""
+    if not isinstance(value, str) or not value:
+        raise InvalidJobError(task=task, detail=f"{label} must be a non-empty string")
+    if len(value) > limits.max_name_length:
+        raise InvalidJobError(
+            task=task[:60],
+            detail=f"{label} name is {len(value)} characters; the limit is "
+            f"{limits.max_name_length} (sqla_queue.limits.max_name_length)",
+        )
+    if not value.isprintable():
+        raise InvalidJobError(task=task[:60], detail=f"{label} name has control characters")
+
+
 def validate_job(
     task: object,
     args: object,
@@ -84,17 +98,8 @@ def validate_job(
     are not JSON-serialisable, each naming the task and the fix.
     """
     name = task if isinstance(task, str) else repr(task)
-    for label, value in (("task", task), ("queue", queue)):
-        if not isinstance(value, str) or not value:
-            raise InvalidJobError(task=name, detail=f"{label} must be a non-empty string")
-        if len(value) > limits.max_name_length:
-            raise InvalidJobError(
-                task=name[:60],
-                detail=f"{label} name is {len(value)} characters; the limit is "
-                f"{limits.max_name_length} (sqla_queue.limits.max_name_length)",
-            )
-        if not value.isprintable():
-            raise InvalidJobError(task=name, detail=f"{label} name has control characters")
+    validate_name("task", task, name)
+    validate_name("queue", queue, name)
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise InvalidJobError(
             task=name,
