@@ -231,17 +231,6 @@ class Job(Base):
             "finished_at",
             postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
         ),
-        {
-            "postgresql_with": {
-                "autovacuum_vacuum_scale_factor": "0",
-                "autovacuum_vacuum_threshold": "1000",
-                "autovacuum_vacuum_insert_scale_factor": "0",
-                "autovacuum_vacuum_insert_threshold": "1000",
-                "autovacuum_analyze_scale_factor": "0",
-                "autovacuum_analyze_threshold": "1000",
-                "fillfactor": "90",
-            }
-        },
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)

@@ -84,8 +84,9 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name="pk_jobs"),
         schema=SCHEMA,
-        postgresql_with=JOBS_STORAGE,
     )
+    settings = ", ".join(f"{key} = {value}" for key, value in JOBS_STORAGE.items())
+    op.execute(f"ALTER TABLE {SCHEMA}.jobs SET ({settings})")
     op.create_index(
         "ix_jobs_claim",
         "jobs",
