@@ -1,0 +1,69 @@
+"""The package as a user installs it: from a wheel, into a fresh virtual environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment with sqla-queue installed from a freshly built wheel."""
+    work = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = work.glob("sqla_queue-*.whl")
+    env_dir = work / "venv"
+    venv.create(env_dir, with_pip=True)
+    subprocess.run(
+        [str(env_dir / "bin" / "pip"), "install", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return env_dir
+
+
+def test_wheel_installs_the_command_and_migrates_without_the_repository(
+    installed_wheel: Path, empty_database_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SQLA_QUEUE_DATABASE_URL": empty_database_url}
+    result = subprocess.run(
+        [str(installed_wheel / "bin" / "sqla-queue"), "migrate"],
+        cwd=tmp_path,  # outside the repository: revisions must come from the wheel
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "sqlaq_0001" in result.stdout
+    engine = create_engine(empty_database_url)
+    with engine.connect() as conn:
+        queues = conn.execute(text("SELECT name FROM sqla_queue.queues")).scalars().all()
+    engine.dispose()
+    assert queues == ["default"]
+
+
+def test_wheel_ships_type_information(installed_wheel: Path) -> None:
+    result = subprocess.run(
+        [
+            str(installed_wheel / "bin" / "python"),
+            "-c",
+            "import importlib.resources as r; print(r.files('sqla_queue').joinpath('py.typed').is_file())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "True"
