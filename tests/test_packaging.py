@@ -60,7 +60,8 @@ def test_wheel_ships_type_information(installed_wheel: Path) -> None:
         [
             str(installed_wheel / "bin" / "python"),
             "-c",
-            "import importlib.resources as r; print(r.files('sqla_queue').joinpath('py.typed').is_file())",
+            "import importlib.resources as r; "
+            "print(r.files('sqla_queue').joinpath('py.typed').is_file())",
         ],
         capture_output=True,
         text=True,
