@@ -1,0 +1,1 @@
+"""Small task registries and helpers for the real-PostgreSQL tests (and CLI worker subprocesses)."""

@@ -1,0 +1,125 @@
+"""Helpers shared by the test modules: a task log table, waiting, reading job rows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy.orm import Session
+
+from sqla_queue import Job, enqueue_many
+from sqla_queue.database import normalize_url
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = TESTS_DIR.parent
+SQLA_QUEUE_BIN = str(Path(sys.executable).with_name("sqla-queue"))
+
+TASK_LOG_DDL = text(
+    "CREATE TABLE public.task_log ("
+    " job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
+    " thread text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+)
+_INSERT_LOG = text(
+    "INSERT INTO public.task_log (job_id, attempt, pid, thread) VALUES (:j, :a, :p, :t)"
+)
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def create_task_log(engine: Engine) -> None:
+    """The test's own table where handlers record every attempt they run."""
+    with engine.begin() as conn:
+        conn.execute(TASK_LOG_DDL)
+
+
+def record_attempt(url: str, job_id: int, attempt: int) -> None:
+    """Insert (job id, attempt, pid, thread) into `task_log`, on a pooled engine per URL."""
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _engines[url] = create_engine(
+                normalize_url(url), pool_size=10, max_overflow=10
+            )
+    with engine.begin() as conn:
+        conn.execute(
+            _INSERT_LOG,
+            {"j": job_id, "a": attempt, "p": os.getpid(), "t": threading.current_thread().name},
+        )
+
+
+def dispose_engines() -> None:
+    """Close the handler engines (so a test's database can be dropped cleanly)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+def task_log(engine: Engine) -> list[tuple[int, int]]:
+    """Every (job id, attempt) the handlers recorded, in the order they recorded them."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT job_id, attempt FROM public.task_log ORDER BY at"))
+        return [(job_id, attempt) for job_id, attempt in rows]
+
+
+def enqueue_jobs(engine: Engine, task: str, count: int, **fields: Any) -> list[int]:
+    """Commit `count` jobs of `task` (same extra fields each) and return their ids."""
+    with Session(engine) as session, session.begin():
+        return enqueue_many(session, [{"task": task, **fields} for _ in range(count)])
+
+
+def jobs_by_id(engine: Engine, ids: Sequence[int] | None = None) -> dict[int, Job]:
+    """Job rows, detached, by id (all of them when `ids` is None)."""
+    with Session(engine, expire_on_commit=False) as session:
+        query = select(Job)
+        if ids is not None:
+            query = query.where(Job.id.in_(list(ids)))
+        return {job.id: job for job in session.scalars(query)}
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Poll `condition` until it returns something truthy; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {condition}")
+        time.sleep(interval)
+
+
+def count_where(engine: Engine, condition: str) -> int:
+    """`SELECT count(*) FROM sqla_queue.jobs WHERE <condition>` (test-only literal SQL)."""
+    with engine.connect() as conn:
+        return int(conn.scalar(text(f"SELECT count(*) FROM sqla_queue.jobs WHERE {condition}")))
+
+
+def subprocess_env(database_url: str | None, **extra: str) -> dict[str, str]:
+    """The environment for a `sqla-queue` subprocess: apps importable, URL set (or unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "SQLA_QUEUE_DATABASE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    if database_url is not None:
+        env["SQLA_QUEUE_DATABASE_URL"] = database_url
+    env.update(extra)
+    return env
+
+
+def start_worker_process(database_url: str, *args: str) -> subprocess.Popen[str]:
+    """`sqla-queue worker --app apps.tasks:registry ARGS` as a subprocess."""
+    return subprocess.Popen(
+        [SQLA_QUEUE_BIN, "worker", "--app", "apps.tasks:registry", "--log-level", "warning", *args],
+        env=subprocess_env(database_url),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
