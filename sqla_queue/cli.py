@@ -122,16 +122,37 @@ def main() -> None:
 @main.command()
 @_database_option
 @click.option("--revision", default="sqla_queue@head", show_default=True)
+@click.option(
+    "--drop-queue-fk",
+    is_flag=True,
+    help="Also drop the jobs -> queues foreign key (opt-in revision): no MultiXact per "
+    "enqueue when many sessions enqueue into one queue.",
+)
+@click.option(
+    "--restore-queue-fk",
+    is_flag=True,
+    help="Restore the jobs -> queues foreign key (refused while jobs name missing queues).",
+)
 @_friendly_errors
-def migrate(database_url: str | None, revision: str) -> None:
+def migrate(
+    database_url: str | None, revision: str, drop_queue_fk: bool, restore_queue_fk: bool
+) -> None:
     """Create or upgrade the sqla_queue schema (the package's own Alembic revisions)."""
-    from .migrate import schema_revision, upgrade
+    from . import migrate as migrations
 
+    if drop_queue_fk and restore_queue_fk:
+        raise click.UsageError("pass --drop-queue-fk or --restore-queue-fk, not both")
     engine = _engine(database_url)
     try:
-        upgrade(engine, revision)
+        migrations.upgrade(engine, revision)
+        if drop_queue_fk:
+            migrations.drop_queue_fk(engine)
+        if restore_queue_fk:
+            migrations.restore_queue_fk(engine)
         with engine.connect() as conn:
-            click.echo(f"sqla_queue schema at revision {schema_revision(conn)}")
+            click.echo(f"sqla_queue schema at revision {migrations.schema_revision(conn)}")
+        if drop_queue_fk or restore_queue_fk:
+            click.echo(f"queue foreign key {'dropped' if drop_queue_fk else 'in place'}")
     finally:
         engine.dispose()
 
@@ -377,4 +398,73 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
             else f"job {job_id}: not cancelled (no such job, or already finished)"
         )
     if len(cancelled) < len(job_ids):
+        sys.exit(1)
+
+
+@main.command()
+@_database_option
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@click.option(
+    "--lease",
+    default="60",
+    show_default=True,
+    help="The workers' lease: running jobs silent longer than this are stuck (60, 90s, 5m).",
+)
+@click.option(
+    "--backlog-threshold",
+    default="300",
+    show_default=True,
+    help="Queued jobs more than this past their run_at are backlog (300, 5m, 1h).",
+)
+@click.option(
+    "--long-transaction",
+    default="60",
+    show_default=True,
+    help="A transaction open longer than this warns (ten times as long: critical).",
+)
+@click.option(
+    "--sample",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds to watch the MultiXact counter (0 skips it).",
+)
+@_friendly_errors
+def doctor(
+    database_url: str | None,
+    as_json: bool,
+    lease: str,
+    backlog_threshold: str,
+    long_transaction: str,
+    sample: float,
+) -> None:
+    """Check the database for the ways a Postgres queue breaks: MultiXacts, vacuum pinned
+    by long transactions, bloat, stuck and overdue jobs. Exit status 1 if any is critical."""
+    from .doctor import DoctorOptions, Severity, diagnose, worst
+
+    options = DoctorOptions(
+        lease=parse_duration(lease),
+        backlog_threshold=parse_duration(backlog_threshold),
+        long_transaction=parse_duration(long_transaction),
+        sample=sample,
+    )
+    engine = _engine(database_url)
+    try:
+        findings = diagnose(engine, options)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps([finding.as_dict() for finding in findings], indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        colours = {Severity.ok: "green", Severity.warn: "yellow", Severity.critical: "bold red"}
+        table = Table("check", "severity", "value", "fix", show_lines=True)
+        for finding in findings:
+            severity = f"[{colours[finding.severity]}]{finding.severity.value}[/]"
+            shown_fix = "" if finding.severity is Severity.ok else finding.fix
+            table.add_row(finding.name, severity, finding.value, shown_fix)
+        Console().print(table)
+    if worst(findings) is Severity.critical:
         sys.exit(1)

@@ -26,6 +26,10 @@ class UnknownQueueError(SqlaQueueError):
     """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.create_queue(session, {queue!r})`."""  # noqa: E501
 
 
+class OrphanJobsError(SqlaQueueError):
+    """Cannot restore the queue foreign key: jobs reference queues that do not exist ({orphans}). Create each queue (`sqla-queue queues create NAME`) or delete its jobs, then run `sqla-queue migrate --restore-queue-fk` again."""  # noqa: E501
+
+
 class InvalidJobError(SqlaQueueError, ValueError):
     """Job for task {task!r} is not valid: {detail}"""
 
@@ -57,6 +61,7 @@ __all__ = [
     "JobCancelledError",
     "JobLostError",
     "JobTimeoutError",
+    "OrphanJobsError",
     "SchemaMissingError",
     "SqlaQueueError",
     "TaskNotFoundError",

@@ -21,6 +21,10 @@ VERSION_TABLE = "alembic_version_sqla_queue"
 """Where `sqla-queue migrate` and this repository's `alembic.ini` record our revisions."""
 SCHEMA_REVISION = "sqlaq_0001"
 """The revision of our schema this version of the code needs (or a later one)."""
+OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
+"""The opt-in branch that drops the jobs -> queues foreign key (`migrate --drop-queue-fk`)."""
+OPTIONAL_REVISIONS = frozenset({"sqlaq_nofk_0001"})
+"""Revision ids that live in the optional folder, not in `versions_folder()`."""
 
 
 def versions_folder() -> str:
@@ -28,11 +32,26 @@ def versions_folder() -> str:
     return str(resources.files("sqla_queue") / "migrations" / "versions")
 
 
-def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
-    """An Alembic `Config` for our revisions, bound to a connection or a URL."""
+def optional_versions_folder() -> str:
+    """The folder of our opt-in revisions (the queue foreign key's removal).
+
+    Add it to your `version_locations` only if you apply them: `alembic upgrade heads`
+    over it applies them too. A database that has them applied needs it listed.
+    """
+    return str(resources.files("sqla_queue") / "migrations" / "optional")
+
+
+def alembic_config(
+    connection: Connection | None = None, url: str | None = None, optional: bool = False
+) -> Config:
+    """An Alembic `Config` for our revisions, bound to a connection or a URL.
+
+    `optional` adds the folder of opt-in revisions to the version locations.
+    """
     config = Config()
     config.set_main_option("script_location", "sqla_queue:migrations")
-    config.set_main_option("version_locations", versions_folder())
+    locations = [versions_folder(), *([optional_versions_folder()] if optional else [])]
+    config.set_main_option("version_locations", os.pathsep.join(locations))
     config.set_main_option("path_separator", "os")
     if url is not None:
         config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
@@ -50,12 +69,38 @@ def downgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@base") -> No
     _run(bind, lambda cfg: command.downgrade(cfg, revision))
 
 
-def _run(bind: Engine | Connection, action: Any) -> None:
-    if isinstance(bind, Connection):
-        action(alembic_config(bind))
+def drop_queue_fk(bind: Engine | Connection) -> None:
+    """Apply the opt-in revision that drops the foreign key from jobs.queue to queues.name.
+
+    Enqueuing into an unknown queue then succeeds; its jobs run as if the queue existed.
+    """
+    _run(bind, lambda cfg: command.upgrade(cfg, f"{OPTIONAL_BRANCH}@head"), optional=True)
+
+
+def restore_queue_fk(bind: Engine | Connection) -> None:
+    """Revert the opt-in revision: restore the foreign key after checking for orphan jobs.
+
+    Raises `OrphanJobsError`, naming the queues, if jobs reference queues that do not exist.
+    """
+    _run(bind, lambda cfg: command.downgrade(cfg, f"{OPTIONAL_BRANCH}@base"), optional=True)
+
+
+def has_optional_revisions(connection: Connection) -> bool:
+    """Whether this database has any of our opt-in revisions applied."""
+    if not connection.execute(queries.version_table_exists(VERSION_TABLE)).scalar():
+        return False
+    applied = set(connection.execute(queries.applied_revisions(VERSION_TABLE)).scalars())
+    return bool(applied & OPTIONAL_REVISIONS)
+
+
+def _run(bind: Engine | Connection, action: Any, optional: bool | None = None) -> None:
+    """Run an Alembic command; the optional folder is listed when asked or already applied."""
+    if isinstance(bind, Engine):
+        with bind.begin() as connection:
+            _run(connection, action, optional)
         return
-    with bind.begin() as connection:
-        action(alembic_config(connection))
+    with_optional = has_optional_revisions(bind) if optional is None else optional
+    action(alembic_config(bind, optional=with_optional))
 
 
 def include_ours(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
