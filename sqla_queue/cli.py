@@ -5,14 +5,18 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import admin
@@ -23,6 +27,8 @@ from .models import JobStatus, Retention
 F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("sqla_queue.cli")
+
+WORKER_APPLICATION_NAME = "sqla-queue worker"
 
 
 def _database_option(func: F) -> F:
@@ -56,8 +62,11 @@ def _friendly_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _engine(database_url: str | None, **kwargs: Any) -> Engine:
+def _engine(database_url: str | None, application_name: str | None = None, **kwargs: Any) -> Engine:
     url, source = resolve_url(database_url)
+    # Names the sessions in pg_stat_activity; an application_name in the URL wins.
+    if application_name and "application_name" not in make_url(url).query:
+        kwargs["connect_args"] = {"application_name": application_name}
     if source == "embedded":
         from .database import embedded_url
 
@@ -209,7 +218,9 @@ def worker(
         shutdown_timeout=shutdown_timeout,
     )
     registry = load_registry(app_path)
-    engine = _engine(database_url, pool_size=3, max_overflow=4)
+    engine = _engine(
+        database_url, application_name=WORKER_APPLICATION_NAME, pool_size=3, max_overflow=4
+    )
     try:
         stats = Worker(engine, registry, config).run()
     finally:
@@ -219,6 +230,24 @@ def worker(
             f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed",
             err=True,
         )
+    _exit_past_stuck_handlers()
+
+
+def _exit_past_stuck_handlers(grace: float = 0.5) -> None:
+    """Exit now if handlers abandoned at the shutdown timeout (or after their own timeout)
+    still hold pool threads: their jobs are already requeued or recorded, and the interpreter
+    would otherwise wait at exit for every one of them to return."""
+    deadline = time.monotonic() + grace
+    stuck = [t for t in threading.enumerate() if t.name.startswith("sqla-queue-job")]
+    for thread in stuck:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = sum(thread.is_alive() for thread in stuck)
+    if left:
+        log.warning("exiting with %d abandoned handler(s) still running", left)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @main.command()

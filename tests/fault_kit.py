@@ -1,0 +1,199 @@
+"""Helpers of the fault-injection tests: worker processes, the test's own record, waiting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from fault_app import create_fault_tables
+from sqlalchemy.engine import make_url
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def libpq_dsn(url: str) -> str:
+    """The SQLAlchemy URL of a test database as a plain libpq URL, for psycopg.connect."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def cli_env(url: str | None = None, **extra: str) -> dict[str, str]:
+    """Environment of a `sqla-queue` subprocess: tests/ importable, wide unwrapped log lines."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env["COLUMNS"] = "400"
+    env.pop("SQLA_QUEUE_DATABASE_URL", None)
+    if url is not None:
+        env["SQLA_QUEUE_DATABASE_URL"] = url
+        env["FAULT_APP_DSN"] = libpq_dsn(url)
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    args: Sequence[str], url: str | None = None, timeout: float = 60, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m sqla_queue ARGS` to completion; returns its exit status and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "sqla_queue", *args],
+        env=cli_env(url, **extra),
+        cwd=TESTS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class WorkerProcess:
+    """One `sqla-queue worker` process with its output in a log file."""
+
+    def __init__(self, url: str, log_path: Path, *options: str, app: str = "fault_app:registry"):
+        self.url = url
+        self.log_path = log_path
+        self.command = [sys.executable, "-m", "sqla_queue", "worker", "--app", app, *options]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> WorkerProcess:
+        log = self.log_path.open("ab")
+        log.write(b"--- (re)start ---\n")
+        log.flush()
+        self.proc = subprocess.Popen(
+            self.command,
+            env=cli_env(self.url),
+            cwd=TESTS_DIR,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.starts += 1
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no release; only the reaper can bring its jobs back."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; returns the exit status (killed if it does not exit in time)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise
+        return self.proc.returncode
+
+    def wait_started(self, timeout: float = 30) -> None:
+        """Until its latest start has logged 'started' (signal handlers are in place)."""
+        wait_until(
+            lambda: " started: " in self.log().rpartition("--- (re)start ---")[2],
+            timeout,
+            what=f"worker {self.pid} to start",
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = ""
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+class FaultDatabase:
+    """A migrated test database plus the test's own record tables (see fault_app)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.dsn = libpq_dsn(url)
+        self.name = make_url(url).database
+        create_fault_tables(self.dsn)
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def value(self, sql: str, *params: Any) -> Any:
+        row = self.conn.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def status_counts(self) -> dict[str, int]:
+        return dict(self.rows("SELECT status, count(*) FROM sqla_queue.jobs GROUP BY status"))
+
+    def unfinished(self) -> int:
+        return int(
+            self.value(
+                "SELECT count(*) FROM sqla_queue.jobs WHERE status IN ('queued', 'running')"
+            )
+        )
+
+    def events(self, job_id: int) -> list[tuple[int, str]]:
+        """(attempt, event) of one job, in order."""
+        return [
+            (attempt, event)
+            for attempt, event in self.rows(
+                "SELECT attempt, event FROM public.fault_runs WHERE job_id = %s ORDER BY at",
+                job_id,
+            )
+        ]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def fault_db_fixture(database_url: str) -> Iterator[FaultDatabase]:
+    """Fixture body (wrap with pytest.fixture in a test module): a FaultDatabase."""
+    db = FaultDatabase(database_url)
+    yield db
+    db.close()
+
+
+def workers_fixture(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Starts worker processes; every one still running is stopped at the end of the test."""
+    started: list[WorkerProcess] = []
+
+    def start(url: str, *options: str, app: str = "fault_app:registry") -> WorkerProcess:
+        worker = WorkerProcess(url, tmp_path / f"worker-{len(started)}.log", *options, app=app)
+        started.append(worker.start())
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.alive():
+            worker.signal(signal.SIGCONT)
+            worker.proc.kill()  # type: ignore[union-attr]
+            worker.proc.wait(10)  # type: ignore[union-attr]

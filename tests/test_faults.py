@@ -1,0 +1,251 @@
+"""Fault injection against real `sqla-queue worker` processes: nothing committed is ever lost.
+
+Each test kills, pauses, disconnects or starves real worker processes while they drain jobs
+whose handlers (tests/fault_app.py) record every execution (job id, attempt) in a table of
+the test's own, then checks the accounting: every job finished, every job ran at least once,
+and re-runs stay within what the faults can explain.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fault_kit import (
+    FaultDatabase,
+    WorkerProcess,
+    fault_db_fixture,
+    wait_until,
+    workers_fixture,
+)
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from sqla_queue import admin, enqueue_many
+from sqla_queue.cli import WORKER_APPLICATION_NAME
+
+pytestmark = pytest.mark.slow
+fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
+workers = pytest.fixture(workers_fixture, name="workers")
+
+StartWorker = Callable[..., WorkerProcess]
+
+# Sizes, scaled to keep the whole fault suite within a few minutes on a 2-core machine.
+KILL_JOBS = 6000
+KILL_WORKERS = 4
+CONCURRENCY = 4
+BATCH = 10
+LEASE = "2"
+
+
+def enqueue_jobs(url: str, queue: str, task: str, args: list[dict[str, Any]]) -> list[int]:
+    """Create `queue` (retention keep, so finished rows stay to be counted) and fill it."""
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session, session.begin():
+            admin.create_queue(session, queue, "keep")
+            return enqueue_many(session, [{"task": task, "queue": queue, "args": a} for a in args])
+    finally:
+        engine.dispose()
+
+
+def executions(db: FaultDatabase) -> dict[int, int]:
+    """How many times each job's handler ran to the end, by job id."""
+    return dict(
+        db.rows("SELECT job_id, count(*) FROM public.fault_runs WHERE event = 'ran' GROUP BY 1")
+    )
+
+
+def assert_nothing_lost(db: FaultDatabase, ids: list[int], faults: int) -> dict[str, int]:
+    """Every job done, each ran at least once, and re-runs are bounded by the faults."""
+    assert db.status_counts() == {"done": len(ids)}
+    runs = executions(db)
+    never_ran = set(ids) - set(runs)
+    assert not never_ran, f"{len(never_ran)} jobs marked done never ran"
+    assert set(runs) <= set(ids)
+    duplicates = sum(count - 1 for count in runs.values())
+    assert duplicates <= faults * (BATCH + CONCURRENCY)
+    return {
+        "jobs": len(ids),
+        "executions": sum(runs.values()),
+        "duplicates": duplicates,
+        "faults": faults,
+        "lost": len(ids) - db.status_counts().get("done", 0),
+    }
+
+
+def worker_options(queue: str, lease: str = LEASE) -> list[str]:
+    return [
+        "-q",
+        queue,
+        "-c",
+        str(CONCURRENCY),
+        "--batch",
+        str(BATCH),
+        "--lease",
+        lease,
+        "--poll-interval",
+        "0.5",
+    ]
+
+
+def test_sigkilled_workers_lose_no_job(
+    fault_db: FaultDatabase, workers: StartWorker, record_property: Callable[[str, Any], None]
+) -> None:
+    ids = enqueue_jobs(
+        fault_db.url, "kills", "record", [{"n": n, "work": 0.002} for n in range(KILL_JOBS)]
+    )
+    pool = [workers(fault_db.url, *worker_options("kills")) for _ in range(KILL_WORKERS)]
+    rng = random.Random(5)
+    kills = 0
+    deadline = time.monotonic() + 150
+    while fault_db.unfinished():
+        assert time.monotonic() < deadline, f"not drained: {fault_db.status_counts()}"
+        time.sleep(0.5)
+        victim = rng.choice(pool)
+        victim.kill()
+        kills += 1
+        victim.start()
+    for worker in pool:
+        worker.wait_started()
+        assert worker.stop() == 0
+
+    figures = assert_nothing_lost(fault_db, ids, kills)
+    reaped = fault_db.value(
+        "SELECT count(*) FROM sqla_queue.jobs WHERE last_error LIKE 'lease expired%%'"
+    )
+    assert reaped > 0, "no kill orphaned a job: the test did not exercise the reaper"
+    record_property("figures", {**figures, "reaped": reaped})
+    print(f"\nworker kills: {figures} reaped={reaped}")
+
+
+def test_terminated_connections_are_reopened_and_lose_no_job(
+    fault_db: FaultDatabase, workers: StartWorker, record_property: Callable[[str, Any], None]
+) -> None:
+    ids = enqueue_jobs(
+        fault_db.url, "cuts", "record", [{"n": n, "work": 0.002} for n in range(KILL_JOBS)]
+    )
+    pool = [workers(fault_db.url, *worker_options("cuts")) for _ in range(KILL_WORKERS)]
+    rounds = terminated = 0
+    deadline = time.monotonic() + 150
+    while fault_db.unfinished():
+        assert time.monotonic() < deadline, f"not drained: {fault_db.status_counts()}"
+        time.sleep(0.3)
+        rounds += 1
+        terminated += fault_db.value(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = %s AND application_name = %s",
+            fault_db.name,
+            WORKER_APPLICATION_NAME,
+        )
+    assert all(worker.alive() for worker in pool), "a worker died of a lost connection"
+    for worker in pool:
+        assert worker.stop() == 0
+
+    figures = assert_nothing_lost(fault_db, ids, rounds * KILL_WORKERS)
+    assert terminated > rounds, "the test terminated too few worker connections"
+    assert any("reconnecting" in worker.log() for worker in pool)
+    record_property("figures", {**figures, "connections_terminated": terminated})
+    print(f"\nconnection kills: {figures} terminated={terminated} rounds={rounds}")
+
+
+def job_row(db: FaultDatabase, job_id: int) -> tuple[Any, ...]:
+    row = db.rows(
+        "SELECT status, attempts, locked_by, finished_at, last_error FROM sqla_queue.jobs "
+        "WHERE id = %s",
+        job_id,
+    )
+    return row[0] if row else ()
+
+
+def test_paused_worker_past_its_lease_changes_nothing_when_it_wakes(
+    fault_db: FaultDatabase, workers: StartWorker
+) -> None:
+    (job_id,) = enqueue_jobs(
+        fault_db.url, "fence", "fenced_write", [{"key": "k", "first_attempt_sleeps": 3.0}]
+    )
+    sleeper = workers(fault_db.url, *worker_options("fence", lease="1"))
+    wait_until(lambda: fault_db.events(job_id), 30, what="attempt 1 to start")
+    sleeper.signal(signal.SIGSTOP)
+
+    # The paused worker stops heartbeating: another worker reaps the job and runs attempt 2.
+    rescuer = workers(fault_db.url, *worker_options("fence", lease="1"))
+    wait_until(lambda: job_row(fault_db, job_id)[0] == "done", 30, what="attempt 2 to finish")
+    finished = job_row(fault_db, job_id)
+    assert finished[1] == 2
+    assert rescuer.stop() == 0
+
+    # Resumed, attempt 1 finishes its sleep, writes with a stale token, then reports success.
+    sleeper.signal(signal.SIGCONT)
+    wait_until(lambda: len(fault_db.events(job_id)) == 4, 30, what="attempt 1 to write")
+    assert sleeper.stop() == 0
+
+    assert fault_db.events(job_id) == [
+        (1, "started"),
+        (2, "started"),
+        (2, "write accepted"),
+        (1, "write rejected"),
+    ]
+    assert job_row(fault_db, job_id) == finished, "the late finish changed the job"
+    assert fault_db.rows("SELECT value, fence FROM public.fault_ledger") == [
+        ("written by attempt 2", 2)
+    ]
+    assert "no longer ours" in sleeper.log()
+
+
+def test_sigterm_lets_in_flight_jobs_finish_and_requeues_the_rest(
+    fault_db: FaultDatabase, workers: StartWorker
+) -> None:
+    quick = enqueue_jobs(fault_db.url, "drain", "sleep", [{"seconds": 1.0}] * 64)
+    waiting = enqueue_jobs(fault_db.url, "drain", "sleep", [{"seconds": 1.0}] * 20)
+    worker = workers(
+        fault_db.url, "-q", "drain", "-c", "64", "--batch", "20", "--shutdown-timeout", "20"
+    )
+    wait_until(
+        lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") >= 64,
+        30,
+        what="64 jobs in flight",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.proc is not None
+    assert worker.proc.wait(20) == 0
+
+    counts = dict(
+        fault_db.rows(
+            "SELECT status, count(*) FROM sqla_queue.jobs WHERE id = ANY(%s) GROUP BY 1",
+            quick,
+        )
+    )
+    assert counts == {"done": 64}, counts
+    assert "running" not in fault_db.status_counts()
+    # Claimed but never started: back to queued with the attempt refunded.
+    unstarted = fault_db.rows(
+        "SELECT status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", waiting
+    )
+    assert set(unstarted) == {("queued", 0)}
+
+
+def test_sigterm_requeues_jobs_still_running_after_the_shutdown_timeout(
+    fault_db: FaultDatabase, workers: StartWorker
+) -> None:
+    ids = enqueue_jobs(fault_db.url, "stuck", "sleep", [{"seconds": 600.0}] * 64)
+    worker = workers(fault_db.url, "-q", "stuck", "-c", "64", "--shutdown-timeout", "1")
+    wait_until(
+        lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") >= 64,
+        30,
+        what="64 jobs in flight",
+    )
+    stopped_at = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.proc is not None
+    assert worker.proc.wait(15) == 0
+    assert time.monotonic() - stopped_at < 10, "the worker waited for its handlers to return"
+
+    rows = fault_db.rows("SELECT status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", ids)
+    # Interrupted mid-run: queued again, the attempt kept (a job that always hangs still fails).
+    assert set(rows) == {("queued", 1)}
+    assert "still running after the 1.0s shutdown timeout" in worker.log()
