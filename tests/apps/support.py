@@ -14,8 +14,9 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, enqueue_many
+from sqla_queue import Job, Registry, enqueue_many
 from sqla_queue.database import normalize_url
+from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = TESTS_DIR.parent
@@ -123,3 +124,37 @@ def start_worker_process(database_url: str, *args: str) -> subprocess.Popen[str]
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+class WorkerThread:
+    """A `Worker` running in a thread of its own; `stop()` asks it to stop and waits."""
+
+    def __init__(self, engine: Engine, registry: Registry, **config: Any) -> None:
+        config.setdefault("poll_only", True)
+        self.worker = Worker(engine, registry, WorkerConfig(**config))
+        self.stats: WorkerStats | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.stats = self.worker.run(install_signal_handlers=False)
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> WorkerThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, timeout: float = 20.0) -> WorkerStats:
+        """Stop the worker the way another thread of the application would."""
+        self.worker.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        if self.error is not None:
+            raise self.error
+        assert self.stats is not None
+        return self.stats
