@@ -48,7 +48,7 @@ def create_fault_tables(dsn: str) -> None:
 
 def _conn() -> psycopg.Connection[tuple[object, ...]]:
     conn: psycopg.Connection[tuple[object, ...]] | None = getattr(_local, "conn", None)
-    if conn is None or conn.closed:
+    if conn is None or conn.closed or conn.broken:
         conn = psycopg.connect(os.environ["FAULT_APP_DSN"], autocommit=True)
         _local.conn = conn
     return conn

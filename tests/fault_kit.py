@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -156,9 +159,7 @@ class FaultDatabase:
 
     def unfinished(self) -> int:
         return int(
-            self.value(
-                "SELECT count(*) FROM sqla_queue.jobs WHERE status IN ('queued', 'running')"
-            )
+            self.value("SELECT count(*) FROM sqla_queue.jobs WHERE status IN ('queued', 'running')")
         )
 
     def events(self, job_id: int) -> list[tuple[int, str]]:
@@ -197,3 +198,70 @@ def workers_fixture(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             worker.signal(signal.SIGCONT)
             worker.proc.kill()  # type: ignore[union-attr]
             worker.proc.wait(10)  # type: ignore[union-attr]
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateCluster:
+    """A PostgreSQL cluster of the test's own (initdb/pg_ctl as the `postgres` OS user in a
+    temporary directory it owns, on a free port), to stop and start without touching the
+    machine's main server."""
+
+    def __init__(self) -> None:
+        if os.geteuid() != 0 or not (PG_BIN / "initdb").exists() or not shutil.which("runuser"):
+            pytest.skip("needs root, runuser and PostgreSQL 15 binaries to run a private cluster")
+        self.dir = Path(tempfile.mkdtemp(prefix="sqlaq-cluster-"))
+        shutil.chown(self.dir, "postgres", "postgres")
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/faults"
+        self._as_postgres(
+            str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+            "--no-sync", "--no-instructions",
+        )  # fmt: skip
+
+    def _as_postgres(self, *command: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *command],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c full_page_writes=off"
+        )
+        self._as_postgres(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", options,
+            "-l", str(self.dir / "server.log"), "-w", "-t", "60", "start",
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """Fast shutdown: every session is terminated, as when the server goes away."""
+        self._as_postgres(
+            str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"
+        )  # fmt: skip
+
+    def create_database(self) -> None:
+        admin = make_url(self.url).set(drivername="postgresql", database="postgres")
+        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as c:
+            c.execute("CREATE DATABASE faults")
+
+    def remove(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            subprocess.run(
+                ["runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(self.data),
+                 "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                timeout=60,
+            )  # fmt: skip
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from fault_kit import (
     FaultDatabase,
+    PrivateCluster,
     WorkerProcess,
     fault_db_fixture,
+    run_cli,
     wait_until,
     workers_fixture,
 )
@@ -27,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import admin, enqueue_many
 from sqla_queue.cli import WORKER_APPLICATION_NAME
+from sqla_queue.migrate import upgrade
 
 pytestmark = pytest.mark.slow
 fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
@@ -249,3 +252,193 @@ def test_sigterm_requeues_jobs_still_running_after_the_shutdown_timeout(
     # Interrupted mid-run: queued again, the attempt kept (a job that always hangs still fails).
     assert set(rows) == {("queued", 1)}
     assert "still running after the 1.0s shutdown timeout" in worker.log()
+
+
+@pytest.fixture
+def cluster() -> Iterator[PrivateCluster]:
+    server = PrivateCluster()
+    yield server
+    server.remove()
+
+
+def test_worker_waits_for_the_database_at_start_and_survives_a_restart_mid_run(
+    cluster: PrivateCluster, workers: StartWorker
+) -> None:
+    cluster.start()
+    cluster.create_database()
+    upgrade(create_engine(cluster.url))
+    db = FaultDatabase(cluster.url)
+    before = enqueue_jobs(cluster.url, "outage", "record", [{"n": n} for n in range(20)])
+    db.close()
+    cluster.stop()
+
+    # Nothing listens on the port: the worker says so and keeps trying.
+    worker = workers(cluster.url, *worker_options("outage"))
+    wait_until(lambda: "database unavailable" in worker.log(), 30, what="a retry log line")
+    assert worker.alive()
+    assert "retrying in" in worker.log()
+
+    cluster.start()
+    db = FaultDatabase(cluster.url)
+    try:
+        wait_until(lambda: not db.unfinished(), 60, what="the first jobs to run")
+        # Mid-run: a fast shutdown terminates every session while handlers are running.
+        during = enqueue_jobs(
+            cluster.url, "outage", "record", [{"n": n, "work": 0.02} for n in range(400)]
+        )
+        wait_until(lambda: executions(db), 30, what="the second batch to start")
+        db.close()
+        cluster.stop()
+        time.sleep(1)
+        cluster.start()
+        db = FaultDatabase(cluster.url)
+        wait_until(lambda: not db.unfinished(), 90, what="the second batch to run")
+        assert worker.alive()
+        assert db.status_counts() == {"done": len(before) + len(during)}
+        assert set(executions(db)) == set(before) | set(during)
+        assert "database connection lost" in worker.log()
+        worker.wait_started()
+        assert worker.stop() == 0
+    finally:
+        db.close()
+
+
+def final_status(db: FaultDatabase, ids: list[int]) -> dict[int, tuple[str, int]]:
+    return {
+        job_id: (status, attempts)
+        for job_id, status, attempts in db.rows(
+            "SELECT id, status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", ids
+        )
+    }
+
+
+def test_overrunning_handlers_time_out_and_follow_the_retry_rules(
+    fault_db: FaultDatabase, workers: StartWorker
+) -> None:
+    # Each task has timeout=0.5 and max_attempts=2 (fault_app).
+    sync_fails, sync_retried = enqueue_jobs(
+        fault_db.url,
+        "timeouts",
+        "sync_overrun",
+        [{"seconds": 1.5}, {"seconds": 1.5, "succeed_on_attempt": 2}],
+    )
+    async_fails, async_retried = enqueue_jobs(
+        fault_db.url,
+        "timeouts",
+        "async_overrun",
+        [{"seconds": 30}, {"seconds": 30, "succeed_on_attempt": 2}],
+    )
+    ids = [sync_fails, sync_retried, async_fails, async_retried]
+    worker = workers(fault_db.url, "-q", "timeouts", "-c", "4")
+    late = "returned late, cancelled=True"
+    wait_until(
+        lambda: (
+            not fault_db.unfinished()
+            and [e for _, e in fault_db.events(sync_fails)].count(late) == 2
+            and (1, late) in fault_db.events(sync_retried)
+        ),
+        30,
+        what="every job to finish and the sync handlers to return",
+    )
+    assert worker.stop() == 0
+
+    assert final_status(fault_db, ids) == {
+        sync_fails: ("failed", 2),
+        sync_retried: ("done", 2),
+        async_fails: ("failed", 2),
+        async_retried: ("done", 2),
+    }
+    # Sync: cannot be interrupted; told through ctx.cancelled, its late return is discarded.
+    assert sorted(fault_db.events(sync_fails)) == [
+        (1, late),
+        (1, "started"),
+        (2, late),
+        (2, "started"),
+    ]
+    assert sorted(fault_db.events(sync_retried)) == [
+        (1, late),
+        (1, "started"),
+        (2, "returned in time"),
+        (2, "started"),
+    ]
+    # Async: cancelled at the timeout, so it never returns late.
+    assert fault_db.events(async_fails) == [
+        (1, "started"),
+        (1, "cancelled"),
+        (2, "started"),
+        (2, "cancelled"),
+    ]
+    assert fault_db.events(async_retried) == [
+        (1, "started"),
+        (1, "cancelled"),
+        (2, "started"),
+        (2, "returned in time"),
+    ]
+    errors = fault_db.rows(
+        "SELECT last_error FROM sqla_queue.jobs WHERE id = ANY(%s)", [sync_fails, async_fails]
+    )
+    assert all("ran longer than its timeout of 0.5 s" in error for (error,) in errors)
+
+
+def test_cancelled_jobs_never_run_and_running_ones_see_it(
+    fault_db: FaultDatabase, workers: StartWorker
+) -> None:
+    by_cli, by_api, *others = enqueue_jobs(
+        fault_db.url, "cancels", "record", [{"n": n} for n in range(6)]
+    )
+    running_cli, running_api = enqueue_jobs(
+        fault_db.url, "cancels", "cooperative", [{"seconds": 60}] * 2
+    )
+    engine = create_engine(fault_db.url)
+
+    def cancel_by_api(job_id: int) -> dict[int, str]:
+        with engine.begin() as conn:
+            return admin.cancel_jobs(conn, [job_id])
+
+    try:
+        # Queued: cancelled before any worker runs.
+        result = run_cli(["jobs", "cancel", str(by_cli)], fault_db.url)
+        assert result.returncode == 0, result.stderr
+        assert f"job {by_cli}: cancelled (was queued)" in result.stdout
+        assert cancel_by_api(by_api) == {by_api: "queued"}
+
+        worker = workers(fault_db.url, *worker_options("cancels", lease="1"))
+        wait_until(
+            lambda: fault_db.events(running_cli) and fault_db.events(running_api),
+            30,
+            what="both long jobs to start",
+        )
+        result = run_cli(["jobs", "cancel", str(running_cli)], fault_db.url)
+        assert result.returncode == 0, result.stderr
+        assert f"job {running_cli}: cancelled (was running)" in result.stdout
+        assert cancel_by_api(running_api) == {running_api: "running"}
+        wait_until(
+            lambda: all(
+                (1, "saw cancelled") in fault_db.events(i) for i in (running_cli, running_api)
+            ),
+            30,
+            what="the handlers to see the cancellation",
+        )
+        time.sleep(2.5)  # more than two leases: a cancelled job must not be reaped and rerun
+        worker.wait_started()
+        assert worker.stop() == 0
+
+        # Finished jobs cannot be cancelled: a clear line and exit status 1.
+        result = run_cli(["jobs", "cancel", str(others[0])], fault_db.url)
+        assert result.returncode == 1
+        assert "not cancelled (no such job, or already finished)" in result.stdout
+        assert cancel_by_api(others[0]) == {}
+    finally:
+        engine.dispose()
+
+    assert fault_db.events(by_cli) == fault_db.events(by_api) == []
+    for job_id in (running_cli, running_api):
+        assert fault_db.events(job_id) == [(1, "started"), (1, "saw cancelled")]
+    statuses = final_status(fault_db, [by_cli, by_api, running_cli, running_api, *others])
+    assert statuses == {
+        by_cli: ("cancelled", 0),
+        by_api: ("cancelled", 0),
+        running_cli: ("cancelled", 1),
+        running_api: ("cancelled", 1),
+        **dict.fromkeys(others, ("done", 1)),
+    }
