@@ -14,6 +14,7 @@ from apps.support import (
     count_where,
     enqueue_jobs,
     jobs_by_id,
+    stall_and_reap,
     wait_for,
 )
 from sqlalchemy import Engine, create_engine, func, select, text
@@ -451,18 +452,6 @@ def test_prune_deletes_kept_jobs_older_than_the_cutoff(engine: Engine) -> None:
 
 
 # -- liveness: fencing and the reaper ---------------------------------------------------------
-
-
-def stall_and_reap(engine: Engine) -> int:
-    """Make every running job look abandoned, reap it, and claim it again as another worker."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '1 hour'"))
-        reaped = conn.execute(queries.reap_stale_jobs(), {"lease": 60}).all()
-        claimed = conn.execute(
-            queries.claim_jobs(None), {"limit": 10, "worker_id": "successor"}
-        ).all()
-    assert len(reaped) == len(claimed) == 1
-    return int(claimed[0][3])
 
 
 @pytest.mark.parametrize("outcome", ["succeed", "raise", "raise on the last attempt"])

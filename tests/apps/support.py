@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, Registry, enqueue_many
+from sqla_queue import Job, Registry, enqueue_many, queries
 from sqla_queue.database import normalize_url
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
@@ -124,6 +124,18 @@ def start_worker_process(database_url: str, *args: str) -> subprocess.Popen[str]
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def stall_and_reap(engine: Engine) -> int:
+    """Make every running job look abandoned, reap it, and claim it again as another worker."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '1 hour'"))
+        reaped = conn.execute(queries.reap_stale_jobs(), {"lease": 60}).all()
+        claimed = conn.execute(
+            queries.claim_jobs(None), {"limit": 10, "worker_id": "successor"}
+        ).all()
+    assert len(reaped) == len(claimed) == 1
+    return int(claimed[0][3])
 
 
 class WorkerThread:
