@@ -361,9 +361,9 @@ def check_queue_foreign_key(conn: Connection, options: DoctorOptions) -> Finding
             listed = ", ".join(f"{queue!r} ({count} jobs)" for queue, count in orphans.items())
             value = f"absent; jobs name queues that do not exist: {listed}"
             return Finding("queue_foreign_key", Severity.warn, value, FIX_ORPHANS, details)
-        value = f"absent; {enqueuers} session(s) enqueued recently"
+        value = f"absent; {enqueuers} session(s) enqueuing now or last"
         return Finding("queue_foreign_key", Severity.ok, value, FIX_FOREIGN_KEY, details)
-    value = f"present ({', '.join(names)}); {enqueuers} session(s) enqueued recently"
+    value = f"present ({', '.join(names)}); {enqueuers} session(s) enqueuing now or last"
     severity = Severity.warn if enqueuers >= options.concurrent_enqueuers else Severity.ok
     return Finding("queue_foreign_key", severity, value, FIX_FOREIGN_KEY, details)
 

@@ -482,6 +482,7 @@ _activity = table(
 _locks = table(
     "pg_locks",
     column("pid"),
+    column("relation"),
     column("locktype"),
     column("mode"),
     column("granted"),
@@ -680,13 +681,23 @@ def queue_foreign_keys() -> Select[Any]:
 
 
 def recent_enqueuers() -> Select[Any]:
-    """How many other sessions of this database last ran (or are running) an insert into jobs.
+    """How many other sessions of this database are enqueuing now or did last.
 
-    pg_stat_activity keeps each session's last statement, so this sees sessions that
-    enqueued recently and are still connected; closed sessions are not counted.
+    A session counts if its last (or current) statement inserts into jobs, or if it sits
+    idle in a transaction that has written to jobs (workers never do: they autocommit).
+    Closed sessions and sessions that have moved on are not seen.
     """
+    wrote_jobs = exists().where(
+        _locks.c.pid == _activity.c.pid,
+        _locks.c.relation == func.to_regclass(f"{SCHEMA}.jobs"),
+        _locks.c.mode == "RowExclusiveLock",
+    )
     return select(func.count()).where(
-        *_ours_in_this_database(), _activity.c.query.op("~*")(_ENQUEUE_PATTERN)
+        *_ours_in_this_database(),
+        or_(
+            _activity.c.query.op("~*")(_ENQUEUE_PATTERN),
+            and_(_activity.c.state.startswith("idle in transaction"), wrote_jobs),
+        ),
     )
 
 
