@@ -1,0 +1,161 @@
+"""`python -m benchmarks [--database-url URL] [--quick] [--seconds N] [--repeat N]`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from . import report, scenarios
+from .database import LOCAL_URL, BenchDatabase
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = (
+    "ceiling",
+    "enqueue_single",
+    "bulk_enqueue",
+    "drain",
+    "latency",
+    "multixacts",
+    "table_size",
+)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("SQLA_QUEUE_BENCH_URL", LOCAL_URL),
+        help="a server URL; the harness creates and drops a database of its own there",
+    )
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes)")
+    p.add_argument("--seconds", type=float, help="seconds per measured repetition")
+    p.add_argument("--repeat", type=int, help="measured repetitions (default 3)")
+    p.add_argument("--skip-ceiling", action="store_true", help="do not run the pgbench ceiling")
+    p.add_argument("--drain-jobs", type=int, help="jobs pre-inserted per drain repetition")
+    p.add_argument("--health-jobs", type=int, help="jobs processed for the table-size check")
+    p.add_argument("--multixact-jobs", type=int, help="jobs per MultiXact measurement")
+    p.add_argument("--latency-jobs", type=int, help="idle latency probes per repetition")
+    p.add_argument("--concurrency", type=int, nargs="+", help="drain concurrencies")
+    p.add_argument("--batch", type=int, nargs="+", help="drain batch sizes")
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        help="write latest.json, BENCHMARKS.md and the chart here instead of the repo",
+    )
+    return p.parse_args(argv)
+
+
+def plan_from(args: argparse.Namespace) -> scenarios.Plan:
+    plan = scenarios.Plan.quick() if args.quick else scenarios.Plan()
+    overrides = {
+        "seconds": args.seconds,
+        "repeat": args.repeat,
+        "drain_jobs": args.drain_jobs,
+        "health_jobs": args.health_jobs,
+        "multixact_jobs": args.multixact_jobs,
+        "latency_jobs": args.latency_jobs,
+        "concurrencies": tuple(args.concurrency) if args.concurrency else None,
+        "batches": tuple(args.batch) if args.batch else None,
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(plan, key, value)
+    if args.seconds is not None:
+        plan.warmup = min(plan.warmup, args.seconds)
+        plan.latency_load_probes = min(plan.latency_load_probes, max(20, int(args.seconds * 50)))
+    plan.skip_ceiling = args.skip_ceiling
+    if plan.repeat < 1:
+        raise SystemExit("--repeat must be at least 1")
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    plan = plan_from(args)
+    console = Console(stderr=True)
+    out_dir: Path | None = args.output_dir
+    json_path = (out_dir or ROOT / "benchmarks" / "results") / "latest.json"
+    md_path = (out_dir or ROOT) / "BENCHMARKS.md"
+    chart_path = (out_dir or ROOT / "benchmarks" / "results") / "drain_concurrency.png"
+
+    db = BenchDatabase(args.database_url)
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "meta": {
+            "started_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "quick": args.quick,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "sqlalchemy": sqlalchemy.__version__,
+            "psycopg": psycopg.__version__,
+            "database": db.name,
+            "plan": plan.as_dict(),
+        },
+        "scenarios": {},
+        "notes": [],
+    }
+    drain_steps = len(plan.concurrencies) * len(plan.batches) + 2
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        overall = progress.add_task(
+            "creating the benchmark database", total=len(SCENARIOS) + drain_steps
+        )
+
+        def say(line: str) -> None:
+            progress.console.print(f"  {line}")
+
+        def step() -> None:
+            progress.advance(overall)
+
+        db.create()
+        try:
+            results["meta"]["server"] = db.server_settings()
+            sc = results["scenarios"]
+            for name in SCENARIOS:
+                progress.update(overall, description=f"[bold]{name}[/]")
+                if name == "drain":
+                    sc[name] = scenarios.drain(db, plan, say, step)
+                else:
+                    sc[name] = getattr(scenarios, name)(db, plan, say)
+                step()
+                if name == "ceiling" and not sc[name]["available"]:
+                    say(f"[yellow]no ceiling: {sc[name]['reason']}; absolute figures only[/]")
+        finally:
+            db.drop()
+    results["meta"]["duration_s"] = time.monotonic() - started
+    if not results["scenarios"]["table_size"]["complete"]:
+        results["notes"].append("the table-size run was cut short by its time bound")
+    results["targets"] = report.targets(results)
+    chart = report.write_chart(results, chart_path)
+    if chart is None:
+        console.print("matplotlib is not installed: skipping the chart (pip install '.[bench]')")
+    results["meta"]["chart"] = chart
+    report.write_json(results, json_path)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(report.markdown(results, chart, md_path.parent))
+    for t in results["targets"]:
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "n/a"}[t["met"]]
+        console.print(f"{mark}  {t['target']}: {t['measured']}")
+    console.print(f"wrote {json_path}, {md_path}" + (f", {chart}" if chart else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The benchmark's own database: created on the server, migrated, and dropped at the end."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine, create_engine, pool, text
+from sqlalchemy.engine import make_url
+
+from sqla_queue.database import normalize_url
+from sqla_queue.migrate import upgrade
+
+LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+JOBS = "sqla_queue.jobs"
+
+
+class BenchDatabase:
+    """A dedicated database `sqlaq_bench_<random>` on the server of `server_url`."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = normalize_url(server_url)
+        self.name = f"sqlaq_bench_{uuid.uuid4().hex[:10]}"
+        self.url = make_url(self.server_url).set(database=self.name).render_as_string(False)
+        self.dsn = self.url.replace("postgresql+psycopg://", "postgresql://", 1)
+        self._admin = create_engine(
+            self.server_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool
+        )
+        self.engine: Engine | None = None
+
+    def create(self) -> None:
+        with self._admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.name}"'))
+        engine = create_engine(self.url, poolclass=pool.NullPool)
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
+        self.engine = create_engine(self.url, pool_size=10, max_overflow=10)
+
+    def drop(self) -> None:
+        if self.engine is not None:
+            self.engine.dispose()
+        with self._admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self._admin.dispose()
+
+    def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Run one statement in autocommit on a fresh psycopg connection; rows if any."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return list(cur.fetchall()) if cur.description else []
+
+    def server_settings(self) -> dict[str, str]:
+        names = ("server_version", "synchronous_commit", "fsync", "shared_buffers")
+        settings = {name: str(self.sql(f"SHOW {name}")[0][0]) for name in names}
+        settings["version"] = str(self.sql("SELECT version()")[0][0])
+        return settings
+
+    def reset_jobs(self) -> None:
+        """An empty, vacuumed jobs table (TRUNCATE; ids keep counting up, so no reuse)."""
+        self.sql(f"TRUNCATE {JOBS}")
+        self.sql(f"VACUUM ANALYZE {JOBS}")
+
+    def insert_noop_jobs(self, count: int, notify: bool = True) -> None:
+        """`count` queued no-op jobs in one transaction, woken by one NOTIFY."""
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute(
+                f"INSERT INTO {JOBS} (task, args) "
+                "SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, %s) g",
+                (count,),
+            )
+            if notify:
+                conn.execute("SELECT pg_notify('sqla_queue', 'default')")
+
+    def count_jobs(self) -> int:
+        """Jobs not yet finished: queued or running (finished rows may stay, under `keep`)."""
+        return int(
+            self.sql(f"SELECT count(*) FROM {JOBS} WHERE status IN ('queued', 'running')")[0][0]
+        )
+
+    def set_retention(self, retention: str) -> None:
+        self.sql("UPDATE sqla_queue.queues SET retention = %s WHERE name = 'default'", (retention,))
+
+    def next_multixact_id(self) -> int:
+        """The cluster's next MultiXact id, read after a CHECKPOINT so it is current."""
+        self.sql("CHECKPOINT")
+        return int(
+            self.sql("SELECT next_multixact_id::text::bigint FROM pg_control_checkpoint()")[0][0]
+        )
+
+    def jobs_size(self) -> dict[str, int]:
+        heap, total = self.sql(
+            f"SELECT pg_relation_size('{JOBS}'), pg_total_relation_size('{JOBS}')"
+        )[0]
+        return {"heap_bytes": int(heap), "total_bytes": int(total)}
+
+    def has_queue_fk(self) -> bool:
+        rows = self.sql(
+            "SELECT 1 FROM pg_constraint WHERE conname = 'fk_jobs_queue_queues' "
+            "AND conrelid = 'sqla_queue.jobs'::regclass"
+        )
+        return bool(rows)
+
+    def drop_queue_fk(self) -> None:
+        self.sql(f"ALTER TABLE {JOBS} DROP CONSTRAINT IF EXISTS fk_jobs_queue_queues")
+
+    def add_queue_fk(self) -> None:
+        if not self.has_queue_fk():
+            self.sql(
+                f"ALTER TABLE {JOBS} ADD CONSTRAINT fk_jobs_queue_queues FOREIGN KEY (queue) "
+                "REFERENCES sqla_queue.queues (name) ON UPDATE CASCADE"
+            )
+
+    def wait_until_empty(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.count_jobs() == 0:
+                return True
+            time.sleep(0.05)
+        return False

@@ -1,0 +1,462 @@
+"""The scenarios of issue 4. Each takes the database, the plan and a `say` callback, and
+returns a JSON-ready dict. Warm-up runs are never counted; repetitions give median and spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from sqla_queue import enqueue, enqueue_many
+from sqla_queue.worker import Worker, WorkerConfig
+
+from . import tasks
+from .database import BenchDatabase
+from .stats import latency_summary, summary
+
+REPO = Path(__file__).resolve().parent.parent
+CEILING_SCRIPT = REPO.parent / "shared" / "bench" / "ceiling" / "run"
+CEILING_LINE = re.compile(
+    r"ceiling batch=(?P<batch>\d+)(?: finish=(?P<finish>\w+))? "
+    r"clients=(?P<clients>\d+) jobs_per_s=(?P<rate>\d+)"
+)
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Plan:
+    """Sizes and durations of one run."""
+
+    seconds: float = 3.0
+    """Length of one measured repetition of a timed scenario."""
+    repeat: int = 3
+    warmup: float = 1.0
+    ceiling_seconds: int = 5
+    skip_ceiling: bool = False
+    drain_jobs: int = 100_000
+    concurrencies: tuple[int, ...] = (1, 4, 16, 64)
+    batches: tuple[int, ...] = (1, 10, 50)
+    bulk_batch: int = 1_000
+    latency_jobs: int = 1_000
+    latency_load_probes: int = 300
+    load_rate: float = 500.0
+    multixact_jobs: int = 10_000
+    health_jobs: int = 1_000_000
+    health_timeout: float = 240.0
+    producers: tuple[int, ...] = (1, 8)
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> Plan:
+        base = cls(
+            seconds=1.0,
+            warmup=0.5,
+            ceiling_seconds=2,
+            drain_jobs=20_000,
+            latency_jobs=200,
+            latency_load_probes=100,
+            multixact_jobs=2_000,
+            health_jobs=50_000,
+            health_timeout=60.0,
+        )
+        for key, value in overrides.items():
+            setattr(base, key, value)
+        return base
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def spawn(*args: object, stdin: bool = False) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.procs", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        text=True,
+    )
+
+
+@contextmanager
+def worker_process(db: BenchDatabase, concurrency: int, batch: int) -> Iterator[Any]:
+    proc = spawn("worker", db.url, concurrency, batch)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- 1. ceiling ------------------------------------------------------------------------------
+
+
+def ceiling(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """pgbench on the same claim/finish SQL, no library in between (run once: it is slow)."""
+    if plan.skip_ceiling:
+        return {"available": False, "reason": "skipped (--skip-ceiling)"}
+    if not CEILING_SCRIPT.exists():
+        return {"available": False, "reason": f"{CEILING_SCRIPT} not found"}
+    proc = subprocess.Popen(
+        [str(CEILING_SCRIPT), db.dsn, str(plan.ceiling_seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    lines: list[dict[str, Any]] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        match = CEILING_LINE.search(line)
+        if match:
+            lines.append(
+                {
+                    "batch": int(match["batch"]),
+                    "finish": match["finish"] or "update",
+                    "clients": int(match["clients"]),
+                    "jobs_per_s": int(match["rate"]),
+                }
+            )
+            say(line.strip())
+    proc.wait()
+    if not lines:
+        return {"available": False, "reason": f"{CEILING_SCRIPT} printed no ceiling lines"}
+    best = {
+        str(b): max(x["jobs_per_s"] for x in lines if x["batch"] == b)
+        for b in sorted({x["batch"] for x in lines})
+    }
+    one_client = {
+        str(b): max(x["jobs_per_s"] for x in lines if x["batch"] == b and x["clients"] == 1)
+        for b in sorted({x["batch"] for x in lines})
+    }
+    return {
+        "available": True,
+        "seconds": plan.ceiling_seconds,
+        "lines": lines,
+        "best": best,
+        "one_client": one_client,
+    }
+
+
+# -- 2. one job per transaction --------------------------------------------------------------
+
+
+def _produce(db: BenchDatabase, kind: str, producers: int, plan: Plan) -> list[float]:
+    procs = [
+        spawn("produce", kind, db.url, plan.seconds, plan.repeat, stdin=True)
+        for _ in range(producers)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "ready"
+    start = time.time() + plan.warmup
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start}\n")
+        proc.stdin.flush()
+    counts = [json.loads(proc.communicate()[0]) for proc in procs]
+    return [sum(c[k] for c in counts) / plan.seconds for k in range(plan.repeat)]
+
+
+def enqueue_single(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """enqueue() in its own Session transaction vs a raw psycopg INSERT + COMMIT loop."""
+    result: dict[str, Any] = {}
+    for producers in plan.producers:
+        row: dict[str, Any] = {}
+        for kind in ("raw", "orm"):
+            db.reset_jobs()
+            row[kind] = summary(_produce(db, kind, producers, plan))
+            say(f"enqueue {kind} x{producers}: {row[kind]['median']:,.0f} jobs/s")
+        row["ratio_to_raw"] = row["orm"]["median"] / row["raw"]["median"]
+        result[str(producers)] = row
+    return result
+
+
+# -- 3. bulk ---------------------------------------------------------------------------------
+
+
+def _bulk_rate(db: BenchDatabase, rows: list[dict[str, Any]], seconds: float) -> float:
+    assert db.engine is not None
+    done = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        with Session(db.engine) as session, session.begin():
+            enqueue_many(session, rows)
+        done += len(rows)
+    return done / elapsed
+
+
+def bulk_enqueue(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """enqueue_many() with `bulk_batch` rows per transaction, one producer."""
+    rows = [{"task": "noop", "args": {"n": n}} for n in range(plan.bulk_batch)]
+    db.reset_jobs()
+    _bulk_rate(db, rows, plan.warmup)
+    rates = []
+    for _ in range(plan.repeat):
+        db.reset_jobs()
+        rates.append(_bulk_rate(db, rows, plan.seconds))
+    result = summary(rates)
+    say(f"bulk enqueue_many x{plan.bulk_batch}: {result['median']:,.0f} jobs/s")
+    db.reset_jobs()
+    return {"batch": plan.bulk_batch, "enqueue_many": result}
+
+
+# -- 4. drain --------------------------------------------------------------------------------
+
+
+def _drain_once(db: BenchDatabase, jobs: int, window: float) -> tuple[float, int]:
+    """Pre-insert `jobs`; once the worker has started on them, count completions in `window`."""
+    db.reset_jobs()
+    db.insert_noop_jobs(jobs)
+    deadline = time.monotonic() + 10
+    while (left := db.count_jobs()) == jobs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    end = t0 + window
+    while (now := time.monotonic()) < end:
+        time.sleep(min(0.25, end - now))
+        if db.count_jobs() == 0:  # drained early: the window ends here
+            break
+    t1 = time.monotonic()
+    right = db.count_jobs()
+    return (left - right) / (t1 - t0), left - right
+
+
+def drain_config(
+    db: BenchDatabase, plan: Plan, concurrency: int, batch: int, retention: str = "delete"
+) -> dict[str, Any]:
+    db.set_retention(retention)
+    rates: list[float] = []
+    try:
+        with worker_process(db, concurrency, batch):
+            warm, _ = _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds))
+            for _ in range(plan.repeat):
+                rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds)
+                rates.append(rate)
+    finally:
+        db.set_retention("delete")
+    result = summary(rates)
+    result.update(concurrency=concurrency, batch=batch, retention=retention, warmup=warm)
+    return result
+
+
+def drain(db: BenchDatabase, plan: Plan, say: Say, step: Callable[[], None]) -> dict[str, Any]:
+    grid: list[dict[str, Any]] = []
+    for batch in plan.batches:
+        for concurrency in plan.concurrencies:
+            row = drain_config(db, plan, concurrency, batch)
+            grid.append(row)
+            say(
+                f"drain c={concurrency:<2} b={batch:<2}: {row['median']:,.0f} jobs/s "
+                f"(spread {row['spread']:.0%})"
+            )
+            step()
+    compare = []
+    for concurrency in (1, 16):
+        if concurrency not in plan.concurrencies or 50 not in plan.batches:
+            continue
+        row = drain_config(db, plan, concurrency, 50, retention="keep")
+        compare.append(row)
+        say(f"drain c={concurrency} b=50 finish by UPDATE (keep): {row['median']:,.0f} jobs/s")
+        step()
+    db.reset_jobs()
+    return {"jobs": plan.drain_jobs, "seconds": plan.seconds, "grid": grid, "keep": compare}
+
+
+# -- 5. latency ------------------------------------------------------------------------------
+
+
+def _wait_started(seqs: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with tasks.probe_event:
+        while not all(s in tasks.probe_started for s in seqs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"probes did not start within {timeout}s")
+            tasks.probe_event.wait(left)
+
+
+class _Probes:
+    def __init__(self, db: BenchDatabase) -> None:
+        assert db.engine is not None
+        self.engine = db.engine
+        self.seq = 0
+
+    def send(self) -> tuple[int, float]:
+        """Enqueue one probe and commit; returns (seq, time the commit returned)."""
+        self.seq += 1
+        with Session(self.engine) as session, session.begin():
+            enqueue(session, "probe", {"seq": self.seq})
+        return self.seq, time.perf_counter()
+
+
+def _latencies(sent: list[tuple[int, float]]) -> list[float]:
+    return [(tasks.probe_started[seq] - at) * 1000 for seq, at in sent]
+
+
+def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """Commit of the enqueueing transaction to handler start (worker: concurrency 4, batch 10)."""
+    db.reset_jobs()
+    worker = Worker(db.url, tasks.registry, WorkerConfig(concurrency=4, batch=10))
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    probes = _Probes(db)
+    result: dict[str, Any] = {"worker": {"concurrency": 4, "batch": 10}}
+    try:
+        time.sleep(0.5)
+        idle_runs = []
+        for rep in range(plan.repeat + 1):
+            sent = []
+            for _ in range(plan.latency_jobs if rep else min(100, plan.latency_jobs)):
+                seq, at = probes.send()
+                _wait_started([seq], 10)
+                sent.append((seq, at))
+            if rep:
+                idle_runs.append(latency_summary(_latencies(sent)))
+        result["idle"] = _latency_result(idle_runs, plan.latency_jobs)
+        say(_latency_line("idle", result["idle"]))
+
+        duration = plan.warmup + 3 + plan.repeat * (plan.latency_load_probes * 0.012 + 1)
+        load = spawn("steady", db.url, plan.load_rate, time.time() + duration)
+        time.sleep(plan.warmup + 1)
+        load_runs = []
+        for _ in range(plan.repeat):
+            sent = []
+            for _ in range(plan.latency_load_probes):
+                sent.append(probes.send())
+                time.sleep(0.01)
+            _wait_started([seq for seq, _ in sent], 30)
+            load_runs.append(latency_summary(_latencies(sent)))
+        achieved = json.loads(load.communicate()[0])
+        result["load"] = _latency_result(load_runs, plan.latency_load_probes)
+        result["load"]["background_jobs_per_s"] = achieved["jobs"] / achieved["seconds"]
+        result["load"]["background_target_per_s"] = plan.load_rate
+        say(_latency_line("under load", result["load"]))
+    finally:
+        worker.stop()
+        thread.join(60)
+    db.reset_jobs()
+    return result
+
+
+def _latency_result(runs: list[dict[str, float]], per_run: int) -> dict[str, Any]:
+    return {
+        "probes_per_repetition": per_run,
+        "repetitions": runs,
+        **{key: summary([run[key] for run in runs]) for key in ("p50", "p95", "p99", "max")},
+    }
+
+
+def _latency_line(label: str, res: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k} {res[k]['median']:.2f}" for k in ("p50", "p95", "p99", "max"))
+    return f"latency {label} (ms): {parts}"
+
+
+# -- 6. health -------------------------------------------------------------------------------
+
+
+def _multixacts_once(db: BenchDatabase, jobs: int, producers: int) -> tuple[int, int]:
+    db.reset_jobs()
+    first = db.next_multixact_id()
+    procs = [spawn("enqueue", db.url, jobs // producers) for _ in range(producers)]
+    for proc in procs:
+        proc.wait()
+    enqueued = db.next_multixact_id()
+    with worker_process(db, 16, 10):
+        db.wait_until_empty(600)
+    worked = db.next_multixact_id()
+    return enqueued - first, worked - enqueued
+
+
+def multixacts(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """MultiXacts minted per 10,000 jobs: 8 producers enqueue, then one worker (c=16, b=10)."""
+    result: dict[str, Any] = {"jobs": plan.multixact_jobs, "producers": 8}
+    scale = 10_000 / plan.multixact_jobs
+    try:
+        for variant in ("with_fk", "without_fk"):
+            if variant == "with_fk":
+                db.add_queue_fk()
+            else:
+                db.drop_queue_fk()
+            enq, work = [], []
+            for _ in range(plan.repeat):
+                e, w = _multixacts_once(db, plan.multixact_jobs, 8)
+                enq.append(e * scale)
+                work.append(w * scale)
+            result[variant] = {"enqueue": summary(enq), "worker": summary(work)}
+            say(
+                f"multixacts/10k jobs {variant}: enqueue {result[variant]['enqueue']['median']:.0f}"
+                f", worker {result[variant]['worker']['median']:.0f}"
+            )
+    finally:
+        db.add_queue_fk()
+    return result
+
+
+def table_size(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """Jobs table + indexes while `health_jobs` jobs flow through a worker (c=16, b=50)."""
+    db.reset_jobs()
+    chunk = min(10_000, max(1, plan.health_jobs // 20))
+    backlog = 5 * chunk
+    marks = [plan.health_jobs * f / 10 for f in range(1, 11)]
+    samples: list[dict[str, Any]] = []
+    inserted = processed = 0
+    started = time.monotonic()
+    with worker_process(db, 16, 50):
+        while processed < plan.health_jobs:
+            if time.monotonic() - started > plan.health_timeout:
+                break
+            left = db.count_jobs()
+            processed = inserted - left
+            if marks and processed >= marks[0]:
+                marks.pop(0)
+                samples.append(
+                    {"processed": processed, **db.jobs_size(), "at_s": time.monotonic() - started}
+                )
+            if left < backlog and inserted < plan.health_jobs:
+                db.insert_noop_jobs(min(chunk, plan.health_jobs - inserted))
+                inserted += min(chunk, plan.health_jobs - inserted)
+            else:
+                time.sleep(0.05)
+    elapsed = time.monotonic() - started
+    end = db.jobs_size()
+    db.sql("VACUUM sqla_queue.jobs")
+    vacuumed = db.jobs_size()
+    result = {
+        "target_jobs": plan.health_jobs,
+        "processed": processed,
+        "complete": processed >= plan.health_jobs,
+        "seconds": elapsed,
+        "jobs_per_s": processed / elapsed if elapsed else 0.0,
+        "samples": samples,
+        "end": end,
+        "after_vacuum": vacuumed,
+        "max_total_bytes": max([s["total_bytes"] for s in samples] + [end["total_bytes"]]),
+    }
+    say(
+        f"table+index after {processed:,} jobs: {end['total_bytes'] / 1e6:.1f} MB "
+        f"(max {result['max_total_bytes'] / 1e6:.1f} MB, after VACUUM "
+        f"{vacuumed['total_bytes'] / 1e6:.1f} MB)"
+    )
+    db.reset_jobs()
+    return result

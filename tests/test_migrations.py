@@ -1,0 +1,223 @@
+"""The schema three ways (CLI, this repo's Alembic, the user's Alembic), autogenerate, downgrade."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from apps.support import REPO_ROOT, SQLA_QUEUE_BIN, subprocess_env
+from sqlalchemy import Engine, MetaData, create_engine, inspect, text
+from sqlalchemy.orm import Session
+
+from alembic import command
+from sqla_queue import Base, SchemaMissingError, enqueue, migrate
+from sqla_queue.alembic_ext import include_name, include_object
+from sqla_queue.models import SCHEMA
+
+
+@pytest.fixture
+def empty_engine(empty_database_url: str) -> Iterator[Engine]:
+    eng = create_engine(empty_database_url)
+    yield eng
+    eng.dispose()
+
+
+def schema_exists(engine: Engine) -> bool:
+    return SCHEMA in inspect(engine).get_schema_names()
+
+
+def assert_usable(engine: Engine) -> None:
+    """Migrated: the revision check passes and `enqueue` works on the default queue."""
+    with engine.connect() as conn:
+        assert migrate.check_schema(conn) == migrate.SCHEMA_REVISION
+    with Session(engine) as session, session.begin():
+        enqueue(session, "task")
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT queue FROM sqla_queue.jobs")) == "default"
+
+
+def run(args: list[str], cwd: Path, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=subprocess_env(url), capture_output=True, text=True, timeout=60
+    )
+
+
+# -- three ways to create the schema ----------------------------------------------------------
+
+
+def test_sqla_queue_migrate_creates_the_schema_without_the_repository(
+    empty_database_url: str, empty_engine: Engine, tmp_path: Path
+) -> None:
+    done = run([SQLA_QUEUE_BIN, "migrate"], tmp_path, empty_database_url)
+    assert done.returncode == 0, done.stderr
+    assert "sqla_queue schema at revision sqlaq_0001" in done.stdout
+    again = run([SQLA_QUEUE_BIN, "migrate"], tmp_path, empty_database_url)
+    assert again.returncode == 0, again.stderr  # idempotent
+    assert_usable(empty_engine)
+
+
+def test_alembic_upgrade_heads_from_the_repository_root(
+    empty_database_url: str, empty_engine: Engine
+) -> None:
+    alembic = str(Path(sys.executable).with_name("alembic"))
+    done = run([alembic, "upgrade", "heads"], REPO_ROOT, empty_database_url)
+    assert done.returncode == 0, done.stderr
+    assert_usable(empty_engine)
+    with empty_engine.connect() as conn:
+        versions = conn.scalars(text(f"SELECT version_num FROM {migrate.VERSION_TABLE}")).all()
+    assert versions == ["sqlaq_0001"]  # shared with `sqla-queue migrate`
+
+    down = run([alembic, "downgrade", "sqla_queue@base"], REPO_ROOT, empty_database_url)
+    assert down.returncode == 0, down.stderr
+    assert not schema_exists(empty_engine)
+
+
+USER_ENV = """
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, Table, create_engine, pool
+
+from sqla_queue.alembic_ext import include_name, include_object
+
+target_metadata = MetaData()
+Table("widgets", target_metadata, Column("id", Integer, primary_key=True))
+
+engine = create_engine(context.config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
+with engine.connect() as connection:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        include_schemas=True,
+        include_name=include_name,
+        include_object=include_object,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+"""
+
+USER_REVISION = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "app_0001"
+down_revision = None
+branch_labels = ("app",)
+depends_on = None
+
+
+def upgrade():
+    op.create_table("widgets", sa.Column("id", sa.Integer(), primary_key=True))
+
+
+def downgrade():
+    op.drop_table("widgets")
+"""
+
+
+@pytest.fixture
+def user_alembic(tmp_path: Path, empty_database_url: str) -> Config:
+    """An application's own Alembic environment with sqla-queue's versions folder added."""
+    root = tmp_path / "app_migrations"
+    (root / "versions").mkdir(parents=True)
+    (root / "env.py").write_text(textwrap.dedent(USER_ENV))
+    (root / "versions" / "app_0001_widgets.py").write_text(textwrap.dedent(USER_REVISION))
+    shutil.copy(Path(migrate.__file__).parent / "migrations" / "script.py.mako", root)
+    config = Config()
+    config.set_main_option("script_location", str(root))
+    config.set_main_option("path_separator", "os")
+    config.set_main_option("version_locations", f"{root / 'versions'}:{migrate.versions_folder()}")
+    config.set_main_option("sqlalchemy.url", migrate.normalize_url(empty_database_url))
+    return config
+
+
+def test_user_alembic_environment_applies_our_revisions_beside_its_own(
+    user_alembic: Config, empty_engine: Engine
+) -> None:
+    command.upgrade(user_alembic, "heads")
+
+    assert_usable(empty_engine)
+    assert "widgets" in inspect(empty_engine).get_table_names()
+    with empty_engine.connect() as conn:
+        versions = set(conn.scalars(text("SELECT version_num FROM alembic_version")))
+    assert versions == {"app_0001", "sqlaq_0001"}
+
+    # The application's autogenerate neither drops nor re-creates our tables.
+    script = command.revision(user_alembic, message="nothing", autogenerate=True, head="app@head")
+    assert script is not None
+    assert not isinstance(script, list)
+    generated = Path(script.path).read_text()
+    body = generated.split("def upgrade()")[1].split("def downgrade()")[0]
+    assert "op." not in body, body
+    assert SCHEMA not in generated
+
+    command.downgrade(user_alembic, "sqla_queue@base")
+    assert not schema_exists(empty_engine)
+    assert "widgets" in inspect(empty_engine).get_table_names()
+
+
+# -- autogenerate against a migrated database ---------------------------------------------------
+
+
+def diff(engine: Engine, metadata: MetaData, **options: Any) -> list[Any]:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"include_schemas": True, **options})
+        return list(compare_metadata(context, metadata))
+
+
+def test_models_match_the_shipped_revision(engine: Engine) -> None:
+    assert diff(engine, Base.metadata, include_name=migrate.include_ours) == []
+
+
+def test_user_autogenerate_with_our_filters_sees_nothing_of_ours(engine: Engine) -> None:
+    filters = {"include_name": include_name, "include_object": include_object}
+    assert diff(engine, MetaData(), **filters) == []
+    # Without the filters the same autogenerate would drop our tables: the filters matter.
+    unfiltered = diff(engine, MetaData())
+    assert any(op[0] == "remove_table" and op[1].schema == SCHEMA for op in unfiltered)
+
+
+# -- downgrade and revision checks --------------------------------------------------------------
+
+
+def test_downgrade_to_base_removes_everything_we_created(empty_engine: Engine) -> None:
+    with empty_engine.connect() as conn:
+        before = set(inspect(conn).get_schema_names())
+    migrate.upgrade(empty_engine)
+    assert schema_exists(empty_engine)
+
+    migrate.downgrade(empty_engine)
+
+    with empty_engine.connect() as conn:
+        assert set(inspect(conn).get_schema_names()) == before
+        leftovers = conn.scalars(
+            text(
+                "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
+                f"AND relname NOT LIKE '{migrate.VERSION_TABLE}%'"
+            )
+        ).all()
+        versions = conn.scalar(text(f"SELECT count(*) FROM {migrate.VERSION_TABLE}"))
+    assert leftovers == []
+    assert versions == 0
+    migrate.upgrade(empty_engine)  # and back up again
+    assert_usable(empty_engine)
+
+
+def test_database_without_our_schema_or_an_older_revision_is_refused(
+    empty_engine: Engine, engine: Engine
+) -> None:
+    with pytest.raises(SchemaMissingError, match="sqla-queue migrate"):
+        migrate.check_schema(empty_engine)
+    with engine.begin() as conn:
+        conn.execute(text("COMMENT ON SCHEMA sqla_queue IS 'sqla_queue revision sqlaq_0000'"))
+    with pytest.raises(SchemaMissingError, match=r"sqlaq_0000.*sqla-queue migrate"):
+        migrate.check_schema(engine)
