@@ -20,15 +20,6 @@ from . import report, scenarios
 from .database import LOCAL_URL, BenchDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = (
-    "ceiling",
-    "enqueue_single",
-    "bulk_enqueue",
-    "drain",
-    "latency",
-    "multixacts",
-    "table_size",
-)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -115,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         console=console,
     ) as progress:
         overall = progress.add_task(
-            "creating the benchmark database", total=len(SCENARIOS) + drain_steps
+            "creating the benchmark database", total=len(scenarios.NAMES) + drain_steps
         )
 
         def say(line: str) -> None:
@@ -128,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results["meta"]["server"] = db.server_settings()
             sc = results["scenarios"]
-            for name in SCENARIOS:
+            for name in scenarios.NAMES:
                 progress.update(overall, description=f"[bold]{name}[/]")
                 if name == "drain":
                     sc[name] = scenarios.drain(db, plan, say, step)

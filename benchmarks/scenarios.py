@@ -36,6 +36,17 @@ CEILING_LINE = re.compile(
 
 Say = Callable[[str], None]
 
+NAMES = (
+    "ceiling",
+    "enqueue_single",
+    "bulk_enqueue",
+    "drain",
+    "latency",
+    "multixacts",
+    "table_size",
+)
+"""Every scenario, in the order of a run (each a function of this module)."""
+
 
 @dataclass
 class Plan:
