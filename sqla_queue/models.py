@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,10 @@ limits = Limits()
 PRIORITY_MAX = 32767
 
 
+# A \u0000 escape in json.dumps output (not an escaped backslash followed by "u0000").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def _reject_non_json(value: object) -> object:
     raise TypeError(f"{type(value).__name__} value {value!r:.80}")
 
@@ -118,6 +123,12 @@ def validate_job(
             task=name,
             detail=f"args are {len(encoded)} bytes as JSON; the limit is {limits.max_args_bytes} "
             "(sqla_queue.limits.max_args_bytes). Store large payloads elsewhere and pass a key.",
+        )
+    if _NUL_ESCAPE.search(encoded):
+        raise InvalidJobError(
+            task=name,
+            detail="args contain a NUL character (\\u0000), which PostgreSQL's jsonb cannot "
+            "store; encode binary data, e.g. as base64",
         )
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidJobError(task=name, detail=f"priority must be an int, got {priority!r}")

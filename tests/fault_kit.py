@@ -214,16 +214,24 @@ class PrivateCluster:
     temporary directory it owns, on a free port), to stop and start without touching the
     machine's main server."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         if os.geteuid() != 0 or not (PG_BIN / "initdb").exists() or not shutil.which("runuser"):
             pytest.skip("needs root, runuser and PostgreSQL 15 binaries to run a private cluster")
         self.dir = Path(tempfile.mkdtemp(prefix="sqlaq-cluster-"))
         shutil.chown(self.dir, "postgres", "postgres")
         self.data = self.dir / "data"
         self.port = free_port()
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/faults"
+        self.password = password
+        user = "postgres" if password is None else f"postgres:{password}"
+        self.url = f"postgresql+psycopg://{user}@127.0.0.1:{self.port}/faults"
+        auth = ["-A", "trust"]
+        if password is not None:  # TCP connections must prove the password
+            pwfile = self.dir / "pwfile"
+            pwfile.write_text(password)
+            shutil.chown(pwfile, "postgres", "postgres")
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
         self._as_postgres(
-            str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+            str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", *auth,
             "--no-sync", "--no-instructions",
         )  # fmt: skip
 
