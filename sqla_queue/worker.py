@@ -322,11 +322,13 @@ class Worker:
         queue_empty = False
         next_poll = 0.0
         flush_after = 0.0
-        inline = cfg.concurrency == 1
         try:
             while not self._stopping.is_set():
-                while self._ready and self._running < cfg.concurrency:
-                    self._start(self._ready.popleft(), inline)
+                # Once stopping, held jobs that have not started are released, not run.
+                while (
+                    self._ready and self._running < cfg.concurrency and not self._stopping.is_set()
+                ):
+                    self._start(self._ready.popleft())
                 now = time.monotonic()
                 if self._notified or now >= next_poll:
                     self._notified = False
@@ -387,7 +389,7 @@ class Worker:
         self.stats.claimed += len(held)
         return len(held)
 
-    def _start(self, job: _Held, inline: bool) -> None:
+    def _start(self, job: _Held) -> None:
         if job.ctx is not None and job.ctx.cancelled:  # lost before it started
             self._forget(job)
             self.stats.lost += 1
@@ -410,9 +412,8 @@ class Worker:
         if task.is_async:
             assert self._loop is not None
             asyncio.run_coroutine_threadsafe(self._run_async(task, job), self._loop)
-        elif inline and task.timeout is None:
-            self._run_sync(task, job)
         else:
+            # Never inline on the dispatcher thread: it must stay free to honour a stop.
             if task.timeout is not None:
                 job.deadline = time.monotonic() + task.timeout
                 self._timed.add(job)
@@ -448,15 +449,14 @@ class Worker:
 
     def _finished(self, job: _Held, task: Task, exc: BaseException | None) -> None:
         """Called from the handler's thread: record the outcome and wake the dispatcher."""
+        outcome = (job, _SUCCESS, 0.0, "") if exc is None else self._error_outcome(job, task, exc)
         with self._running_lock:
             if job.done:  # already timed out and recorded by the dispatcher
                 return
             job.done = True
+            # Outcome first: a dispatcher that sees nothing running must also see it to flush.
+            self._outcomes.append(outcome)
             self._running -= 1
-        if exc is None:
-            self._outcomes.append((job, _SUCCESS, 0.0, ""))
-        else:
-            self._outcomes.append(self._error_outcome(job, task, exc))
         self._wake.set()
 
     def _error_outcome(

@@ -357,24 +357,27 @@ class Gate:
             self.finished.append(ctx.job_id)
 
 
-def test_stop_returns_unfinished_jobs_to_queued(engine: Engine) -> None:
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_stop_returns_unfinished_jobs_to_queued(engine: Engine, concurrency: int) -> None:
     registry = Registry()
     gate = Gate(registry)
     ids = enqueue_jobs(engine, "gate", 5)
 
-    runner = WorkerThread(engine, registry, concurrency=2, batch=3, shutdown_timeout=0.3)
+    runner = WorkerThread(engine, registry, concurrency=concurrency, batch=3, shutdown_timeout=0.3)
     with runner:
-        wait_for(lambda: len(gate.started) == 2)
-        wait_for(lambda: count_where(engine, "status = 'running'") == 3)  # 2 started, 1 held
-        stats = runner.stop()
+        wait_for(lambda: len(gate.started) == concurrency)
+        held = min(concurrency + 2, 3)  # claims up to concurrency + batch - 1, batch at a time
+        wait_for(lambda: count_where(engine, "status = 'running'") == held)
+        stats = runner.stop(timeout=5)  # the gate would hold a job for 10 s
 
     jobs = jobs_by_id(engine, ids)
     assert {j.status for j in jobs.values()} == {"queued"}
     assert {j.locked_by for j in jobs.values()} == {None}
-    # Interrupted handlers keep their attempt; the held but unstarted job gets it back.
-    assert sorted(j.attempts for j in jobs.values()) == [0, 0, 0, 1, 1]
+    # Interrupted handlers keep their attempt; held but unstarted jobs get theirs back.
+    attempts = sorted(j.attempts for j in jobs.values())
+    assert attempts == [0] * (5 - concurrency) + [1] * concurrency
     assert {j.id for j in jobs.values() if j.attempts == 1} == set(gate.started)
-    assert stats.released == 3
+    assert stats.released == held
     wait_for(lambda: sorted(gate.saw_cancel) == sorted(gate.started))  # told to give up
     assert gate.finished == []
 
