@@ -48,6 +48,7 @@ FATAL_CONNECT_ERRORS = (
     "authentication failed",
     "does not exist",
     "no pg_hba.conf entry",
+    "permission denied",  # e.g. no CONNECT privilege on the database: retrying cannot help
     "role",
     "invalid dsn",
     "invalid connection option",

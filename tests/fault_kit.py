@@ -57,8 +57,16 @@ def run_cli(
 class WorkerProcess:
     """One `sqla-queue worker` process with its output in a log file."""
 
-    def __init__(self, url: str, log_path: Path, *options: str, app: str = "fault_app:registry"):
+    def __init__(
+        self,
+        url: str,
+        log_path: Path,
+        *options: str,
+        app: str = "fault_app:registry",
+        app_dsn: str | None = None,
+    ):
         self.url = url
+        self.app_dsn = app_dsn
         self.log_path = log_path
         self.command = [sys.executable, "-m", "sqla_queue", "worker", "--app", app, *options]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -70,7 +78,7 @@ class WorkerProcess:
         log.flush()
         self.proc = subprocess.Popen(
             self.command,
-            env=cli_env(self.url),
+            env=cli_env(self.url, **({"FAULT_APP_DSN": self.app_dsn} if self.app_dsn else {})),
             cwd=TESTS_DIR,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -187,8 +195,12 @@ def workers_fixture(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Starts worker processes; every one still running is stopped at the end of the test."""
     started: list[WorkerProcess] = []
 
-    def start(url: str, *options: str, app: str = "fault_app:registry") -> WorkerProcess:
-        worker = WorkerProcess(url, tmp_path / f"worker-{len(started)}.log", *options, app=app)
+    def start(
+        url: str, *options: str, app: str = "fault_app:registry", app_dsn: str | None = None
+    ) -> WorkerProcess:
+        """A worker on `url`; its handlers record through `app_dsn` (default: the same URL)."""
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(url, log_path, *options, app=app, app_dsn=app_dsn)
         started.append(worker.start())
         return worker
 
