@@ -120,6 +120,10 @@ FIX_AUTOVACUUM = (
     "fixed threshold, as `sqla-queue migrate` sets them) so it is vacuumed on a schedule the "
     "rest of the database does not dictate."
 )
+FIX_AUTOVACUUM_OFF = (
+    "Turn autovacuum back on (autovacuum = on; RESET (autovacuum_enabled) on the table): "
+    "without it nothing removes the dead versions of finished jobs and the table bloats."
+)
 FIX_STUCK = (
     "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
     "one `sqla-queue worker` running, with the same --lease, and it requeues these jobs."
@@ -418,7 +422,7 @@ def check_autovacuum_settings(conn: Connection, options: DoctorOptions) -> Findi
             "autovacuum_settings",
             Severity.warn,
             f"autovacuum is off {where}",
-            FIX_AUTOVACUUM,
+            FIX_AUTOVACUUM_OFF,
             details,
         )
     if differ:
