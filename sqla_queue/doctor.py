@@ -516,8 +516,7 @@ def _run_check(conn: Connection, check: Check, options: DoctorOptions) -> Findin
     name = check.__name__.removeprefix("check_")
     try:
         if not getattr(conn.connection.dbapi_connection, "autocommit", False):
-            # Inside the caller's transaction a failed check must not abort the rest; a
-            # read-only savepoint gets no xid, so it mints no MultiXact.
+            # A failed check must not abort the caller's transaction (read-only: no xid).
             with conn.begin_nested():
                 return check(conn, options)
         return check(conn, options)

@@ -461,10 +461,7 @@ LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"'
 
 
 # -- doctor (sqla_queue.doctor): the essay's failure modes, read from the catalogs -----------
-#
-# Catalog views are declared as lightweight tables with only the columns we read. Every
-# statement is read-only and short: `sqla-queue doctor` runs each in its own autocommit
-# transaction so that it never pins the vacuum horizon it is reporting on.
+# Catalog views as lightweight tables of the columns we read; every statement is read-only.
 
 _activity = table(
     "pg_stat_activity",

@@ -54,7 +54,6 @@ def _start_cluster() -> str | None:
     # PostgreSQL refuses to run as root: run it as the postgres OS user then.
     prefix: list[str] = []
     if os.geteuid() == 0:
-        shutil.chown(workdir, user="postgres")
         prefix = ["runuser", "-u", "postgres", "--"]
     data = os.path.join(workdir, "data")
     port = _free_port()
@@ -64,6 +63,8 @@ def _start_cluster() -> str | None:
         "-c synchronous_commit=off -c full_page_writes=off -c autovacuum=on"
     )
     try:
+        if prefix:
+            shutil.chown(workdir, user="postgres")
         subprocess.run(
             [*prefix, f"{bindir}/initdb", "-D", data, "-U", "postgres", "-A", "trust", "--no-sync"],
             check=True,
@@ -74,7 +75,7 @@ def _start_cluster() -> str | None:
             check=True,
             capture_output=True,
         )
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, LookupError, subprocess.CalledProcessError):
         shutil.rmtree(workdir, ignore_errors=True)
         return None
 
