@@ -485,7 +485,11 @@ def test_late_outcome_of_a_reaped_job_changes_nothing(engine: Engine, outcome: s
     assert "late failure" not in (job.last_error or "")
 
 
-def test_reaper_requeues_a_job_whose_worker_stopped_heartbeating(engine: Engine) -> None:
+@pytest.mark.parametrize(("max_attempts", "outcome"), [(None, "done"), (1, "failed")])
+def test_reaper_requeues_a_job_whose_worker_stopped_heartbeating(
+    engine: Engine, max_attempts: int | None, outcome: str
+) -> None:
+    """Requeued, it runs again as attempt 2, unless that exceeds its max_attempts."""
     registry = Registry()
     attempts: list[int] = []
 
@@ -495,20 +499,23 @@ def test_reaper_requeues_a_job_whose_worker_stopped_heartbeating(engine: Engine)
 
     with engine.begin() as conn:
         admin.set_retention(conn, "default", "keep")
-    (job_id,) = enqueue_jobs(engine, "orphan", 1)
+    (job_id,) = enqueue_jobs(engine, "orphan", 1, max_attempts=max_attempts)
     with engine.begin() as conn:
         conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "dead-worker"})
         conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '1 hour'"))
 
     with WorkerThread(engine, registry, lease=0.4, poll_only=False) as runner:
-        wait_for(lambda: attempts)
-        wait_for(lambda: count_where(engine, "status = 'done'") == 1)
+        wait_for(lambda: count_where(engine, f"status = '{outcome}'") == 1)
         assert runner.worker.stats.reaped == 1
 
     job = jobs_by_id(engine)[job_id]
-    assert attempts == [2]
-    assert (job.status, job.attempts) == ("done", 2)
-    assert "dead-worker stopped heartbeating" in (job.last_error or "")
+    assert (job.status, job.attempts) == (outcome, 2)
+    if outcome == "done":
+        assert attempts == [2]
+        assert "dead-worker stopped heartbeating" in (job.last_error or "")
+    else:
+        assert attempts == []
+        assert "attempt 2 exceeds max_attempts 1" in (job.last_error or "")
 
 
 def test_heartbeats_keep_a_long_job_from_being_reaped(engine: Engine) -> None:
