@@ -474,6 +474,7 @@ _activity = table(
     column("xact_start"),
     column("wait_event"),
     column("query"),
+    column("backend_type"),
     schema="pg_catalog",
 )
 _locks = table(
@@ -622,6 +623,8 @@ def open_transactions() -> Select[Any]:
         )
         .where(
             *_ours_in_this_database(),
+            # VACUUM's own snapshot does not hold back other vacuums (PROC_IN_VACUUM).
+            _activity.c.backend_type != "autovacuum worker",
             or_(_activity.c.backend_xid.is_not(None), _activity.c.backend_xmin.is_not(None)),
         )
         .order_by(_activity.c.xact_start)
