@@ -47,6 +47,14 @@ def make_due(engine: Engine) -> None:
         conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now() WHERE status = 'queued'"))
 
 
+def recorder(name: str = "t") -> tuple[Registry, list[Any]]:
+    """A registry whose task `name` appends its one argument, `value`, to the returned list."""
+    registry = Registry()
+    seen: list[Any] = []
+    registry.task(name=name)(lambda value: seen.append(value))
+    return registry, seen
+
+
 # -- handlers -------------------------------------------------------------------------------
 
 
@@ -179,17 +187,11 @@ def test_handler_timeout_records_a_timeout_error_and_retries(engine: Engine) -> 
 
 
 def test_unknown_task_fails_at_once_and_the_worker_keeps_going(engine: Engine) -> None:
-    registry = Registry()
-    ran: list[int] = []
-
-    @registry.task(name="known")
-    def known(i: int) -> None:
-        ran.append(i)
-
+    registry, ran = recorder("known")
     with Session(engine) as session, session.begin():
-        enqueue(session, "known", {"i": 1})
+        enqueue(session, "known", {"value": 1})
         enqueue(session, "x", {})
-        enqueue(session, "known", {"i": 2})
+        enqueue(session, "known", {"value": 2})
 
     stats = run_until_empty(engine, registry, WorkerConfig(concurrency=1, batch=1, poll_only=True))
 
@@ -213,20 +215,14 @@ def test_worker_refuses_a_database_without_the_schema(empty_database_url: str) -
 
 
 def test_scheduled_jobs_wait_for_their_run_at(engine: Engine) -> None:
-    registry = Registry()
-    ran: list[str] = []
-
-    @registry.task(name="t")
-    def record(label: str) -> None:
-        ran.append(label)
-
+    registry, ran = recorder()
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     with Session(engine) as session, session.begin():
-        enqueue(session, "t", {"label": "past"}, run_at=past)
-        enqueue(session, "t", {"label": "future"}, run_at=future)
-        enqueue(session, "t", {"label": "delayed"}, delay=3600)
-        enqueue(session, "t", {"label": "now"})
+        enqueue(session, "t", {"value": "past"}, run_at=past)
+        enqueue(session, "t", {"value": "future"}, run_at=future)
+        enqueue(session, "t", {"value": "delayed"}, delay=3600)
+        enqueue(session, "t", {"value": "now"})
 
     run_until_empty(engine, registry)
 
@@ -236,17 +232,11 @@ def test_scheduled_jobs_wait_for_their_run_at(engine: Engine) -> None:
 
 @pytest.mark.parametrize("batch", [1, 10])
 def test_lower_priority_number_runs_first(engine: Engine, batch: int) -> None:
-    registry = Registry()
-    order: list[int] = []
-
-    @registry.task(name="p")
-    def record(priority: int) -> None:
-        order.append(priority)
-
+    registry, order = recorder()
     priorities = [5, 0, 3, 3, 1, 7, 0, 2]
     with Session(engine) as session, session.begin():
         for p in priorities:
-            enqueue(session, "p", {"priority": p}, priority=p)
+            enqueue(session, "t", {"value": p}, priority=p)
 
     run_until_empty(engine, registry, WorkerConfig(concurrency=1, batch=batch, poll_only=True))
 
@@ -254,18 +244,12 @@ def test_lower_priority_number_runs_first(engine: Engine, batch: int) -> None:
 
 
 def test_paused_queue_is_not_claimed_until_resumed(engine: Engine) -> None:
-    registry = Registry()
-    ran: list[str] = []
-
-    @registry.task(name="t")
-    def record(queue: str) -> None:
-        ran.append(queue)
-
+    registry, ran = recorder()
     with Session(engine) as session, session.begin():
         admin.create_queue(session, "reports")
         admin.set_paused(session, "reports", True)
-        enqueue(session, "t", {"queue": "reports"}, queue="reports")
-        enqueue(session, "t", {"queue": "default"})
+        enqueue(session, "t", {"value": "reports"}, queue="reports")
+        enqueue(session, "t", {"value": "default"})
 
     run_until_empty(engine, registry)
     run_until_empty(engine, registry, WorkerConfig(queues=["reports"], poll_only=True))
@@ -279,17 +263,11 @@ def test_paused_queue_is_not_claimed_until_resumed(engine: Engine) -> None:
 
 
 def test_worker_claims_only_from_its_queues(engine: Engine) -> None:
-    registry = Registry()
-    ran: list[str] = []
-
-    @registry.task(name="t")
-    def record(queue: str) -> None:
-        ran.append(queue)
-
+    registry, ran = recorder()
     with Session(engine) as session, session.begin():
         admin.create_queue(session, "emails")
-        enqueue(session, "t", {"queue": "emails"}, queue="emails")
-        enqueue(session, "t", {"queue": "default"})
+        enqueue(session, "t", {"value": "emails"}, queue="emails")
+        enqueue(session, "t", {"value": "default"})
 
     run_until_empty(engine, registry, WorkerConfig(queues=["emails"], poll_only=True))
     assert ran == ["emails"]
