@@ -161,6 +161,11 @@ def _bytes(count: float | None) -> str:
     return f"{value:.1f} TB"
 
 
+def _seconds(value: Any) -> float | None:
+    """A number of seconds from the database (Decimal from EXTRACT) as a JSON-able float."""
+    return None if value is None else float(value)
+
+
 def _ago(seconds: float | None) -> str:
     if seconds is None:
         return "never"
@@ -384,8 +389,8 @@ def check_tables(conn: Connection, options: DoctorOptions) -> Finding:
             "heap_bytes": int(heap),
             "index_bytes": int(indexes),
             "total_bytes": int(total),
-            "last_autovacuum_seconds_ago": autovacuumed,
-            "last_vacuum_seconds_ago": vacuumed,
+            "last_autovacuum_seconds_ago": _seconds(autovacuumed),
+            "last_vacuum_seconds_ago": _seconds(vacuumed),
         }
     parts = [
         f"{name}: {_bytes(t['total_bytes'])} (heap {_bytes(t['heap_bytes'])}, indexes "
@@ -475,8 +480,8 @@ def check_backlog(conn: Connection, options: DoctorOptions) -> Finding:
 
 def check_failed_jobs(conn: Connection, options: DoctorOptions) -> Finding:
     """Jobs that failed for good, per queue."""
-    failed = {
-        str(queue): {"count": int(count), "latest_seconds_ago": latest}
+    failed: dict[str, dict[str, Any]] = {
+        str(queue): {"count": int(count), "latest_seconds_ago": _seconds(latest)}
         for queue, count, latest in conn.execute(queries.failed_job_counts())
     }
     if not failed:

@@ -257,3 +257,21 @@ def test_command_prints_a_table_of_every_check(private_url: str) -> None:
     assert result.exit_code == 0, result.output
     for name in EVERY_CHECK:
         assert name in result.output
+
+
+def test_json_output_is_valid_with_every_kind_of_figure(engine: Engine, private_url: str) -> None:
+    _insert_job(engine, "failed", finished_at="1 minute")
+    _insert_job(engine, "queued", run_at="1 hour")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM sqla_queue.jobs"))
+
+    result = CliRunner().invoke(
+        main, ["doctor", "--json", "--sample", "0.2", "--database-url", private_url]
+    )
+
+    assert result.exit_code == 0, result.output
+    found = {f["name"]: f for f in json.loads(result.output)}
+    assert set(found) == EVERY_CHECK
+    assert found["tables"]["details"]["jobs"]["last_vacuum_seconds_ago"] >= 0
+    assert found["failed_jobs"]["details"]["default"]["latest_seconds_ago"] >= 60
+    assert found["backlog"]["severity"] == "warn"
