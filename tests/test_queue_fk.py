@@ -150,3 +150,9 @@ def test_cli_restore_with_orphans_exits_with_the_queue_names(database_url: str) 
 
     assert result.exit_code == 1
     assert "'typo': 1 job(s)" in result.output
+
+
+def test_restore_without_a_drop_changes_nothing(engine: Engine) -> None:
+    restore_queue_fk(engine)
+
+    assert _queue_fks(engine) == ["fk_jobs_queue_queues"]
