@@ -307,6 +307,12 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._loop is not None:
+            # Abandoned async handlers get a CancelledError to clean up, not a silent drop.
+            cancelled = asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), self._loop)
+            try:
+                cancelled.result(2)
+            except Exception:
+                log.warning("async handlers did not finish cancelling within 2 s")
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._loop_thread is not None:
                 self._loop_thread.join(2)
@@ -713,6 +719,14 @@ class Worker:
                 )
         finally:
             os._exit(1)
+
+
+async def _cancel_other_tasks() -> None:
+    """Cancel every task on the running loop but this one, and wait for them to end."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _Stopped(Exception):

@@ -360,6 +360,35 @@ def test_stop_returns_unfinished_jobs_to_queued(engine: Engine, concurrency: int
     assert gate.finished == []
 
 
+def test_stop_cancels_async_handlers_past_the_timeout_and_requeues_their_jobs(
+    engine: Engine,
+) -> None:
+    registry = Registry()
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    @registry.task(name="sleeps", pass_context=True)
+    async def sleeps(ctx: JobContext) -> None:
+        started.append(ctx.job_id)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.job_id)  # a chance to clean up, not a silent drop
+            raise
+
+    ids = enqueue_jobs(engine, "sleeps", 3)
+    runner = WorkerThread(engine, registry, concurrency=2, batch=1, shutdown_timeout=0.3)
+    with runner:
+        wait_for(lambda: len(started) == 2)
+        stats = runner.stop(timeout=5)
+
+    jobs = jobs_by_id(engine, ids)
+    assert {(j.status, j.locked_by) for j in jobs.values()} == {("queued", None)}
+    assert sorted(j.attempts for j in jobs.values()) == [0, 1, 1]
+    assert stats.released == 2
+    assert sorted(cancelled) == sorted(started)
+
+
 def test_stop_lets_in_flight_jobs_finish_within_the_shutdown_timeout(engine: Engine) -> None:
     registry = Registry()
     gate = Gate(registry)
