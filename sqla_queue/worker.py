@@ -90,6 +90,8 @@ class WorkerConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigurationError(detail=message)
+        if isinstance(self.queues, str):  # one name, not a sequence of one-letter queues
+            self.queues = [self.queues]
         if self.queues is not None:
             self.queues = [q for q in self.queues if q]
             if not self.queues:

@@ -273,6 +273,16 @@ def test_worker_claims_only_from_its_queues(engine: Engine) -> None:
     assert ran == ["emails"]
 
 
+def test_a_single_queue_name_is_one_queue_not_a_sequence_of_letters(engine: Engine) -> None:
+    registry, ran = recorder()
+    with Session(engine) as session, session.begin():
+        admin.create_queue(session, "emails")
+        enqueue(session, "t", {"value": "emails"}, queue="emails")
+
+    run_until_empty(engine, registry, WorkerConfig(queues="emails", poll_only=True))
+    assert ran == ["emails"]
+
+
 # -- waking up --------------------------------------------------------------------------------
 
 
