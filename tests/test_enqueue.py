@@ -215,6 +215,19 @@ def test_rolled_back_transaction_notifies_nobody(
     assert received(listener) == ["default"]
 
 
+def test_job_after_a_rolled_back_savepoint_still_notifies(
+    engine: Engine, emails_queue: str, listener: psycopg.Connection[Any]
+) -> None:
+    with Session(engine) as session, session.begin():
+        savepoint = session.begin_nested()
+        enqueue(session, "t", queue=emails_queue)
+        session.flush()  # notified inside the savepoint ...
+        savepoint.rollback()  # ... and PostgreSQL drops that notification with it
+        enqueue(session, "t", queue=emails_queue)
+    assert received(listener) == ["emails"]
+    assert job_count(engine) == 1
+
+
 # -- AsyncSession --------------------------------------------------------------------------------
 
 
