@@ -60,20 +60,27 @@ class BenchDatabase:
         return settings
 
     def reset_jobs(self) -> None:
-        """An empty, vacuumed jobs table (TRUNCATE; ids keep counting up, so no reuse)."""
+        """An empty jobs table (TRUNCATE; ids keep counting up, so no reuse)."""
         self.sql(f"TRUNCATE {JOBS}")
-        self.sql(f"VACUUM ANALYZE {JOBS}")
 
-    def insert_noop_jobs(self, count: int, notify: bool = True) -> None:
-        """`count` queued no-op jobs in one transaction, woken by one NOTIFY."""
-        with psycopg.connect(self.dsn) as conn:
+    def insert_noop_jobs(self, count: int, analyze: bool = False) -> None:
+        """`count` queued no-op jobs in one transaction, woken by one NOTIFY.
+
+        With `analyze`, the queue is paused while they are inserted and analysed, so that no
+        claim runs with the planner statistics of an empty table (as pgbench's ceiling does).
+        """
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            if analyze:
+                conn.execute("UPDATE sqla_queue.queues SET paused = true WHERE name = 'default'")
             conn.execute(
                 f"INSERT INTO {JOBS} (task, args) "
                 "SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, %s) g",
                 (count,),
             )
-            if notify:
-                conn.execute("SELECT pg_notify('sqla_queue', 'default')")
+            if analyze:
+                conn.execute(f"VACUUM ANALYZE {JOBS}")
+                conn.execute("UPDATE sqla_queue.queues SET paused = false WHERE name = 'default'")
+            conn.execute("SELECT pg_notify('sqla_queue', 'default')")
 
     def count_jobs(self) -> int:
         """Jobs not yet finished: queued or running (finished rows may stay, under `keep`)."""

@@ -238,7 +238,7 @@ def bulk_enqueue(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
 def _drain_once(db: BenchDatabase, jobs: int, window: float) -> tuple[float, int]:
     """Pre-insert `jobs`; once the worker has started on them, count completions in `window`."""
     db.reset_jobs()
-    db.insert_noop_jobs(jobs)
+    db.insert_noop_jobs(jobs, analyze=True)
     deadline = time.monotonic() + 10
     while (left := db.count_jobs()) == jobs and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -43,6 +43,10 @@ from .registry import JobContext, Registry, Task
 log = logging.getLogger("sqla_queue.worker")
 
 MAX_ERROR_CHARS = 20_000
+FLUSH_SIZE = 50
+"""Outcomes gathered (or the claim batch, if larger) before they are written in one statement."""
+FLUSH_DELAY = 0.05
+"""Seconds an outcome may wait for others before it is written."""
 FATAL_CONNECT_ERRORS = (
     "password authentication failed",
     "authentication failed",
@@ -331,6 +335,7 @@ class Worker:
         queue_empty = False
         next_poll = 0.0
         flush_after = 0.0
+        flush_size = max(cfg.batch, FLUSH_SIZE)
         try:
             while not self._stopping.is_set():
                 # Once stopping, held jobs that have not started are released, not run.
@@ -344,13 +349,18 @@ class Worker:
                     queue_empty = False
                 held = len(self._ready) + self._running
                 want = min(cfg.batch, cfg.concurrency + cfg.batch - 1 - held)
+                if self._outcomes and not flush_after:
+                    flush_after = now + FLUSH_DELAY
                 if (
                     not queue_empty
                     and not self._ready
                     and want > 0
                     and (want == cfg.batch or self._running == 0)
                 ):
-                    self._flush()
+                    # Finish many: outcomes wait for a full batch or FLUSH_DELAY, not every claim.
+                    if len(self._outcomes) >= flush_size or (flush_after and now >= flush_after):
+                        self._flush()
+                        flush_after = 0.0
                     claimed = self._claim_batch(want)
                     if claimed < want:
                         queue_empty = True
@@ -359,13 +369,12 @@ class Worker:
                     else:
                         idle_backoff = 0.05
                     continue
-                if self._outcomes:
-                    if not flush_after:
-                        flush_after = now + 0.05
-                    if len(self._outcomes) >= cfg.batch or self._running == 0 or now >= flush_after:
-                        self._flush()
-                        flush_after = 0.0
-                        continue
+                if self._outcomes and (
+                    len(self._outcomes) >= flush_size or self._running == 0 or now >= flush_after
+                ):
+                    self._flush()
+                    flush_after = 0.0
+                    continue
                 if (
                     cfg.burst
                     and queue_empty
@@ -415,7 +424,8 @@ class Worker:
             )
             self._record(job, _FAIL, 0.0, message)
             return
-        job.ctx = JobContext(job.id, job.task, job.queue, job.attempt, self._beat_one)
+        if task.pass_context:  # only a handler that asks for it gets one (an Event per job)
+            job.ctx = JobContext(job.id, job.task, job.queue, job.attempt, self._beat_one)
         with self._running_lock:
             self._running += 1
         if task.is_async:
