@@ -228,6 +228,12 @@ class Worker:
                 self.config.lease,
                 " poll-only" if self.config.poll_only else "",
             )
+            missing = sorted(set(self.config.queues or ()) - set(self._retention))
+            if missing:  # a typo in -q would otherwise wait silently forever
+                log.warning(
+                    "no queue named %s (a typo? `sqla-queue queues create NAME` creates one)",
+                    ", ".join(repr(name) for name in missing),
+                )
             self._dispatch_loop()
             self._shutdown()
         finally:

@@ -222,6 +222,17 @@ def test_wrong_database_or_host_is_a_clear_error(
     assert worker.proc.wait(30) == 0
 
 
+def test_worker_on_an_unknown_queue_says_so_and_waits(
+    database_url: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    worker = workers(database_url, "-q", "default,emials")
+    wait_until(lambda: "no queue named 'emials'" in worker.log(), 30, what="the warning")
+    assert "'default'" not in worker.log().partition("no queue named")[2].splitlines()[0]
+    worker.signal(signal.SIGTERM)
+    assert worker.proc is not None
+    assert worker.proc.wait(30) == 0
+
+
 @pytest.fixture
 def password_cluster() -> Iterator[PrivateCluster]:
     server = PrivateCluster(password="right-password")
