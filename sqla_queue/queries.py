@@ -456,6 +456,17 @@ def job_by_id() -> Select[Any]:
     return select(jobs).where(jobs.c.id == bindparam("job_id", type_=BigInteger))
 
 
+def reserve_job_ids() -> Select[Any]:
+    """`:count` fresh job ids, in order, each with the transaction's `now()` (for COPY)."""
+    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
+    series = func.generate_series(1, bindparam("count", type_=Integer))
+    return select(func.nextval(sequence), func.now()).select_from(series)
+
+
+COPY_JOB_COLUMNS = ("id", "task", "args", "queue", "priority", "run_at", "max_attempts")
+COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
+"""Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
+
 LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"'
 """Not expressible in Core: the one plain-text statement, sent by the listener connection."""
 
