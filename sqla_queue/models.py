@@ -69,6 +69,10 @@ PRIORITY_MAX = 32767
 
 # A \u0000 escape in json.dumps output (not an escaped backslash followed by "u0000").
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A surrogate escape that is not half of a pair (a str from surrogateescape decoding).
+_LONE_SURROGATE = re.compile(
+    r"(?<!\\)(?:\\\\)*(?:\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f])"
+)
 
 
 def _reject_non_json(value: object) -> object:
@@ -129,6 +133,12 @@ def validate_job(
             task=name,
             detail="args contain a NUL character (\\u0000), which PostgreSQL's jsonb cannot "
             "store; encode binary data, e.g. as base64",
+        )
+    if _LONE_SURROGATE.search(encoded):
+        raise InvalidJobError(
+            task=name,
+            detail="args contain a lone surrogate (a str that is not valid Unicode, e.g. "
+            "decoded with surrogateescape), which PostgreSQL's jsonb cannot store",
         )
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidJobError(task=name, detail=f"priority must be an int, got {priority!r}")

@@ -258,8 +258,9 @@ def test_wrong_password_is_a_clear_error(password_cluster: PrivateCluster) -> No
 #
 # jsonb stores numbers as `numeric`, which has no negative zero and no float type: -0.0 comes
 # back as 0.0, and a float that json.dumps writes with a positive exponent (1e+16) comes back
-# as an int. Such floats are left out of the strategy and documented in the README; NUL
-# characters, which jsonb cannot store, are refused by enqueue (tested above).
+# as an int. Such floats are left out of the strategy and documented in the README. NUL
+# characters and lone surrogates, which jsonb cannot store, are refused by enqueue (tested
+# below), so the strategy leaves them out too.
 
 
 def jsonb_keeps(value: float) -> bool:
@@ -327,7 +328,7 @@ def test_jsonb_number_normalisation_is_what_the_readme_documents(engine: Engine)
     assert typed(received) == typed([{"zero": 0.0, "big": 10**16, "fine": 1e15, "tiny": 1e-7}])
 
 
-def test_args_with_a_nul_character_are_refused_before_the_database(
+def test_args_that_jsonb_cannot_store_are_refused_before_the_database(
     engine: Engine, bystanders: Snapshot
 ) -> None:
     before = bystanders()
@@ -335,7 +336,10 @@ def test_args_with_a_nul_character_are_refused_before_the_database(
         for args in ({"s": "a\x00b"}, {"key\x00": 1}, {"nested": [{"s": "\x00"}]}):
             with pytest.raises(InvalidJobError, match="NUL character"):
                 enqueue(session, "t", args)
-        # An escaped backslash followed by "u0000" is plain text, not a NUL.
-        enqueue(session, "t", {"s": "\\u0000"})
+        for args in ({"s": "\ud800"}, {"\udcff": 1}, {"s": ["ok", "\udc80\ud800"]}):
+            with pytest.raises(InvalidJobError, match="lone surrogate"):
+                enqueue(session, "t", args)
+        # Escaped backslashes followed by "u0000" or "ud800" are plain text; a rocket is fine.
+        enqueue(session, "t", {"s": "\\u0000 \\ud800 \U0001f680"})
         session.commit()
     assert len(bystanders()) == len(before) + 1
