@@ -582,8 +582,9 @@ class Worker:
                 {"job_ids": failures[0], "job_attempts": failures[1], "job_errors": failures[2]},
             )
             self.stats.failed += len(failures[0])
-        for job, *_ in batch:
-            self._forget(job)
+        with self._held_lock:  # one lock round for the whole batch
+            for job, *_ in batch:
+                self._held.pop(job.id, None)
 
     def _forget(self, job: _Held) -> None:
         with self._held_lock:
