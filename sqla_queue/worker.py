@@ -43,8 +43,6 @@ from .registry import JobContext, Registry, Task
 log = logging.getLogger("sqla_queue.worker")
 
 MAX_ERROR_CHARS = 20_000
-FLUSH_SIZE = 50
-"""Outcomes gathered (or the claim batch, if larger) before they are written in one statement."""
 FLUSH_DELAY = 0.05
 """Seconds an outcome may wait for others before it is written."""
 FATAL_CONNECT_ERRORS = (
@@ -341,7 +339,8 @@ class Worker:
         queue_empty = False
         next_poll = 0.0
         flush_after = 0.0
-        flush_size = max(cfg.batch, FLUSH_SIZE)
+        # At most a batch of unwritten outcomes, so a crash re-runs <= batch + concurrency jobs.
+        flush_size = cfg.batch
         try:
             while not self._stopping.is_set():
                 # Once stopping, held jobs that have not started are released, not run.
@@ -363,7 +362,7 @@ class Worker:
                     and want > 0
                     and (want == cfg.batch or self._running == 0)
                 ):
-                    # Finish many: outcomes wait for a full batch or FLUSH_DELAY, not every claim.
+                    # Outcomes wait for a full batch or FLUSH_DELAY, not for every claim.
                     if len(self._outcomes) >= flush_size or (flush_after and now >= flush_after):
                         self._flush()
                         flush_after = 0.0
