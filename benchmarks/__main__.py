@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import sys
@@ -40,6 +41,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, nargs="+", help="drain concurrencies")
     p.add_argument("--batch", type=int, nargs="+", help="drain batch sizes")
     p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite BENCHMARKS.md and the chart from the existing latest.json; measure nothing",
+    )
+    p.add_argument(
         "--output-dir",
         type=Path,
         help="write latest.json, BENCHMARKS.md and the chart here instead of the repo",
@@ -71,6 +77,24 @@ def plan_from(args: argparse.Namespace) -> scenarios.Plan:
     return plan
 
 
+def write_reports(
+    results: dict[str, Any], json_path: Path, md_path: Path, chart_path: Path, console: Console
+) -> None:
+    """Targets, chart, JSON and markdown from the results of a run."""
+    results["targets"] = report.targets(results)
+    chart = report.write_chart(results, chart_path)
+    if chart is None:
+        console.print("matplotlib is not installed: skipping the chart (pip install '.[bench]')")
+    results["meta"]["chart"] = chart
+    report.write_json(results, json_path)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(report.markdown(results, chart, md_path.parent))
+    for t in results["targets"]:
+        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "n/a"}[t["met"]]
+        console.print(f"{mark}  {t['target']}: {t['measured']}")
+    console.print(f"wrote {json_path}, {md_path}" + (f", {chart}" if chart else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     plan = plan_from(args)
@@ -79,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     json_path = (out_dir or ROOT / "benchmarks" / "results") / "latest.json"
     md_path = (out_dir or ROOT) / "BENCHMARKS.md"
     chart_path = (out_dir or ROOT / "benchmarks" / "results") / "drain_concurrency.png"
+
+    if args.report_only:
+        write_reports(json.loads(json_path.read_text()), json_path, md_path, chart_path, console)
+        return 0
 
     db = BenchDatabase(args.database_url)
     started = time.monotonic()
@@ -133,18 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["duration_s"] = time.monotonic() - started
     if not results["scenarios"]["table_size"]["complete"]:
         results["notes"].append("the table-size run was cut short by its time bound")
-    results["targets"] = report.targets(results)
-    chart = report.write_chart(results, chart_path)
-    if chart is None:
-        console.print("matplotlib is not installed: skipping the chart (pip install '.[bench]')")
-    results["meta"]["chart"] = chart
-    report.write_json(results, json_path)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(report.markdown(results, chart, md_path.parent))
-    for t in results["targets"]:
-        mark = {True: "[green]met[/]", False: "[red]missed[/]", None: "n/a"}[t["met"]]
-        console.print(f"{mark}  {t['target']}: {t['measured']}")
-    console.print(f"wrote {json_path}, {md_path}" + (f", {chart}" if chart else ""))
+    write_reports(results, json_path, md_path, chart_path, console)
     return 0
 
 

@@ -7,8 +7,57 @@ import json
 from pathlib import Path
 from typing import Any
 
-LIMITS: dict[str, str] = {}
-"""Why a target is missed, per target name (filled in from profiling; shown only when missed)."""
+LIMITS: dict[str, str] = {
+    "drain_batch50": (
+        "one worker process claims and finishes on one connection, one statement after the "
+        "other: each batch costs two commits in sequence (claim, then finish), the same cycle "
+        "as pgbench's one-client line, which is its like-for-like figure; the best ceiling "
+        "line uses 4-16 connections whose commits share WAL flushes. Profiled with py-spy at "
+        "batch 50: the dispatcher spends most of its time waiting in `Connection.execute` "
+        "for those commits; the rest (about 50-70 us of CPU per job here) is row handling, "
+        "the thread-pool hand-off of each job and outcome bookkeeping. More throughput "
+        "comes from more worker processes (more connections), not from a bigger batch."
+    ),
+    "drain_batch1": (
+        "at batch 1 every job is its own claim statement and its own finish statement, each a "
+        "commit, issued one after the other on the worker's single connection; pgbench's best "
+        "batch-1 line runs 4-16 clients in parallel. Grouping finishes beyond the batch would "
+        "help, but would raise the number of jobs a crash re-runs above batch + concurrency."
+    ),
+    "concurrency64": (
+        "with no-op handlers, 64 threads add only thread hand-offs: every job is a pool submit "
+        "and a dispatcher wake-up, and 64 runnable threads on 2 CPUs contend for the GIL while "
+        "the dispatcher waits on its single connection. Real handlers that wait on I/O are "
+        "what high concurrency is for."
+    ),
+    "bulk_enqueue": (
+        "per row on the server: the queue foreign key's RI trigger (a lookup per row, 5-15 ms "
+        "per 1,000 rows under EXPLAIN ANALYZE here), three index entries and jsonb parsing; "
+        "per row in Python: validation, including one json.dumps. COPY on the session's "
+        "connection (now used from 100 rows) doubled the rate of insertmanyvalues; dropping "
+        "the optional FK (see README) removes the trigger."
+    ),
+    "single_enqueue_1": (
+        "enqueue() costs a Session, a unit-of-work flush (INSERT ... RETURNING id) and the "
+        "NOTIFY statement, a second round trip, per transaction; the raw loop sends one INSERT "
+        "and a COMMIT."
+    ),
+    "single_enqueue_8": (
+        "8 producer processes on 2 CPUs make the run CPU-bound, so the CPU per transaction "
+        "decides: enqueue() pays for a Session, a unit-of-work flush (INSERT ... RETURNING id) "
+        "and a second statement for NOTIFY, several times the CPU of one psycopg INSERT + "
+        "COMMIT."
+    ),
+    "latency_idle": (
+        "the wake-up path is NOTIFY -> listener thread -> dispatcher -> claim statement -> "
+        "thread pool; on a loaded 2-CPU machine each thread hand-off waits for a CPU."
+    ),
+    "multixacts": (
+        "`next_multixact_id` is cluster-wide: MultiXacts minted by other sessions on the same "
+        "server during the measurement (other test suites were running) are counted too."
+    ),
+}
+"""Why a target is missed, per target name (from profiling; shown only when missed)."""
 
 HOW_TO_RUN = """\
 ## How to run
