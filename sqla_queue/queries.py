@@ -184,6 +184,17 @@ def complete_delete() -> Delete:
     return delete(jobs).where(*_fenced(batch))
 
 
+def complete_delete_and_claim(queue_names: Sequence[str] | None) -> Update:
+    """`complete_delete` then `claim_jobs` in one statement: one commit per cycle, not two.
+
+    Parameters: those of both (`job_ids`, `job_attempts`, `limit`, `worker_id`, `queues`).
+    The deleted rows were `running`, so they are never among the candidates.
+    """
+    batch = _claimed_batch()
+    finished = delete(jobs).where(*_fenced(batch)).returning(jobs.c.id).cte("finished")
+    return claim_jobs(queue_names).add_cte(finished)
+
+
 def complete_archive() -> Insert:
     """Move a batch of succeeded jobs to the archive table in one statement."""
     batch = _claimed_batch()
