@@ -22,7 +22,8 @@ from sqla_queue import JobContext, Registry, RetryPolicy
 
 registry = Registry()
 
-_local = threading.local()
+_lock = threading.Lock()
+_shared: list[psycopg.Connection[tuple[object, ...]]] = []
 NO_RETRY_WAIT = RetryPolicy(base=0.0, jitter=0.0)
 
 FAULT_TABLES = """
@@ -46,17 +47,22 @@ def create_fault_tables(dsn: str) -> None:
         conn.execute(FAULT_TABLES)
 
 
-def _conn() -> psycopg.Connection[tuple[object, ...]]:
-    conn: psycopg.Connection[tuple[object, ...]] | None = getattr(_local, "conn", None)
-    if conn is None or conn.closed or conn.broken:
-        conn = psycopg.connect(os.environ["FAULT_APP_DSN"], autocommit=True)
-        _local.conn = conn
-    return conn
+def _execute(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+    """Run one autocommit statement on the process's one recording connection.
+
+    One connection per worker process, not per handler thread: 64 handlers in flight must
+    not exhaust the server's max_connections (shared with other tests).
+    """
+    with _lock:
+        if not _shared or _shared[0].closed or _shared[0].broken:
+            _shared[:] = [psycopg.connect(os.environ["FAULT_APP_DSN"], autocommit=True)]
+        cursor = _shared[0].execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
 
 
 def note(ctx: JobContext, event: str) -> None:
     """Record one event of this attempt of this job."""
-    _conn().execute(
+    _execute(
         "INSERT INTO public.fault_runs (job_id, attempt, event, pid) VALUES (%s, %s, %s, %s)",
         (ctx.job_id, ctx.attempt, event, os.getpid()),
     )
@@ -84,13 +90,13 @@ def fenced_write(ctx: JobContext, key: str, first_attempt_sleeps: float) -> None
     note(ctx, "started")
     if ctx.attempt == 1:
         time.sleep(first_attempt_sleeps)
-    written = _conn().execute(
+    written = _execute(
         "INSERT INTO public.fault_ledger AS l (key, value, fence) VALUES (%s, %s, %s) "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence "
         "WHERE l.fence < excluded.fence RETURNING key",
         (key, f"written by attempt {ctx.attempt}", ctx.attempt),
     )
-    note(ctx, "write accepted" if written.fetchone() else "write rejected")
+    note(ctx, "write accepted" if written else "write rejected")
 
 
 @registry.task(
