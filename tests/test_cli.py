@@ -250,6 +250,16 @@ def test_commands_refuse_a_database_without_the_schema(
     assert_one_line_error(result, "sqla-queue migrate")
 
 
+@pytest.mark.parametrize("command", [["worker", "--app", "apps.tasks:registry"], ["stats"]])
+def test_commands_refuse_an_older_schema_revision(
+    database_url: str, engine: Engine, command: list[str]
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("COMMENT ON SCHEMA sqla_queue IS 'sqla_queue revision sqlaq_0000'"))
+    result = cli(*command, url=database_url)
+    assert_one_line_error(result, "older revision of it (sqlaq_0000)", "sqla-queue migrate")
+
+
 @pytest.mark.parametrize(
     ("app", "message"),
     [
