@@ -11,8 +11,9 @@ import psycopg
 import pytest
 from apps.support import jobs_by_id
 from sqlalchemy import Engine, event, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import (
     InvalidJobError,
@@ -57,8 +58,33 @@ def emails_queue(engine: Engine) -> str:
 # -- the two stable ways to write a job -------------------------------------------------------
 
 
-def test_job_added_to_the_session_commits_with_the_domain_write(engine: Engine) -> None:
+class AppBase(DeclarativeBase):
+    """The application's own models, in its own metadata (the default schema)."""
+
+
+class Order(AppBase):
+    __tablename__ = "orders"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(unique=True)
+
+
+@pytest.fixture
+def orders(engine: Engine) -> type[Order]:
+    AppBase.metadata.create_all(engine)
+    return Order
+
+
+def order_count(engine: Engine) -> int:
+    with Session(engine) as session:
+        return int(session.scalar(select(func.count()).select_from(Order)) or 0)
+
+
+def test_job_added_to_the_session_commits_with_the_domain_write(
+    engine: Engine, orders: type[Order]
+) -> None:
     with Session(engine) as session, session.begin():
+        session.add(orders(id=1, email="a@b.c"))
         session.add(Job(task="emails.send", args={"to": "a@b.c"}))
 
     (job,) = jobs_by_id(engine).values()
@@ -68,6 +94,20 @@ def test_job_added_to_the_session_commits_with_the_domain_write(engine: Engine) 
         "default",
         "queued",
     )
+    assert order_count(engine) == 1
+
+
+def test_failed_domain_write_takes_its_job_with_it(engine: Engine, orders: type[Order]) -> None:
+    with Session(engine) as session, session.begin():
+        session.add(orders(id=1, email="a@b.c"))
+    with Session(engine) as session:
+        session.add(orders(id=2, email="a@b.c"))  # violates the unique email
+        enqueue(session, "emails.send", {"order_id": 2})
+        with pytest.raises(IntegrityError):
+            session.commit()
+        session.rollback()
+    assert job_count(engine) == 0
+    assert order_count(engine) == 1
 
 
 def test_enqueue_returns_the_job_and_never_commits_by_itself(engine: Engine) -> None:
