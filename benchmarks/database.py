@@ -99,10 +99,18 @@ class BenchDatabase:
         )
 
     def jobs_size(self) -> dict[str, int]:
-        heap, total = self.sql(
-            f"SELECT pg_relation_size('{JOBS}'), pg_total_relation_size('{JOBS}')"
+        """Heap and heap + index bytes of the jobs table, its dead tuples and autovacuum runs."""
+        heap, total, dead, autovacuums = self.sql(
+            f"SELECT pg_relation_size('{JOBS}'), pg_total_relation_size('{JOBS}'), "
+            "n_dead_tup, autovacuum_count FROM pg_stat_user_tables "
+            "WHERE relid = 'sqla_queue.jobs'::regclass"
         )[0]
-        return {"heap_bytes": int(heap), "total_bytes": int(total)}
+        return {
+            "heap_bytes": int(heap),
+            "total_bytes": int(total),
+            "dead_tuples": int(dead),
+            "autovacuums": int(autovacuums),
+        }
 
     def has_queue_fk(self) -> bool:
         rows = self.sql(

@@ -162,12 +162,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     samples = size["samples"]
     if samples:
         first = samples[0]["total_bytes"]
-        bounded = size["max_total_bytes"] <= max(2 * first, 8 * 1024 * 1024)
+        # Proportional growth would make the last tenth ~10x the first; allow 2x (index pages).
+        bounded = samples[-1]["total_bytes"] <= max(2 * first, 8 * 1024 * 1024)
         add(
             "table_size",
             "table + indexes bounded, not growing with jobs processed",
-            f"{size['max_total_bytes'] / 1e6:.1f} MB max over {size['processed']:,} jobs "
-            f"({first / 1e6:.1f} MB after the first tenth)",
+            f"{samples[-1]['total_bytes'] / 1e6:.1f} MB after {size['processed']:,} jobs, "
+            f"{first / 1e6:.1f} MB after the first tenth (max {size['max_total_bytes'] / 1e6:.1f}"
+            f" MB; {size.get('stand_in_vacuums', 0)} stand-in VACUUMs)",
             bounded,
         )
     return out
@@ -411,17 +413,29 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         "small) and drained by one worker (c=16, batch 50) with the default retention "
         f"(`delete`), at {size['jobs_per_s']:,.0f} jobs/s.{shrunk}",
         "",
-        "| jobs processed | heap MB | heap + indexes MB |",
-        "|---:|---:|---:|",
+        f"Autovacuum ran on the jobs table {size.get('autovacuums', 0)} time(s) during the run. "
+        "At each tenth where it had not, the harness ran a plain `VACUUM` in its place "
+        f"({size.get('stand_in_vacuums', 0)} in all), as autovacuum would have with the "
+        "table's fixed thresholds had it visited the database (autovacuum visits each "
+        "database once per `autovacuum_naptime`; on a server that creates and drops test "
+        "databases all the time it may not visit a new one for minutes). Sizes are taken "
+        "before that VACUUM: the growth between two rows is what one tenth of the jobs leaves "
+        "behind without any vacuum.",
+        "",
+        "| jobs processed | heap MB | heap + indexes MB | dead tuples | VACUUM after |",
+        "|---:|---:|---:|---:|---|",
     ]
     out += [
-        f"| {s['processed']:,} | {s['heap_bytes'] / 1e6:.2f} | {s['total_bytes'] / 1e6:.2f} |"
+        f"| {s['processed']:,} | {s['heap_bytes'] / 1e6:.2f} | {s['total_bytes'] / 1e6:.2f} | "
+        f"{s.get('dead_tuples', 0):,} | "
+        f"{'stand-in' if s.get('stand_in_vacuum') else 'autovacuum ran'} |"
         for s in size["samples"]
     ]
     out += [
-        f"| end | {size['end']['heap_bytes'] / 1e6:.2f} | {size['end']['total_bytes'] / 1e6:.2f} |",
+        f"| end | {size['end']['heap_bytes'] / 1e6:.2f} | {size['end']['total_bytes'] / 1e6:.2f} "
+        "| | |",
         f"| end, after VACUUM | {size['after_vacuum']['heap_bytes'] / 1e6:.2f} | "
-        f"{size['after_vacuum']['total_bytes'] / 1e6:.2f} |",
+        f"{size['after_vacuum']['total_bytes'] / 1e6:.2f} | | |",
     ]
 
     out += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
