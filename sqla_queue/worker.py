@@ -45,13 +45,14 @@ log = logging.getLogger("sqla_queue.worker")
 MAX_ERROR_CHARS = 20_000
 FLUSH_DELAY = 0.05
 """Seconds an outcome may wait for others before it is written."""
+# Errors that retrying cannot fix; anything else (refused, starting up, "too many
+# connections for role") is waited out with backoff.
 FATAL_CONNECT_ERRORS = (
     "password authentication failed",
     "authentication failed",
-    "does not exist",
+    "does not exist",  # the role or the database
     "no pg_hba.conf entry",
-    "permission denied",  # e.g. no CONNECT privilege on the database: retrying cannot help
-    "role",
+    "permission denied",  # e.g. no CONNECT privilege on the database
     "invalid dsn",
     "invalid connection option",
 )
