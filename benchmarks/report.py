@@ -9,44 +9,50 @@ from typing import Any
 
 LIMITS: dict[str, str] = {
     "drain_batch50": (
-        "one worker process claims and finishes on one connection, one statement after the "
-        "other: each batch costs two commits in sequence (claim, then finish), the same cycle "
-        "as pgbench's one-client line, which is its like-for-like figure; the best ceiling "
-        "line uses 4-16 connections whose commits share WAL flushes. Profiled with py-spy at "
-        "batch 50: the dispatcher spends most of its time waiting in `Connection.execute` "
-        "for those commits; the rest (about 50-70 us of CPU per job here) is row handling, "
-        "the thread-pool hand-off of each job and outcome bookkeeping. More throughput "
-        "comes from more worker processes (more connections), not from a bigger batch."
+        "two things, profiled with py-spy at batch 50 (concurrency 1 and 16). (1) One worker "
+        "process talks to the database over one connection, one statement at a time; the "
+        "best ceiling line has 4-16 connections whose commits share WAL flushes. Deleting "
+        "the finished batch inside the next claim statement already halved the commits per "
+        "cycle (pgbench's cycle needs two). (2) Python work per job, about 40-70 us of CPU: "
+        "decoding each claimed row (its JSON args), handing each job to a pool thread and "
+        "back (a Future, a wake-up), and outcome bookkeeping. At batch 50 a cycle takes about "
+        "twice pgbench's one-client cycle, so this per-job work, not the commit, is now the "
+        "larger share. Scale out with more worker processes; a cheaper hand-off (jobs run in "
+        "long-lived threads pulling from a queue, not one pool submit per job) is the next step."
     ),
     "drain_batch1": (
-        "at batch 1 every job is its own claim statement and its own finish statement, each a "
-        "commit, issued one after the other on the worker's single connection; pgbench's best "
-        "batch-1 line runs 4-16 clients in parallel. Grouping finishes beyond the batch would "
-        "help, but would raise the number of jobs a crash re-runs above batch + concurrency."
+        "at batch 1 each job is one claim statement and one commit (its finish rides with the "
+        "next claim), issued one after the other on the worker's single connection, and a "
+        "thread hand-off to run the handler; pgbench's best batch-1 line runs 4-16 clients "
+        "in parallel. Finishing more jobs per statement than the batch would help, but it "
+        "would raise the number of jobs a crash re-runs above batch + concurrency."
     ),
     "concurrency64": (
-        "with no-op handlers, 64 threads add only thread hand-offs: every job is a pool submit "
-        "and a dispatcher wake-up, and 64 runnable threads on 2 CPUs contend for the GIL while "
-        "the dispatcher waits on its single connection. Real handlers that wait on I/O are "
-        "what high concurrency is for."
+        "no-op handlers give threads nothing to overlap: 64 threads only add hand-offs (a pool "
+        "submit and a dispatcher wake-up per job) and GIL contention on 2 CPUs, while the "
+        "dispatcher's single connection sets the pace. High concurrency is for handlers that "
+        "wait on I/O."
     ),
     "bulk_enqueue": (
-        "per row on the server: the queue foreign key's RI trigger (a lookup per row, 5-15 ms "
+        "per row on the server: the queue foreign key's RI trigger (a lookup per row: 5-15 ms "
         "per 1,000 rows under EXPLAIN ANALYZE here), three index entries and jsonb parsing; "
         "per row in Python: validation, including one json.dumps. COPY on the session's "
-        "connection (now used from 100 rows) doubled the rate of insertmanyvalues; dropping "
-        "the optional FK (see README) removes the trigger."
+        "connection (used from 100 rows on) about doubled insertmanyvalues here; dropping "
+        "the optional FK (see README) removes the trigger. 100,000 jobs/s needs about 10 us "
+        "per row in all, which this 2-CPU machine, shared with other work, does not give."
     ),
     "single_enqueue_1": (
-        "enqueue() costs a Session, a unit-of-work flush (INSERT ... RETURNING id) and the "
-        "NOTIFY statement, a second round trip, per transaction; the raw loop sends one INSERT "
-        "and a COMMIT."
+        "enqueue() is an ORM Session, a unit-of-work flush (INSERT ... RETURNING id) and the "
+        "NOTIFY statement: four round trips per transaction (BEGIN, INSERT, NOTIFY, COMMIT) "
+        "against the raw loop's three, and about 1,300 Python calls of SQLAlchemy per "
+        "transaction (cProfile). Building the statements once instead of per call took a "
+        "third of enqueue()'s CPU off."
     ),
     "single_enqueue_8": (
-        "8 producer processes on 2 CPUs make the run CPU-bound, so the CPU per transaction "
-        "decides: enqueue() pays for a Session, a unit-of-work flush (INSERT ... RETURNING id) "
-        "and a second statement for NOTIFY, several times the CPU of one psycopg INSERT + "
-        "COMMIT."
+        "8 producer processes on 2 CPUs make the run CPU-bound, so CPU per transaction "
+        "decides: enqueue() costs several times what one psycopg INSERT + COMMIT does "
+        "(an ORM Session and unit-of-work flush, about 1,300 Python calls, plus a second "
+        "statement for NOTIFY)."
     ),
     "latency_idle": (
         "the wake-up path is NOTIFY -> listener thread -> dispatcher -> claim statement -> "
@@ -54,10 +60,46 @@ LIMITS: dict[str, str] = {
     ),
     "multixacts": (
         "`next_multixact_id` is cluster-wide: MultiXacts minted by other sessions on the same "
-        "server during the measurement (other test suites were running) are counted too."
+        "server during the measurement are counted too."
+    ),
+    "table_size": (
+        "dead rows are reclaimed only by VACUUM: if neither autovacuum nor the stand-in "
+        "VACUUM keeps up with the rate of finished jobs, the heap and indexes grow."
     ),
 }
 """Why a target is missed, per target name (from profiling; shown only when missed)."""
+
+PROFILING = """\
+## What profiling changed
+
+Profiled with py-spy (drain at batch 50, concurrency 1 and 16; batch 1) and pyinstrument /
+cProfile (enqueue, enqueue_many), then fixed in the library:
+
+- **One commit per drain cycle.** The dispatcher waited on two commits per batch (finish,
+  then claim). When every pending outcome is a success to delete (the default retention),
+  the DELETE of the finished batch now rides in the claim statement as a data-modifying CTE
+  (`queries.complete_delete_and_claim`): one statement and one commit per cycle. Retries,
+  failures and keep/archive retention still use their own statements first.
+- **Outcomes wait for a batch, not for every claim**, and at most a batch of them is ever
+  unwritten, so a crashed worker still re-runs at most batch + concurrency jobs.
+- **No per-job `JobContext`** (and its `threading.Event`) unless the handler asks for one;
+  a flushed batch is forgotten under one lock round.
+- **Bulk enqueue by COPY** on the session's own connection from 100 rows on, with ids
+  reserved from the identity sequence and `run_at` computed from the transaction's `now()`
+  (the value the INSERT would use): 1.6-2.1x insertmanyvalues in side-by-side development
+  runs on this machine (e.g. 6,900 -> 14,800 jobs/s).
+- **enqueue() builds no statement per call**: the NOTIFY, INSERT and id-reservation
+  statements are built once (building the NOTIFY select was a third of enqueue()'s CPU).
+- Finishing by DELETE vs by UPDATE (retention `keep`) is measured in every run (the
+  `finish by UPDATE` rows); DELETE stays the default.
+
+Noticed, not changed: the claim binds `status = 'queued'` as a parameter, so a generic
+plan could not use the partial claim indexes (89 ms instead of 0.1 ms per claim on 100,000
+queued jobs under `plan_cache_mode = force_generic_plan`); PostgreSQL keeps choosing custom
+plans because the generic one costs far more, but rendering the status as a literal would
+remove the risk. The harness pauses the queue and ANALYZEs a freshly filled table before
+the worker claims from it, as pgbench's ceiling script does.
+"""
 
 HOW_TO_RUN = """\
 ## How to run
@@ -438,6 +480,7 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         f"{size['after_vacuum']['total_bytes'] / 1e6:.2f} | | |",
     ]
 
+    out += ["", PROFILING.rstrip("\n")]
     out += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for t in results["targets"]:
         met = {True: "yes", False: "**no**", None: "n/a (no ceiling)"}[t["met"]]
