@@ -38,6 +38,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     table,
@@ -47,6 +48,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableValuedAlias
 
 from .models import NOTIFY_CHANNEL, SCHEMA, ArchivedJob, Job, JobStatus, Queue
@@ -66,6 +68,16 @@ CLAIMED_COLUMNS = (
 """The columns a claim returns, in this order: (id, task, args, attempts, max_attempts, queue)."""
 
 FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
+
+
+def _is(status: JobStatus) -> ColumnElement[bool]:
+    """`status = 'queued'` with the status as a literal, never a bound parameter.
+
+    The partial indexes are defined `WHERE status = '...'`: a generic plan of a prepared
+    statement with `status = $1` could not prove the predicate and would scan the table.
+    The value comes from our enum, never from input.
+    """
+    return jobs.c.status == literal_column(f"'{status.value}'", Text)
 
 
 def _seconds(name: str) -> Any:
@@ -91,7 +103,7 @@ def _fenced(batch: TableValuedAlias) -> tuple[Any, ...]:
     return (
         jobs.c.id == batch.c.id,
         jobs.c.attempts == batch.c.attempt,
-        jobs.c.status == JobStatus.running.value,
+        _is(JobStatus.running),
     )
 
 
@@ -136,7 +148,7 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     """
     paused = exists().where(queues.c.name == jobs.c.queue, queues.c.paused)
     conditions = [
-        jobs.c.status == JobStatus.queued.value,
+        _is(JobStatus.queued),
         jobs.c.run_at <= func.now(),
         ~paused,
     ]
@@ -290,7 +302,7 @@ def reap_stale_jobs() -> Update:
     stale = (
         select(jobs.c.id)
         .where(
-            jobs.c.status == JobStatus.running.value,
+            _is(JobStatus.running),
             jobs.c.heartbeat_at < func.now() - _seconds("lease"),
         )
         .with_for_update(skip_locked=True)
@@ -299,7 +311,7 @@ def reap_stale_jobs() -> Update:
     )
     return (
         update(jobs)
-        .where(jobs.c.id == stale.c.id, jobs.c.status == JobStatus.running.value)
+        .where(jobs.c.id == stale.c.id, _is(JobStatus.running))
         .values(
             status=JobStatus.queued.value,
             run_at=func.now(),
@@ -379,7 +391,7 @@ def count_unfinished_in_queue() -> Select[Any]:
     """How many jobs of `:queue_name` are queued or running."""
     return select(func.count()).where(
         jobs.c.queue == bindparam("queue_name"),
-        jobs.c.status.in_([JobStatus.queued.value, JobStatus.running.value]),
+        or_(_is(JobStatus.queued), _is(JobStatus.running)),
     )
 
 
@@ -399,7 +411,7 @@ def queue_stats() -> Select[Any]:
     Queues with no jobs appear once with a NULL status and a count of 0.
     """
     oldest_due = func.min(jobs.c.run_at).filter(
-        and_(jobs.c.status == JobStatus.queued.value, jobs.c.run_at <= func.now())
+        and_(_is(JobStatus.queued), jobs.c.run_at <= func.now())
     )
     due_age = func.extract("epoch", func.now() - oldest_due)
     names = select(queues.c.name).union(select(jobs.c.queue.label("name")).distinct()).subquery()
@@ -443,8 +455,8 @@ def cancel_jobs() -> Update:
         .where(
             jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))),
             or_(
-                jobs.c.status == JobStatus.queued.value,
-                jobs.c.status == JobStatus.running.value,
+                _is(JobStatus.queued),
+                _is(JobStatus.running),
             ),
         )
         .with_for_update()
@@ -760,7 +772,7 @@ def stuck_jobs() -> Select[Any]:
     """(count, oldest silence in seconds) of running jobs silent for more than `:lease` s."""
     last_sign = func.coalesce(jobs.c.heartbeat_at, jobs.c.locked_at, jobs.c.created_at)
     return select(func.count(), _epoch_since(func.min(last_sign))).where(
-        jobs.c.status == JobStatus.running.value,
+        _is(JobStatus.running),
         last_sign < func.now() - _seconds("lease"),
     )
 
@@ -777,7 +789,7 @@ def overdue_jobs() -> Select[Any]:
         )
         .select_from(jobs.outerjoin(queues, queues.c.name == jobs.c.queue))
         .where(
-            jobs.c.status == JobStatus.queued.value,
+            _is(JobStatus.queued),
             jobs.c.run_at < func.now() - _seconds("threshold"),
         )
         .group_by(jobs.c.queue, queues.c.paused)
@@ -789,7 +801,7 @@ def failed_job_counts() -> Select[Any]:
     """Per queue: (queue, failed jobs, seconds since the latest failure)."""
     return (
         select(jobs.c.queue, func.count(), _epoch_since(func.max(jobs.c.finished_at)))
-        .where(jobs.c.status == JobStatus.failed.value)
+        .where(_is(JobStatus.failed))
         .group_by(jobs.c.queue)
         .order_by(jobs.c.queue)
     )
