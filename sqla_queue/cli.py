@@ -497,3 +497,23 @@ def doctor(
         Console().print(table)
     if worst(findings) is Severity.critical:
         sys.exit(1)
+
+
+@main.group()
+def embedded() -> None:
+    """The embedded PostgreSQL used when no database URL is given."""
+
+
+@embedded.command("stop")
+@click.option(
+    "--data-dir",
+    envvar="SQLA_QUEUE_EMBEDDED_DIR",
+    default=None,
+    help="Its data folder (default .sqla_queue/pgdata).",
+)
+@_friendly_errors
+def embedded_stop(data_dir: str | None) -> None:
+    """Stop the embedded server (it keeps running between commands)."""
+    from .database import stop_embedded
+
+    click.echo("stopped" if stop_embedded(data_dir) else "no embedded server runs there")

@@ -54,6 +54,22 @@ def embedded_url(data_dir: str | os.PathLike[str] | None = None) -> str:
     return normalize_url(str(_embedded_servers[path].get_uri()))
 
 
+def stop_embedded(data_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Stop the embedded server of `data_dir` (default as in `embedded_url`) if it runs here.
+
+    Returns False when no embedded server was found for that folder.
+    """
+    path = Path(data_dir or os.environ.get(EMBEDDED_DIR_ENV_VAR) or DEFAULT_EMBEDDED_DIR).resolve()
+    if path not in _embedded_servers:
+        if not (path / "postmaster.pid").exists():
+            return False
+        embedded_url(path)  # attach to the running server so it can be stopped
+    server = _embedded_servers.pop(path)
+    server.cleanup_mode = "stop"  # started with None so it outlives each CLI command
+    server.cleanup()
+    return True
+
+
 def resolve_url(url: str | None) -> tuple[str, str]:
     """The URL to use and where it came from: the argument, the environment, or embedded."""
     if url:

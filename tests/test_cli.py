@@ -335,7 +335,8 @@ def test_without_a_url_the_cli_uses_an_embedded_postgres(tmp_path: Path) -> None
         assert (data_dir / "PG_VERSION").exists()
         listed = cli("queues", "list", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert listed.stdout.startswith("default\tactive")
+        stopped = cli("embedded", "stop", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
+        assert stopped.stdout.strip() == "stopped"
+        assert not (data_dir / "postmaster.pid").exists()
     finally:
-        server = database._embedded_servers.pop(data_dir.resolve(), None)
-        if server is not None:
-            server.cleanup()
+        database.stop_embedded(data_dir)
