@@ -54,7 +54,7 @@ class BenchDatabase:
             return list(cur.fetchall()) if cur.description else []
 
     def server_settings(self) -> dict[str, str]:
-        names = ("server_version", "synchronous_commit", "fsync", "shared_buffers")
+        names = ("server_version", "synchronous_commit", "fsync", "shared_buffers", "autovacuum")
         settings = {name: str(self.sql(f"SHOW {name}")[0][0]) for name in names}
         settings["version"] = str(self.sql("SELECT version()")[0][0])
         return settings

@@ -282,7 +282,7 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         "",
         f"- PostgreSQL: {server['version']}",
         f"- synchronous_commit={server['synchronous_commit']}, fsync={server['fsync']}, "
-        f"shared_buffers={server['shared_buffers']}",
+        f"shared_buffers={server['shared_buffers']}, autovacuum={server.get('autovacuum', '?')}",
         f"- Python {meta['python']}, SQLAlchemy {meta['sqlalchemy']}, psycopg {meta['psycopg']}",
         f"- run: {'--quick, ' if meta['quick'] else ''}{plan['seconds']} s per repetition, "
         f"{plan['repeat']} repetitions after a warm-up, {meta['duration_s'] / 60:.1f} min in all",
@@ -458,9 +458,9 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         f"Autovacuum ran on the jobs table {size.get('autovacuums', 0)} time(s) during the run. "
         "At each tenth where it had not, the harness ran a plain `VACUUM` in its place "
         f"({size.get('stand_in_vacuums', 0)} in all), as autovacuum would have with the "
-        "table's fixed thresholds had it visited the database (autovacuum visits each "
-        "database once per `autovacuum_naptime`; on a server that creates and drops test "
-        "databases all the time it may not visit a new one for minutes). Sizes are taken "
+        "table's fixed thresholds had it run (this machine's server runs with `autovacuum = "
+        "off`, which `sqla-queue doctor` reports; with it on, the migration's fixed "
+        "thresholds make autovacuum visit the jobs table every 1,000 dead rows). Sizes are taken "
         "before that VACUUM: the growth between two rows is what one tenth of the jobs leaves "
         "behind without any vacuum.",
         "",
