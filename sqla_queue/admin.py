@@ -52,17 +52,21 @@ def set_retention(bind: Bind, name: str, retention: str) -> None:
 
 
 def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
-    """Delete queue `name`. Refuses while it has queued or running jobs unless `force`,
-    which deletes every job of the queue too. Returns how many jobs were deleted."""
+    """Delete queue `name` and its finished jobs. Refuses while it has queued or running
+    jobs unless `force`, which deletes those too. Returns how many jobs were deleted."""
+    if bind.execute(queries.lock_queue(), {"queue_name": name}).first() is None:
+        raise UnknownQueueError(queue=name)
     unfinished = bind.execute(queries.count_unfinished_in_queue(), {"queue_name": name}).scalar()
     if unfinished and not force:
         raise ConfigurationError(
             detail=f"queue {name!r} still has {unfinished} queued or running job(s); "
             "wait for them, or pass --force to delete them with the queue"
         )
-    deleted = _rowcount(bind.execute(queries.delete_jobs_of_queue(), {"queue_name": name}))
-    if bind.execute(queries.delete_queue(), {"queue_name": name}).first() is None:
-        raise UnknownQueueError(queue=name)
+    # Without --force only finished jobs go: a job enqueued since the count (possible once
+    # the foreign key is dropped) is never deleted by accident.
+    statement = queries.delete_jobs_of_queue(finished_only=not force)
+    deleted = _rowcount(bind.execute(statement, {"queue_name": name}))
+    bind.execute(queries.delete_queue(), {"queue_name": name})
     return deleted
 
 

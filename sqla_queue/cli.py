@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
+from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -58,8 +59,14 @@ def _friendly_errors(func: F) -> F:
             raise click.ClickException(f"cannot use the database: {_one_line(exc)}") from None
         except DBAPIError as exc:
             raise click.ClickException(f"database error: {_one_line(exc)}") from None
+        except AlembicCommandError as exc:
+            raise click.ClickException(f"migration failed: {_one_line(exc)}") from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (PostgreSQL's jsonb cannot store it)")
 
 
 def _engine(database_url: str | None, application_name: str | None = None, **kwargs: Any) -> Engine:
@@ -274,8 +281,8 @@ def enqueue(
     from .enqueue import enqueue as enqueue_job
 
     try:
-        args = json.loads(args_json)
-    except json.JSONDecodeError as exc:
+        args = json.loads(args_json, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
         raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--args") from None
     with _transaction(database_url) as conn:
         session = Session(bind=conn)
@@ -303,18 +310,19 @@ def queues() -> None:
 @click.option(
     "--retention",
     type=click.Choice([r.value for r in Retention]),
-    default=Retention.delete.value,
-    show_default=True,
-    help="What happens to succeeded jobs.",
+    default=None,
+    help="What happens to succeeded jobs: delete (the default for a new queue), keep, archive.",
 )
 @_friendly_errors
-def queues_create(database_url: str | None, name: str, retention: str) -> None:
-    """Create queue NAME (or set its retention, if it exists)."""
+def queues_create(database_url: str | None, name: str, retention: str | None) -> None:
+    """Create queue NAME; if it exists, set its retention only when --retention is given."""
     with _transaction(database_url) as conn:
-        created = admin.create_queue(conn, name, retention)
-        if not created:
+        created = admin.create_queue(conn, name, retention or Retention.delete.value)
+        if not created and retention is not None:
             admin.set_retention(conn, name, retention)
-    click.echo(f"queue {name!r} {'created' if created else 'exists'} (retention {retention})")
+        (info,) = [q for q in admin.list_queues(conn) if q.name == name]
+    state = "created" if created else "exists"
+    click.echo(f"queue {name!r} {state} (retention {info.retention})")
 
 
 @queues.command("list")

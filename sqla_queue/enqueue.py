@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from sqlalchemy import event, func
+from sqlalchemy import Connection, event, func
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, UOWTransaction
@@ -34,12 +34,20 @@ _NO_DELAY = dt.timedelta(0)
 _INSERT_JOBS = queries.insert_jobs()
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
 _NOTIFY_QUEUES = queries.notify_queues()
+_MAY_RESERVE_IDS = queries.may_reserve_job_ids()
+_BIND = {"mapper": Job}
+"""Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""
 COPY_MIN_ROWS = 100
 """Rows from which enqueue_many uses COPY: below, one INSERT round trip beats COPY's two."""
 
 
 def _delay_interval(task: str, delay: float | dt.timedelta) -> dt.timedelta:
-    interval = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=delay)
+    try:
+        interval = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=delay)
+    except (OverflowError, ValueError, TypeError):
+        raise InvalidJobError(
+            task=task, detail=f"delay must be a finite number of seconds, got {delay!r}"
+        ) from None
     if interval < dt.timedelta(0):
         raise InvalidJobError(task=task, detail=f"delay must not be negative, got {delay!r}")
     return interval
@@ -70,7 +78,7 @@ def enqueue(
     fields: dict[str, Any] = {
         "task": task,
         "args": dict(args) if isinstance(args, Mapping) else ({} if args is None else args),
-        "queue": queue or DEFAULT_QUEUE,
+        "queue": DEFAULT_QUEUE if queue is None else queue,
         "priority": priority,
         "max_attempts": max_attempts,
     }
@@ -92,7 +100,7 @@ def _bulk_row(row: Mapping[str, Any]) -> dict[str, Any]:
             task=task, detail=f"unknown keys {sorted(unknown)}; allowed: {sorted(_ROW_KEYS)}"
         )
     args = row.get("args") or {}
-    queue = row.get("queue") or DEFAULT_QUEUE
+    queue = row.get("queue", DEFAULT_QUEUE)
     priority = row.get("priority", 0)
     run_at = row.get("run_at")
     delay = row.get("delay")
@@ -122,20 +130,27 @@ def enqueue_many(session: Session, rows: Iterable[Mapping[str, Any]]) -> list[in
     params = [_bulk_row(row) for row in rows]
     if not params:
         return []
-    driver = session.connection().connection.driver_connection
-    if len(params) >= COPY_MIN_ROWS and isinstance(driver, psycopg.Connection):
-        ids = _copy_jobs(session, driver, params)
+    if session.autoflush:  # as the INSERT path would: pending queues must exist first
+        session.flush()
+    connection = session.connection(bind_arguments=_BIND)
+    driver = connection.connection.driver_connection
+    if (
+        len(params) >= COPY_MIN_ROWS
+        and isinstance(driver, psycopg.Connection)
+        and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
+    ):
+        ids = _copy_jobs(connection, driver, params)
     else:
-        ids = list(session.scalars(_INSERT_JOBS, params))
+        ids = list(session.scalars(_INSERT_JOBS, params, bind_arguments=_BIND))
     _notify(session, {p["job_queue"] for p in params})
     return ids
 
 
 def _copy_jobs(
-    session: Session, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
+    connection: Connection, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
 ) -> list[int]:
     """COPY the rows in the session's transaction, with ids reserved from the id sequence."""
-    reserved = session.connection().execute(_RESERVE_JOB_IDS, {"count": len(params)})
+    reserved = connection.execute(_RESERVE_JOB_IDS, {"count": len(params)})
     ids: list[int] = []
     try:
         with driver.cursor() as cursor, cursor.copy(queries.COPY_JOBS) as copy:
@@ -173,7 +188,7 @@ def _notify(session: Session, queue_names: set[str]) -> None:
     notified: set[str] = session.info.setdefault(_NOTIFIED_KEY, set())
     fresh = queue_names - notified
     if fresh:
-        session.connection().execute(_NOTIFY_QUEUES, {"queues": sorted(fresh)})
+        session.connection(bind_arguments=_BIND).execute(_NOTIFY_QUEUES, {"queues": sorted(fresh)})
         notified |= fresh
 
 

@@ -23,7 +23,7 @@ class SchemaMissingError(SqlaQueueError):
 
 
 class UnknownQueueError(SqlaQueueError):
-    """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.create_queue(session, {queue!r})`."""  # noqa: E501
+    """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.admin.create_queue(session, {queue!r})`."""  # noqa: E501
 
 
 class OrphanJobsError(SqlaQueueError):

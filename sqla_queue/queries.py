@@ -395,9 +395,17 @@ def count_unfinished_in_queue() -> Select[Any]:
     )
 
 
-def delete_jobs_of_queue() -> Delete:
-    """Delete every job of the queue `:queue_name` (used by `queues delete --force`)."""
-    return delete(jobs).where(jobs.c.queue == bindparam("queue_name"))
+def lock_queue() -> Select[Any]:
+    """Lock the queue `:queue_name`'s row; under the foreign key this holds off enqueuers."""
+    return select(queues.c.name).where(queues.c.name == bindparam("queue_name")).with_for_update()
+
+
+def delete_jobs_of_queue(finished_only: bool) -> Delete:
+    """Delete the jobs of the queue `:queue_name`: only finished ones, or all (`--force`)."""
+    statement = delete(jobs).where(jobs.c.queue == bindparam("queue_name"))
+    if finished_only:
+        statement = statement.where(or_(*(_is(JobStatus(s)) for s in FINISHED_STATUSES)))
+    return statement
 
 
 def delete_queue() -> ReturningDelete[Any]:
@@ -477,6 +485,12 @@ def cancel_jobs() -> Update:
 def job_by_id() -> Select[Any]:
     """One job's row by `:job_id`."""
     return select(jobs).where(jobs.c.id == bindparam("job_id", type_=BigInteger))
+
+
+def may_reserve_job_ids() -> Select[Any]:
+    """Whether this role may draw ids from the jobs id sequence (COPY needs it; INSERT not)."""
+    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
+    return select(func.has_sequence_privilege(sequence, "USAGE"))
 
 
 def reserve_job_ids() -> Select[Any]:
