@@ -2,7 +2,8 @@
 
 Threads, each with one job:
 - the dispatcher (the caller's thread): claims, starts handlers, records outcomes;
-- a thread pool for sync handlers and one event loop thread for async handlers;
+- `concurrency` handler threads that pull claimed jobs and run them (async handlers are
+  handed on to one event loop thread);
 - the keeper: heartbeats held jobs, reaps stale ones, refreshes queue settings;
 - the listener (unless poll-only): LISTEN, wakes the dispatcher on NOTIFY.
 
@@ -24,7 +25,6 @@ import traceback
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -189,13 +189,17 @@ class Worker:
         self._outcomes: deque[tuple[_Held, int, float, str]] = deque()
         self._running = 0
         self._running_lock = threading.Lock()
+        # Handler threads wait on it for ready jobs and room to run them.
+        self._handlers = threading.Condition(self._running_lock)
+        self._closed = False
+        self._claimable = False
+        self._flush_size = self.config.batch
         self._timed: set[_Held] = set()
         self._retention: dict[str, str] = {}
         self._wake = threading.Event()
         self._notified = False
         self._stopping = threading.Event()
         self._conn: Connection | None = None
-        self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._listener: Listener | None = None
@@ -296,8 +300,8 @@ class Worker:
 
     def _start_threads(self) -> None:
         cfg = self.config
-        # Room for handlers abandoned after a timeout, which keep their thread until they return.
-        self._pool = ThreadPoolExecutor(cfg.concurrency + 8, thread_name_prefix="sqla-queue-job")
+        for _ in range(cfg.concurrency):
+            self._start_handler()
         if any(self.registry[name].is_async for name in self.registry):
             self._loop = asyncio.new_event_loop()
             self._loop_thread = threading.Thread(
@@ -316,8 +320,9 @@ class Worker:
             self._listener.stop()
         if self._keeper is not None:
             self._keeper.join(5)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._handlers:  # idle handler threads exit; busy ones once their job returns
+            self._closed = True
+            self._handlers.notify_all()
         if self._loop is not None:
             # Abandoned async handlers get a CancelledError to clean up, not a silent drop.
             cancelled = asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), self._loop)
@@ -328,6 +333,9 @@ class Worker:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._loop_thread is not None:
                 self._loop_thread.join(2)
+
+    def _start_handler(self) -> None:
+        threading.Thread(target=self._handle, name="sqla-queue-job", daemon=True).start()
 
     def _on_notify(self) -> None:
         self._notified = True
@@ -342,18 +350,15 @@ class Worker:
         next_poll = 0.0
         flush_after = 0.0
         # At most a batch of unwritten outcomes, so a crash re-runs <= batch + concurrency jobs.
-        flush_size = cfg.batch
+        flush_size = self._flush_size
         try:
             while not self._stopping.is_set():
-                # Once stopping, held jobs that have not started are released, not run.
-                while (
-                    self._ready and self._running < cfg.concurrency and not self._stopping.is_set()
-                ):
-                    self._start(self._ready.popleft())
                 now = time.monotonic()
                 if self._notified or now >= next_poll:
                     self._notified = False
                     queue_empty = False
+                # Handlers wake us for room to claim only while a claim may find jobs.
+                self._claimable = not queue_empty
                 held = len(self._ready) + self._running
                 want = min(cfg.batch, cfg.concurrency + cfg.batch - 1 - held)
                 if self._outcomes and not flush_after:
@@ -419,19 +424,64 @@ class Worker:
         with self._held_lock:
             for job in held:
                 self._held[job.id] = job
-        self._ready.extend(held)
+        with self._handlers:  # the whole batch at once; handler threads pull from it
+            self._ready.extend(held)
+            self._handlers.notify(len(held))
         self.stats.claimed += len(held)
         return len(held)
 
-    def _start(self, job: _Held) -> None:
+    def _handle(self) -> None:
+        """A handler thread: run ready jobs while there is room, one lock round per job.
+
+        It exits when the worker closes, or when its job was given up on (timed out, or
+        abandoned at the shutdown timeout): a replacement thread has taken its place.
+        """
+        limit = self.config.concurrency
+        job: _Held | None = None
+        outcome: tuple[_Held, int, float, str] | None = None
+        while True:
+            with self._handlers:
+                if job is not None:
+                    if job.done:
+                        return
+                    job.done = True
+                    self._settle(outcome)
+                # Once stopping, held jobs that have not started are released, not run.
+                while not self._ready or self._running >= limit or self._stopping.is_set():
+                    if self._closed:
+                        return
+                    self._handlers.wait()
+                self._running += 1  # first: an unlocked reader may count it twice, never zero times
+                job = self._ready.popleft()
+                if not self._ready and self._claimable and self._running < limit:
+                    self._wake.set()  # room to claim the next batch while this one runs
+            task = self._prepare(job)
+            if task is None:
+                job = None
+                continue
+            try:
+                if task.pass_context:
+                    task.func(job.ctx, **job.args)
+                else:
+                    task.func(**job.args)
+            except BaseException as exc:
+                outcome = self._error_outcome(job, task, exc)
+            else:
+                outcome = (job, _SUCCESS, 0.0, "")
+
+    def _prepare(self, job: _Held) -> Task | None:
+        """Called on a handler thread for a job it took: the sync task to run, or None when the
+        job was skipped or recorded here, or handed on to the event loop."""
         if job.ctx is not None and job.ctx.cancelled:  # lost before it started
             self._forget(job)
-            self.stats.lost += 1
-            return
+            with self._handlers:
+                self.stats.lost += 1
+                self._settle(None)
+            return None
         task = self.registry.get(job.task)
         if task is None:
             self._record(job, _FAIL, 0.0, str(TaskNotFoundError(task=job.task)))
-            return
+            return None
         max_attempts = job.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
         if job.attempt > max_attempts:
             message = (
@@ -439,32 +489,19 @@ class Worker:
                 "(the previous attempt's worker stopped heartbeating)"
             )
             self._record(job, _FAIL, 0.0, message)
-            return
+            return None
         if task.pass_context:  # only a handler that asks for it gets one (an Event per job)
             job.ctx = JobContext(job.id, job.task, job.queue, job.attempt, self._beat_one)
-        with self._running_lock:
-            self._running += 1
         if task.is_async:
             assert self._loop is not None
             asyncio.run_coroutine_threadsafe(self._run_async(task, job), self._loop)
-        else:
-            # Never inline on the dispatcher thread: it must stay free to honour a stop.
-            if task.timeout is not None:
+            return None
+        if task.timeout is not None:
+            with self._handlers:
                 job.deadline = time.monotonic() + task.timeout
                 self._timed.add(job)
-            assert self._pool is not None
-            self._pool.submit(self._run_sync, task, job)
-
-    def _run_sync(self, task: Task, job: _Held) -> None:
-        try:
-            if task.pass_context:
-                task.func(job.ctx, **job.args)
-            else:
-                task.func(**job.args)
-        except BaseException as exc:
-            self._finished(job, task, exc)
-        else:
-            self._finished(job, task, None)
+            self._wake.set()  # the dispatcher times it out
+        return task
 
     async def _run_async(self, task: Task, job: _Held) -> None:
         try:
@@ -483,16 +520,30 @@ class Worker:
             self._finished(job, task, None)
 
     def _finished(self, job: _Held, task: Task, exc: BaseException | None) -> None:
-        """Called from the handler's thread: record the outcome and wake the dispatcher."""
+        """Called on the event loop thread: record an async handler's outcome."""
         outcome = (job, _SUCCESS, 0.0, "") if exc is None else self._error_outcome(job, task, exc)
-        with self._running_lock:
-            if job.done:  # already timed out and recorded by the dispatcher
+        with self._handlers:
+            if job.done:  # abandoned at the shutdown timeout and already released
                 return
             job.done = True
-            # Outcome first: a dispatcher that sees nothing running must also see it to flush.
+            self._settle(outcome)
+            self._handlers.notify()  # its slot is free for a handler thread
+
+    def _settle(self, outcome: tuple[_Held, int, float, str] | None) -> None:
+        """Under the handlers' lock: record a started job's outcome (if any), free its slot."""
+        # Outcome first: a dispatcher that sees nothing running must also see it to flush.
+        if outcome is not None:
             self._outcomes.append(outcome)
-            self._running -= 1
-        self._wake.set()
+        self._running -= 1
+        pending = len(self._outcomes)
+        # Wake the dispatcher only when it has something to do, not once per job: to start
+        # the flush delay, to flush a full batch, to claim, or to exit in burst mode.
+        if (
+            pending == 1
+            or pending >= self._flush_size
+            or (not self._ready and (self._running == 0 or self._claimable))
+        ):
+            self._wake.set()
 
     def _error_outcome(
         self, job: _Held, task: Task, exc: BaseException
@@ -505,8 +556,10 @@ class Worker:
         return (job, _ERROR, task.retry.delay(job.attempt), text)
 
     def _record(self, job: _Held, kind: int, delay: float, error: str) -> None:
-        job.done = True
-        self._outcomes.append((job, kind, delay, error))
+        """A handler thread's outcome for a job it took but did not run."""
+        with self._handlers:
+            job.done = True
+            self._settle((job, kind, delay, error))
 
     def _check_deadlines(self, now: float) -> float | None:
         """Time out overrunning sync handlers; return the nearest deadline still ahead.
@@ -516,30 +569,29 @@ class Worker:
         later is discarded.
         """
         nearest: float | None = None
-        for job in list(self._timed):
-            assert job.deadline is not None
-            if job.done:
-                self._timed.discard(job)
-            elif job.deadline <= now:
-                with self._running_lock:
-                    if job.done:
-                        continue
-                    job.done = True
-                    self._running -= 1
-                self._timed.discard(job)
-                task = self.registry[job.task]
-                log.warning("job %s (%s) timed out after %ss", job.id, job.task, task.timeout)
-                self._outcomes.append(
-                    self._error_outcome(
-                        job,
-                        task,
-                        JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout),
-                    )
-                )
-                if job.ctx is not None:
-                    job.ctx.mark_lost()
-            elif nearest is None or job.deadline < nearest:
-                nearest = job.deadline
+        expired: list[_Held] = []
+        with self._handlers:  # handler threads add to the set
+            for job in list(self._timed):
+                assert job.deadline is not None
+                if job.done:
+                    self._timed.discard(job)
+                elif job.deadline <= now:
+                    job.done = True  # its thread, once the handler returns, discards the result
+                    self._timed.discard(job)
+                    expired.append(job)
+                elif nearest is None or job.deadline < nearest:
+                    nearest = job.deadline
+        for job in expired:
+            task = self.registry[job.task]
+            log.warning("job %s (%s) timed out after %ss", job.id, job.task, task.timeout)
+            error = JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout)
+            outcome = self._error_outcome(job, task, error)
+            with self._handlers:
+                self._settle(outcome)
+            if job.ctx is not None:
+                job.ctx.mark_lost()
+            # Its thread stays stuck in the handler: a new one keeps `concurrency` free threads.
+            self._start_handler()
         return nearest
 
     # -- finishing --------------------------------------------------------------------------
@@ -695,8 +747,9 @@ class Worker:
     def _shutdown(self) -> None:
         """Release unstarted jobs now; give running ones the shutdown timeout, then release."""
         try:
-            unstarted = list(self._ready)
-            self._ready.clear()
+            with self._handlers:  # no handler thread takes one of them after this
+                unstarted = list(self._ready)
+                self._ready.clear()
             self._release_jobs(unstarted, refund=1)
             deadline = time.monotonic() + self.config.shutdown_timeout
             while True:
