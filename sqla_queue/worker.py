@@ -1,7 +1,7 @@
 """The worker: claim a batch, run handlers outside any transaction, finish in batches.
 
 Threads, each with one job:
-- the dispatcher (the caller's thread): claims, starts handlers, records outcomes;
+- the dispatcher (the caller's thread): claims batches, times out handlers, writes outcomes;
 - `concurrency` handler threads that pull claimed jobs and run them (async handlers are
   handed on to one event loop thread);
 - the keeper: heartbeats held jobs, reaps stale ones, refreshes queue settings;

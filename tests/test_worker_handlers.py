@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from apps.support import enqueue_jobs, jobs_by_id
+from apps.support import WorkerThread, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine
 
 from sqla_queue import Registry, RetryPolicy
-from sqla_queue.testing import run_until_empty
-from sqla_queue.worker import WorkerConfig
 
 
 def test_jobs_keep_running_while_a_timed_out_sync_handler_is_still_stuck(engine: Engine) -> None:
@@ -19,24 +17,25 @@ def test_jobs_keep_running_while_a_timed_out_sync_handler_is_still_stuck(engine:
 
     @registry.task(name="stuck", timeout=0.2, retry=RetryPolicy(base=60, jitter=0))
     def stuck() -> None:
-        release.wait(20)  # bounded: the test sets it once the others have run
+        release.wait(10)  # bounded: the test sets it once the others have run
 
     @registry.task(name="quick")
     def quick() -> None:
         ran.append(release.is_set())
 
     (stuck_id,) = enqueue_jobs(engine, "stuck", 1, priority=0)
-    quick_ids = enqueue_jobs(engine, "quick", 5, priority=1)
+    enqueue_jobs(engine, "quick", 5, priority=1)
+    runner = WorkerThread(engine, registry, concurrency=1, batch=1)
     try:
-        config = WorkerConfig(concurrency=1, batch=1, poll_only=True)
-        stats = run_until_empty(engine, registry, config)
+        with runner:
+            # One slot: the quick jobs can only run on a thread other than the stuck one.
+            wait_for(lambda: len(ran) == 5, timeout=5)
     finally:
         release.set()
 
-    # With one slot, the quick jobs ran after the timeout while the stuck handler still blocked.
-    assert ran == [False] * 5
-    assert (stats.succeeded, stats.retried) == (5, 1)
-    jobs = jobs_by_id(engine)
-    assert set(jobs) == {stuck_id}, f"quick jobs {quick_ids} are deleted on success"
-    assert (jobs[stuck_id].status, jobs[stuck_id].attempts) == ("queued", 1)
-    assert "ran longer than its timeout of 0.2 s" in (jobs[stuck_id].last_error or "")
+    assert ran == [False] * 5  # all of them while the stuck handler still blocked
+    assert runner.stats is not None
+    assert (runner.stats.succeeded, runner.stats.retried) == (5, 1)
+    (job,) = jobs_by_id(engine).values()  # the quick jobs are deleted on success
+    assert (job.id, job.status, job.attempts) == (stuck_id, "queued", 1)
+    assert "ran longer than its timeout of 0.2 s" in (job.last_error or "")
