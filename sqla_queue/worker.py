@@ -778,17 +778,11 @@ class Worker:
     def _release_jobs(self, jobs: list[_Held], refund: int) -> None:
         if not jobs:
             return
-        self._execute(
-            self._release,
-            {
-                "job_ids": [j.id for j in jobs],
-                "job_attempts": [j.attempt for j in jobs],
-                "job_refunds": [refund] * len(jobs),
-            },
-        )
+        self._execute(self._release, _release_params(jobs, refund))
         self.stats.released += len(jobs)
-        for job in jobs:
-            self._forget(job)
+        with self._held_lock:
+            for job in jobs:
+                self._held.pop(job.id, None)
 
     def _install_signals(self) -> dict[int, Any]:
         previous: dict[int, Any] = {}
@@ -814,16 +808,18 @@ class Worker:
             with self._held_lock:
                 held = list(self._held.values())
             if held and self._conn is not None:
-                self._conn.execute(
-                    self._release,
-                    {
-                        "job_ids": [j.id for j in held],
-                        "job_attempts": [j.attempt for j in held],
-                        "job_refunds": [0] * len(held),
-                    },
-                )
+                self._conn.execute(self._release, _release_params(held, refund=0))
         finally:
             os._exit(1)
+
+
+def _release_params(jobs: list[_Held], refund: int) -> dict[str, list[int]]:
+    """Parameters of `queries.release_jobs` for `jobs`, each refunded `refund` attempts."""
+    return {
+        "job_ids": [j.id for j in jobs],
+        "job_attempts": [j.attempt for j in jobs],
+        "job_refunds": [refund] * len(jobs),
+    }
 
 
 async def _cancel_other_tasks() -> None:
