@@ -1,0 +1,79 @@
+"""What every statement module shares: the tables, the status literal, the batch arrays.
+
+The fencing condition: every statement that ends a claim matches the job's id,
+the attempt number the claim returned, and `status = 'running'`. A worker whose
+job was reaped (and perhaps claimed again) changes nothing when it wakes up late.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Float,
+    Integer,
+    Table,
+    Text,
+    bindparam,
+    func,
+    literal_column,
+)
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import TableValuedAlias
+
+from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue
+
+jobs = cast(Table, Job.__table__)
+queues = cast(Table, Queue.__table__)
+archive = cast(Table, ArchivedJob.__table__)
+
+CLAIMED_COLUMNS = (
+    jobs.c.id,
+    jobs.c.task,
+    jobs.c.args,
+    jobs.c.attempts,
+    jobs.c.max_attempts,
+    jobs.c.queue,
+)
+"""The columns a claim returns, in this order: (id, task, args, attempts, max_attempts, queue)."""
+
+FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
+
+
+def _is(status: JobStatus) -> ColumnElement[bool]:
+    """`status = 'queued'` with the status as a literal, never a bound parameter.
+
+    The partial indexes are defined `WHERE status = '...'`: a generic plan of a prepared
+    statement with `status = $1` could not prove the predicate and would scan the table.
+    The value comes from our enum, never from input.
+    """
+    return jobs.c.status == literal_column(f"'{status.value}'", Text)
+
+
+def _seconds(name: str) -> Any:
+    """`make_interval(secs => :name)`, for a bound number of seconds."""
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
+
+
+def _claimed_batch(*extra: tuple[str, str, Any]) -> TableValuedAlias:
+    """`unnest(:job_ids, :job_attempts, ...) AS f(id, attempt, ...)`: one row per claimed job.
+
+    `extra` adds (parameter, column, element type) triples of further parallel arrays.
+    """
+    arrays = [
+        bindparam("job_ids", type_=ARRAY(BigInteger)),
+        bindparam("job_attempts", type_=ARRAY(Integer)),
+        *(bindparam(param, type_=ARRAY(type_)) for param, _, type_ in extra),
+    ]
+    names = ["id", "attempt", *(name for _, name, _ in extra)]
+    return func.unnest(*arrays).table_valued(*names).render_derived(name="f")
+
+
+def _fenced(batch: TableValuedAlias) -> tuple[Any, ...]:
+    return (
+        jobs.c.id == batch.c.id,
+        jobs.c.attempts == batch.c.attempt,
+        _is(JobStatus.running),
+    )
