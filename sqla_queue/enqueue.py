@@ -22,9 +22,16 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, UOWTransaction
 
 from . import queries
-from .errors import InvalidJobError, UnknownQueueError
+from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
 from .hooks import NewJob, prepare_job
-from .models import HOOKS_DUE, Job, validate_job
+from .models import (
+    HOOKS_DUE,
+    PRIORITY_MAX,
+    SCHEMA_MAX_ARGS_BYTES,
+    SCHEMA_MAX_NAME_LENGTH,
+    Job,
+    validate_job,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -270,10 +277,10 @@ def _copy_jobs(
                 ids.append(job_id)
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(queries.COPY_JOBS, None, exc, psycopg.Error)
-        unknown = _unknown_queue(exc)
-        if unknown is None:
+        explained = _unknown_queue(exc) or _refused_by_check(exc, None)
+        if explained is None:
             raise wrapped from exc
-        raise unknown from wrapped
+        raise explained from wrapped
     return ids
 
 
@@ -321,9 +328,39 @@ def _unknown_queue(exc: BaseException) -> UnknownQueueError | None:
     return UnknownQueueError(queue=match.group("queue"))
 
 
+_CHECKS = {
+    "ck_jobs_task_name": f"a task name is 1 to {SCHEMA_MAX_NAME_LENGTH} printable characters",
+    "ck_jobs_queue_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} printable characters",
+    "ck_queues_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} printable characters",
+    "ck_jobs_args_object": "args are a JSON object (a dict of keyword arguments)",
+    "ck_jobs_args_size": f"args are at most {SCHEMA_MAX_ARGS_BYTES} bytes as jsonb text",
+    "ck_jobs_priority": f"priority is between 0 and {PRIORITY_MAX}",
+    "ck_jobs_max_attempts": "max_attempts is a positive int or NULL",
+}
+"""Our CHECK constraints on written rows, each with the rule it holds."""
+
+
+def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError | None:
+    """The clear error for a row one of our CHECK constraints refused, if it is one."""
+    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) or ""
+    rule = _CHECKS.get(constraint)
+    if rule is None:
+        return None
+    task = None
+    if isinstance(parameters, dict):
+        task = parameters.get("task", parameters.get("job_task"))
+    return InvalidJobError(
+        task=task if isinstance(task, str) else "(not known)",
+        detail=f"the database refused the row: {rule} (CHECK constraint {constraint}, "
+        "which holds for every writer, also Core inserts and later attribute changes)",
+    )
+
+
 @event.listens_for(Engine, "handle_error")
 def _explain_unknown_queue(context: ExceptionContext) -> BaseException | None:
-    error = _unknown_queue(context.original_exception)
+    error: SqlaQueueError | None = _unknown_queue(context.original_exception)
+    if error is None:
+        error = _refused_by_check(context.original_exception, context.parameters)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error

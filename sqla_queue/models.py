@@ -388,7 +388,8 @@ class Job(Base):
     def __init__(self, **kwargs: Any) -> None:
         not_given = _TASK_DEFAULTED - kwargs.keys()
         kwargs.setdefault("queue", DEFAULT_QUEUE)
-        kwargs.setdefault("args", {})
+        if kwargs.get("args") is None:  # as enqueue takes it: no args
+            kwargs["args"] = {}
         kwargs.setdefault("priority", 0)
         validate_job(
             kwargs.get("task"),
