@@ -329,9 +329,9 @@ def _unknown_queue(exc: BaseException) -> UnknownQueueError | None:
 
 
 _CHECKS = {
-    "ck_jobs_task_name": f"a task name is 1 to {SCHEMA_MAX_NAME_LENGTH} printable characters",
-    "ck_jobs_queue_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} printable characters",
-    "ck_queues_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} printable characters",
+    "ck_jobs_task_name": f"a task name is 1 to {SCHEMA_MAX_NAME_LENGTH} characters",
+    "ck_jobs_queue_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} characters",
+    "ck_queues_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} characters",
     "ck_jobs_args_object": "args are a JSON object (a dict of keyword arguments)",
     "ck_jobs_args_size": f"args are at most {SCHEMA_MAX_ARGS_BYTES} bytes as jsonb text",
     "ck_jobs_priority": f"priority is between 0 and {PRIORITY_MAX}",

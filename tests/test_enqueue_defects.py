@@ -157,12 +157,11 @@ def test_a_long_integer_is_refused_even_where_this_process_could_encode_it(
 def test_core_inserts_that_break_the_limits_are_refused_by_the_database(engine: Engine) -> None:
     refused = [
         (insert(Job).values(task="x" * 201), "ck_jobs_task_name"),
-        (insert(Job).values(task="tab\there"), "ck_jobs_task_name"),
         (insert(Job).values(task="t", queue=""), "ck_jobs_queue_name"),
         (insert(Job).values(task="t", priority=-1), "ck_jobs_priority"),
         (insert(Job).values(task="t", args=[1]), "ck_jobs_args_object"),
         (insert(Job).values(task="t", args={"b": "x" * 1_000_000}), "ck_jobs_args_size"),
-        (insert(Queue).values(name="bell\x07"), "ck_queues_name"),
+        (insert(Queue).values(name="q" * 201), "ck_queues_name"),
     ]
     for statement, constraint in refused:
         with engine.connect() as conn, pytest.raises(InvalidJobError) as raised:
