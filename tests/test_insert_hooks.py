@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from apps.support import jobs_by_id
+from apps.support import REPO_ROOT, jobs_by_id
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
@@ -205,3 +205,21 @@ def test_hook_changes_are_validated_like_the_callers_fields(
         with pytest.raises(InvalidJobError, match="priority must be between 0"):
             session.flush()
         assert session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+def test_refusal_reads_as_the_readme_quotes_it(engine: Engine) -> None:
+    registry = Registry()
+    registry.task(name="shop.tasks.charge")(lambda order_id: None)
+
+    @registry.on_insert
+    def no_charges_in_maintenance(job: NewJob) -> None:
+        if job.task == "shop.tasks.charge":
+            raise ValueError("charges are paused for maintenance")
+
+    charge = registry["shop.tasks.charge"]
+    with Session(engine) as session, pytest.raises(InvalidJobError) as raised:
+        charge.enqueue(session, {"order_id": 1})
+    hook = f"{__name__}.test_refusal_reads_as_the_readme_quotes_it.<locals>."
+    quoted = str(raised.value).replace(hook, "shop.tasks.")
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert f"`InvalidJobError: {quoted}`" in readme
