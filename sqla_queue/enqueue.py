@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, SessionTransaction, UOWTransaction
 
 from . import queries
 from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
-from .hooks import NewJob, prepare_job
+from .hooks import NewJob, default_registry, prepare_job
 from .models import (
     HOOKS_DUE,
     PRIORITY_MAX,
@@ -148,7 +148,7 @@ def enqueue(
 def _run_due_hooks(job: Job) -> None:
     """Task defaults and insert hooks for a `Job` constructed by the caller, at flush."""
     not_given = job.__dict__.pop(HOOKS_DUE, None)
-    if not_given is None:  # loaded from the database, or came through enqueue()
+    if not_given is None or default_registry() is None:  # nothing due, or no registry
         return
     given_run_at = job.run_at if isinstance(job.run_at, dt.datetime) else None
     new = prepare_job(
@@ -176,8 +176,9 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
         if isinstance(obj, Job):
             try:
                 _run_due_hooks(obj)
-            except (InvalidJobError, TypeError):
-                # Refused before anything is sent: the transaction goes on without this job.
+            except Exception:
+                # Refused (or a hook broke) before anything is sent: the transaction goes on
+                # without this job, which must not be written later with its hooks skipped.
                 session.expunge(obj)
                 raise
 

@@ -185,8 +185,14 @@ def test_a_hook_that_breaks_raises_its_own_error_untouched(
         raise KeyError("bug in the hook")
 
     default_registry.on_insert(broken)
-    with Session(engine) as session, pytest.raises(KeyError, match="bug in the hook"):
-        enqueue(session, "report")
+    with Session(engine) as session:
+        with pytest.raises(KeyError, match="bug in the hook"):
+            enqueue(session, "report")
+        session.add(Job(task="report"))
+        with pytest.raises(KeyError, match="bug in the hook"):
+            session.flush()
+        session.commit()  # the job whose hook broke is not written later, hooks skipped
+    assert jobs_by_id(engine) == {}
 
 
 def test_hook_changes_are_validated_like_the_callers_fields(
