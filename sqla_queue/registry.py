@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 from .errors import AppLoadError, ConfigurationError, JobCancelledError
+from .models import PRIORITY_MAX
 from .retry import DEFAULT_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
@@ -189,6 +190,10 @@ class Registry:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
+        if priority is not None and not 0 <= priority <= PRIORITY_MAX:
+            raise ConfigurationError(
+                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}"
+            )
 
         def register(f: Callable[..., Any]) -> Task:
             task_name = name or f"{f.__module__}.{f.__qualname__}"

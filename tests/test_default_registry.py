@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
+    ConfigurationError,
     Job,
     Registry,
     Task,
@@ -144,3 +145,8 @@ def test_enqueue_flush_with_an_async_session_says_to_await_flush(database_url: s
             await async_engine.dispose()
 
     asyncio.run(scenario())
+
+
+def test_a_task_priority_out_of_range_is_refused_at_registration() -> None:
+    with pytest.raises(ConfigurationError, match="priority must be between 0"):
+        Registry().task(name="t", priority=-1)(lambda: None)
