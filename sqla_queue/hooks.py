@@ -7,11 +7,12 @@ Every way of writing a job (`enqueue`, `Task.enqueue`, `enqueue_many` by INSERT 
    application's default registry (`set_default_registry`), else none;
 2. with a registry, fields the caller left out take the task's own defaults (queue,
    priority, max_attempts);
-3. the registry's insert hooks run in registration order on a `NewJob`; each may change its
+3. with a registry, a task name it does not know is refused (`UnknownTaskError`, naming
+   close matches), before any hook sees it;
+4. the registry's insert hooks run in registration order on a `NewJob`; each may change its
    fields, or refuse the job by raising `ValueError` (the caller gets an `InvalidJobError`
-   naming the hook and the reason, before anything is sent, so the transaction goes on);
-4. with a registry, a task name it does not know is refused (`UnknownTaskError`, naming
-   close matches).
+   naming the hook and the reason, before anything is sent, so the transaction goes on).
+   A hook that renames the task is held to the same check.
 
 Without a registry (no default set, a plain `enqueue(session, "name")`) none of this
 happens: the job is written as given and an unknown name fails later, in the worker.
@@ -109,6 +110,7 @@ def prepare_job(
     )
     if in_force is None:
         return job
+    _refuse_unknown(in_force, job.task)
     for hook in in_force.insert_hooks:
         try:
             hook(job)
@@ -117,13 +119,20 @@ def prepare_job(
             raise InvalidJobError(
                 task=job.task, detail=f"refused by insert hook {_hook_name(hook)}: {reason}"
             ) from exc
-    if isinstance(job.task, str) and job.task and job.task not in in_force:
-        names = list(in_force)
-        close = difflib.get_close_matches(job.task, names, n=3, cutoff=0.6)
-        hint = (
-            f"did you mean {' or '.join(repr(name) for name in close)}?"
-            if close
-            else f"it has {len(names)} task(s); register this one with @registry.task"
-        )
-        raise UnknownTaskError(task=job.task, hint=hint)
+    if job.task != task:
+        _refuse_unknown(in_force, job.task)
     return job
+
+
+def _refuse_unknown(registry: Registry, task: object) -> None:
+    """Raise `UnknownTaskError`, naming close matches, if `registry` has no task `task`."""
+    if not isinstance(task, str) or not task or task in registry:
+        return  # a name that is not a str is validate_job's to refuse
+    names = list(registry)
+    close = difflib.get_close_matches(task, names, n=3, cutoff=0.6)
+    hint = (
+        f"did you mean {' or '.join(repr(name) for name in close)}?"
+        if close
+        else f"it has {len(names)} task(s); register this one with @registry.task"
+    )
+    raise UnknownTaskError(task=task, hint=hint)

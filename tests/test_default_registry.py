@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import (
     ConfigurationError,
     Job,
+    NewJob,
     Registry,
     Task,
     UnknownTaskError,
@@ -150,3 +151,22 @@ def test_enqueue_flush_with_an_async_session_says_to_await_flush(database_url: s
 def test_a_task_priority_out_of_range_is_refused_at_registration() -> None:
     with pytest.raises(ConfigurationError, match="priority must be between 0"):
         Registry().task(name="t", priority=-1)(lambda: None)
+
+
+def test_hooks_see_only_known_tasks_and_a_renamed_task_is_checked_again(
+    engine: Engine, shop: Registry
+) -> None:
+    seen: list[str] = []
+
+    @shop.on_insert
+    def rename_charges(job: NewJob) -> None:
+        seen.append(job.task)
+        if job.task == "shop.tasks.charge":
+            job.task = "shop.tasks.charge_v2"
+
+    with Session(engine) as session:
+        with pytest.raises(UnknownTaskError, match=r"'shop\.tasks\.nope'"):
+            enqueue(session, "shop.tasks.nope")
+        with pytest.raises(UnknownTaskError, match=r"'shop\.tasks\.charge_v2'"):
+            enqueue(session, "shop.tasks.charge")
+    assert seen == ["shop.tasks.charge"]
