@@ -21,7 +21,9 @@ from .errors import (
     SqlaQueueError,
     TaskNotFoundError,
     UnknownQueueError,
+    UnknownTaskError,
 )
+from .hooks import InsertHook, NewJob, default_registry, set_default_registry
 from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
 from .registry import JobContext, Registry, Task, load_registry
 from .retry import RetryPolicy
@@ -33,6 +35,7 @@ __all__ = [
     "ArchivedJob",
     "Base",
     "ConfigurationError",
+    "InsertHook",
     "InvalidJobError",
     "Job",
     "JobCancelledError",
@@ -40,6 +43,7 @@ __all__ = [
     "JobLostError",
     "JobStatus",
     "JobTimeoutError",
+    "NewJob",
     "OrphanJobsError",
     "Queue",
     "Registry",
@@ -50,9 +54,12 @@ __all__ = [
     "Task",
     "TaskNotFoundError",
     "UnknownQueueError",
+    "UnknownTaskError",
+    "default_registry",
     "enqueue",
     "enqueue_many",
     "enqueue_many_async",
     "limits",
     "load_registry",
+    "set_default_registry",
 ]

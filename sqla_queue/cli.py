@@ -466,6 +466,11 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
     show_default=True,
     help="Seconds to watch the MultiXact counter (0 skips it).",
 )
+@click.option(
+    "--show-queries",
+    is_flag=True,
+    help="Include other sessions' SQL text in --json details (it may hold their secrets).",
+)
 @_friendly_errors
 def doctor(
     database_url: str | None,
@@ -474,6 +479,7 @@ def doctor(
     backlog_threshold: str,
     long_transaction: str,
     sample: float,
+    show_queries: bool,
 ) -> None:
     """Check the database for the ways a Postgres queue breaks: MultiXacts, vacuum pinned
     by long transactions, bloat, stuck and overdue jobs. Exit status 1 if any is critical."""
@@ -484,6 +490,7 @@ def doctor(
         backlog_threshold=parse_duration(backlog_threshold),
         long_transaction=parse_duration(long_transaction),
         sample=sample,
+        show_queries=show_queries,
     )
     engine = _engine(database_url)
     try:

@@ -28,6 +28,15 @@ def normalize_url(url: str) -> str:
             detail=f"{url!r} is not a database URL; expected "
             "postgresql://user:password@host:5432/dbname"
         ) from None
+    except ValueError:  # SQLAlchemy's int() of the port; the URL may hold a password: not shown
+        raise ConfigurationError(
+            detail="the database URL's port is not a number; expected "
+            "postgresql://user:password@host:5432/dbname"
+        ) from None
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ConfigurationError(
+            detail=f"the database URL's port {parsed.port} is not between 1 and 65535"
+        )
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
         raise ConfigurationError(
             detail=f"sqla-queue needs PostgreSQL, but the URL's backend is "

@@ -13,6 +13,7 @@ runs in autocommit mode so it never holds the snapshot whose age it reports.
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,11 @@ class DoctorOptions:
     """Sessions seen enqueuing at once, with the foreign key in place, that warn."""
     dead_tuples: int = 100_000
     """Dead tuples in jobs that warn, when they also outnumber the live ones."""
+    show_queries: bool = False
+    """Put other sessions' SQL text (120 characters, literals and all) in the details.
+
+    Off by default: that text can hold secrets (passwords, tokens, personal data) of other
+    applications. Without it the details name only the statement's first keyword."""
 
 
 FIX_UPGRADE = (
@@ -266,7 +272,64 @@ def check_multixact_age(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("multixact_age", severity, value, FIX_FREEZE, details)
 
 
-def _holder(row: Sequence[Any], xid_age: int | None, seconds: float) -> tuple[str, dict[str, Any]]:
+_FIRST_WORD = re.compile(r"\s*([A-Za-z]+)")
+# Only a known command word is shown: a first word that is not one could be anything.
+_COMMANDS = frozenset(
+    [
+        "ALTER",
+        "ANALYZE",
+        "BEGIN",
+        "CALL",
+        "CHECKPOINT",
+        "CLOSE",
+        "CLUSTER",
+        "COMMENT",
+        "COMMIT",
+        "COPY",
+        "CREATE",
+        "DEALLOCATE",
+        "DECLARE",
+        "DELETE",
+        "DISCARD",
+        "DO",
+        "DROP",
+        "END",
+        "EXECUTE",
+        "EXPLAIN",
+        "FETCH",
+        "GRANT",
+        "INSERT",
+        "LISTEN",
+        "LOCK",
+        "MERGE",
+        "MOVE",
+        "NOTIFY",
+        "PREPARE",
+        "REFRESH",
+        "REINDEX",
+        "RELEASE",
+        "RESET",
+        "REVOKE",
+        "ROLLBACK",
+        "SAVEPOINT",
+        "SELECT",
+        "SET",
+        "SHOW",
+        "START",
+        "TABLE",
+        "TRUNCATE",
+        "UNLISTEN",
+        "UPDATE",
+        "VACUUM",
+        "VALUES",
+        "WITH",
+    ]
+)
+
+
+def _holder(
+    row: Sequence[Any], xid_age: int | None, seconds: float, options: DoctorOptions
+) -> tuple[str, dict[str, Any]]:
     pid, app, state = row[0], row[1] or "", row[2]
     what = f"{xid_age} xids old" if xid_age is not None else "no xid"
     text = f"pid {pid} ({app or 'no application_name'}, {state}) open {seconds:.0f} s, {what}"
@@ -276,9 +339,18 @@ def _holder(row: Sequence[Any], xid_age: int | None, seconds: float) -> tuple[st
         "state": state,
         "seconds": seconds,
         "age": xid_age,
-        "query": row[6],
+        # A keyword holds no secret; the text may (`--show-queries` opts in).
+        "command": _command(row[6]),
+        "query": row[6] if options.show_queries else None,
     }
     return text, details
+
+
+def _command(query: str | None) -> str | None:
+    """The statement's command word (SELECT, UPDATE...); None if it starts otherwise."""
+    match = _FIRST_WORD.match(query or "")
+    word = match.group(1).upper() if match else None
+    return word if word in _COMMANDS else None
 
 
 def check_oldest_transaction(conn: Connection, options: DoctorOptions) -> Finding:
@@ -290,7 +362,7 @@ def check_oldest_transaction(conn: Connection, options: DoctorOptions) -> Findin
         )
     row = rows[0]
     seconds = float(row[5] or 0)
-    text, details = _holder(row, int(row[3]), seconds)
+    text, details = _holder(row, int(row[3]), seconds, options)
     return Finding(
         "oldest_transaction", _by_duration(seconds, options), text, FIX_LONG_TRANSACTION, details
     )
@@ -303,7 +375,7 @@ def check_oldest_xmin(conn: Connection, options: DoctorOptions) -> Finding:
         return Finding("oldest_xmin", Severity.ok, "no snapshot held", FIX_LONG_TRANSACTION)
     row = max(rows, key=lambda r: (int(r[4]), float(r[5] or 0)))
     seconds = float(row[5] or 0)
-    text, details = _holder(row, int(row[4]), seconds)
+    text, details = _holder(row, int(row[4]), seconds, options)
     return Finding(
         "oldest_xmin",
         _by_duration(seconds, options),

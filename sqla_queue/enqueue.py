@@ -1,6 +1,8 @@
 """Writing jobs in the caller's own transaction: `enqueue`, `enqueue_many`, and the NOTIFY hook.
 
-Nothing here commits. The job becomes visible to workers when the caller's transaction
+Every path passes `sqla_queue.hooks.prepare_job` (task defaults, insert hooks, the unknown
+task check) before the job is validated; a `Job` added directly passes it at flush. Nothing
+here commits. The job becomes visible to workers when the caller's transaction
 commits, and is gone if it rolls back. Workers are woken by one `pg_notify` per queue per
 transaction, sent from a flush hook (never a per-row trigger); PostgreSQL delivers it only
 on commit.
@@ -20,11 +22,21 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, UOWTransaction
 
 from . import queries
-from .errors import InvalidJobError, UnknownQueueError
-from .models import DEFAULT_QUEUE, Job, validate_job
+from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
+from .hooks import NewJob, default_registry, prepare_job
+from .models import (
+    HOOKS_DUE,
+    PRIORITY_MAX,
+    SCHEMA_MAX_ARGS_BYTES,
+    SCHEMA_MAX_NAME_LENGTH,
+    Job,
+    validate_job,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+
+    from .registry import Registry
 
 _NOTIFIED_KEY = "sqla_queue.notified"
 _QUEUE_FK = "fk_jobs_queue_queues"
@@ -41,16 +53,36 @@ COPY_MIN_ROWS = 100
 """Rows from which enqueue_many uses COPY: below, one INSERT round trip beats COPY's two."""
 
 
-def _delay_interval(task: str, delay: float | dt.timedelta) -> dt.timedelta:
+def _too_far(task: object, delay: object) -> InvalidJobError:
+    return InvalidJobError(
+        task=task,
+        detail=f"delay {delay!r} puts the job past the year 9999, the last date Python can "
+        "read back; pass a shorter delay",
+    )
+
+
+def _delay_interval(task: object, delay: object) -> dt.timedelta:
+    """`delay` (seconds or a timedelta) as an interval, refused if negative or beyond 9999."""
     try:
-        interval = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=delay)
+        interval = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=delay)  # type: ignore[arg-type]
     except (OverflowError, ValueError, TypeError):
         raise InvalidJobError(
             task=task, detail=f"delay must be a finite number of seconds, got {delay!r}"
         ) from None
     if interval < dt.timedelta(0):
         raise InvalidJobError(task=task, detail=f"delay must not be negative, got {delay!r}")
+    try:  # both paths must refuse what the COPY path cannot compute
+        dt.datetime.now(dt.timezone.utc) + interval
+    except OverflowError:
+        raise _too_far(task, delay) from None
     return interval
+
+
+def _schedule(job: NewJob) -> dt.timedelta | None:
+    """The job's delay as an interval (None without one); refuses run_at with delay."""
+    if job.run_at is not None and job.delay is not None:
+        raise InvalidJobError(task=job.task, detail="pass run_at or delay, not both")
+    return None if job.delay is None else _delay_interval(job.task, job.delay)
 
 
 def enqueue(
@@ -59,75 +91,147 @@ def enqueue(
     args: Mapping[str, Any] | None = None,
     *,
     queue: str | None = None,
-    priority: int = 0,
+    priority: int | None = None,
     run_at: dt.datetime | None = None,
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
+    flush: bool = False,
+    registry: Registry | None = None,
 ) -> Job:
     """Add a job to `session` and return it; it commits (or not) with the session.
 
     `args` are the handler's keyword arguments, as one JSON-serialisable dict. `run_at`
     (an aware datetime) or `delay` (seconds, measured by the database clock) schedule it;
-    `priority` 0 runs first. Works with a sync `Session` and with an `AsyncSession`.
+    `priority` 0 (the default) runs first. Works with a sync `Session` and an `AsyncSession`.
+
+    The returned job's `id` is None until the session flushes: pass `flush=True` to flush
+    at once (a sync `Session` only; with an `AsyncSession`, `await session.flush()`), which
+    sends the session's other pending changes too, as any flush does. Still not committed.
+
+    With a registry (`registry=`, or the default from `sqla_queue.set_default_registry`),
+    an unknown task name is refused here (`UnknownTaskError`), `queue`, `priority` and
+    `max_attempts` not given take the task's own, and its insert hooks run. Without one,
+    the job is written as given (queue "default", priority 0).
     """
-    if run_at is not None and delay is not None:
-        raise InvalidJobError(task=task, detail="pass run_at or delay, not both")
-    scheduled: Any = run_at
-    if delay is not None:
-        scheduled = func.now() + _delay_interval(task, delay)
+    if flush and not isinstance(session, Session):
+        raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
+    new = prepare_job(
+        task,
+        args,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        run_at=run_at,
+        delay=delay,
+        registry=registry,
+    )
+    interval = _schedule(new)
     fields: dict[str, Any] = {
-        "task": task,
-        "args": dict(args) if isinstance(args, Mapping) else ({} if args is None else args),
-        "queue": DEFAULT_QUEUE if queue is None else queue,
-        "priority": priority,
-        "max_attempts": max_attempts,
+        "task": new.task,
+        "args": new.args,
+        "queue": new.queue,
+        "priority": new.priority,
+        "max_attempts": new.max_attempts,
     }
-    if scheduled is not None:
-        fields["run_at"] = scheduled
+    if interval is not None:
+        fields["run_at"] = func.now() + interval
+    elif new.run_at is not None:
+        fields["run_at"] = new.run_at
     job = Job(**fields)
+    job.__dict__.pop(HOOKS_DUE)
     session.add(job)
+    if flush:
+        session.flush()
     return job
+
+
+def _run_due_hooks(job: Job) -> None:
+    """Task defaults and insert hooks for a `Job` constructed by the caller, at flush."""
+    not_given = job.__dict__.pop(HOOKS_DUE, None)
+    if not_given is None or default_registry() is None:  # nothing due, or no registry
+        return
+    given_run_at = job.run_at if isinstance(job.run_at, dt.datetime) else None
+    new = prepare_job(
+        job.task,
+        job.args,
+        queue=None if "queue" in not_given else job.queue,
+        priority=None if "priority" in not_given else job.priority,
+        max_attempts=None if "max_attempts" in not_given else job.max_attempts,
+        run_at=given_run_at,
+    )
+    interval = _schedule(new)
+    validate_job(new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at)
+    for field in ("task", "args", "queue", "priority", "max_attempts"):
+        if getattr(job, field) != getattr(new, field):
+            setattr(job, field, getattr(new, field))
+    if interval is not None:
+        job.run_at = func.now() + interval
+    elif new.run_at is not given_run_at:
+        job.run_at = new.run_at  # type: ignore[assignment]
+
+
+@event.listens_for(Session, "before_flush")
+def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instances: object) -> None:
+    for obj in list(session.new):
+        if isinstance(obj, Job):
+            try:
+                _run_due_hooks(obj)
+            except Exception:
+                # Refused (or a hook broke) before anything is sent: the transaction goes on
+                # without this job, which must not be written later with its hooks skipped.
+                session.expunge(obj)
+                raise
 
 
 _ROW_KEYS = frozenset({"task", "args", "queue", "priority", "run_at", "delay", "max_attempts"})
 
 
-def _bulk_row(row: Mapping[str, Any]) -> dict[str, Any]:
+def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, Any]:
     unknown = set(row) - _ROW_KEYS
-    task = row.get("task")
     if unknown:
         raise InvalidJobError(
-            task=task, detail=f"unknown keys {sorted(unknown)}; allowed: {sorted(_ROW_KEYS)}"
+            task=row.get("task"),
+            detail=f"unknown keys {sorted(unknown)}; allowed: {sorted(_ROW_KEYS)}",
         )
-    args = row.get("args") or {}
-    queue = row.get("queue", DEFAULT_QUEUE)
-    priority = row.get("priority", 0)
-    run_at = row.get("run_at")
-    delay = row.get("delay")
-    if run_at is not None and delay is not None:
-        raise InvalidJobError(task=task, detail="pass run_at or delay, not both")
-    encoded = validate_job(task, args, queue, priority, row.get("max_attempts"), run_at)
+    new = prepare_job(
+        row.get("task"),
+        row.get("args"),
+        queue=row.get("queue"),
+        priority=row.get("priority"),
+        max_attempts=row.get("max_attempts"),
+        run_at=row.get("run_at"),
+        delay=row.get("delay"),
+        registry=registry,
+    )
+    interval = _schedule(new)
+    encoded = validate_job(
+        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at
+    )
     return {
-        "job_task": task,
-        "job_args": args,
+        "job_task": new.task,
+        "job_args": new.args,
         "job_args_json": encoded,
-        "job_queue": queue,
-        "job_priority": priority,
-        "job_run_at": run_at,
-        "job_delay": None if delay is None else _delay_interval(str(task), delay),
-        "job_max_attempts": row.get("max_attempts"),
+        "job_queue": new.queue,
+        "job_priority": new.priority,
+        "job_run_at": new.run_at,
+        "job_delay": interval,
+        "job_max_attempts": new.max_attempts,
     }
 
 
-def enqueue_many(session: Session, rows: Iterable[Mapping[str, Any]]) -> list[int]:
+def enqueue_many(
+    session: Session, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
+) -> list[int]:
     """Insert many jobs in the session's transaction; returns their ids in input order.
 
     Each row is a dict of `Job` fields (`task`, `args`, `queue`, `priority`, `run_at` or
-    `delay`, `max_attempts`). From COPY_MIN_ROWS rows on (with psycopg) they are sent with
-    COPY on the session's own connection, else as multi-row INSERTs (about 1,000 rows a round
-    trip); never one statement per job, and nothing is committed.
+    `delay`, `max_attempts`), checked as `enqueue` checks them (task defaults and insert
+    hooks of `registry` or the default registry included); `args` is a dict or None. From
+    COPY_MIN_ROWS rows on (with psycopg) they are sent with COPY on the session's own
+    connection, else as multi-row INSERTs (about 1,000 rows a round trip); never one
+    statement per job, and nothing is committed.
     """
-    params = [_bulk_row(row) for row in rows]
+    params = [_bulk_row(row, registry) for row in rows]
     if not params:
         return []
     if session.autoflush:  # as the INSERT path would: pending queues must exist first
@@ -156,7 +260,10 @@ def _copy_jobs(
         with driver.cursor() as cursor, cursor.copy(queries.COPY_JOBS) as copy:
             for (job_id, now), p in zip(reserved, params, strict=True):
                 # now() is fixed for the transaction: the same run_at the INSERT would compute.
-                run_at = p["job_run_at"] or now + (p["job_delay"] or _NO_DELAY)
+                try:
+                    run_at = p["job_run_at"] or now + (p["job_delay"] or _NO_DELAY)
+                except OverflowError:  # the server's clock is past ours near the year 9999
+                    raise _too_far(p["job_task"], p["job_delay"]) from None
                 copy.write_row(
                     (
                         job_id,
@@ -171,17 +278,21 @@ def _copy_jobs(
                 ids.append(job_id)
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(queries.COPY_JOBS, None, exc, psycopg.Error)
-        unknown = _unknown_queue(exc)
-        if unknown is None:
+        explained = _unknown_queue(exc) or _refused_by_check(exc, None)
+        if explained is None:
             raise wrapped from exc
-        raise unknown from wrapped
+        raise explained from wrapped
     return ids
 
 
-async def enqueue_many_async(session: AsyncSession, rows: Iterable[Mapping[str, Any]]) -> list[int]:
+async def enqueue_many_async(
+    session: AsyncSession, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
+) -> list[int]:
     """`enqueue_many` for an `AsyncSession`."""
     materialised = list(rows)
-    return await session.run_sync(lambda sync_session: enqueue_many(sync_session, materialised))
+    return await session.run_sync(
+        lambda sync_session: enqueue_many(sync_session, materialised, registry=registry)
+    )
 
 
 def _notify(session: Session, queue_names: set[str]) -> None:
@@ -218,9 +329,39 @@ def _unknown_queue(exc: BaseException) -> UnknownQueueError | None:
     return UnknownQueueError(queue=match.group("queue"))
 
 
+_CHECKS = {
+    "ck_jobs_task_name": f"a task name is 1 to {SCHEMA_MAX_NAME_LENGTH} characters",
+    "ck_jobs_queue_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} characters",
+    "ck_queues_name": f"a queue name is 1 to {SCHEMA_MAX_NAME_LENGTH} characters",
+    "ck_jobs_args_object": "args are a JSON object (a dict of keyword arguments)",
+    "ck_jobs_args_size": f"args are at most {SCHEMA_MAX_ARGS_BYTES} bytes as jsonb text",
+    "ck_jobs_priority": f"priority is between 0 and {PRIORITY_MAX}",
+    "ck_jobs_max_attempts": "max_attempts is a positive int or NULL",
+}
+"""Our CHECK constraints on written rows, each with the rule it holds."""
+
+
+def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError | None:
+    """The clear error for a row one of our CHECK constraints refused, if it is one."""
+    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) or ""
+    rule = _CHECKS.get(constraint)
+    if rule is None:
+        return None
+    task = None
+    if isinstance(parameters, dict):
+        task = parameters.get("task", parameters.get("job_task"))
+    return InvalidJobError(
+        task=task if isinstance(task, str) else "(not known)",
+        detail=f"the database refused the row: {rule} (CHECK constraint {constraint}, "
+        "which holds for every writer, also Core inserts and later attribute changes)",
+    )
+
+
 @event.listens_for(Engine, "handle_error")
 def _explain_unknown_queue(context: ExceptionContext) -> BaseException | None:
-    error = _unknown_queue(context.original_exception)
+    error: SqlaQueueError | None = _unknown_queue(context.original_exception)
+    if error is None:
+        error = _refused_by_check(context.original_exception, context.parameters)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error

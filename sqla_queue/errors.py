@@ -34,6 +34,10 @@ class InvalidJobError(SqlaQueueError, ValueError):
     """Job for task {task!r} is not valid: {detail}"""
 
 
+class UnknownTaskError(InvalidJobError):
+    """No task {task!r} is registered in the registry in force (the task's own, or the default set with sqla_queue.set_default_registry): {hint}"""  # noqa: E501
+
+
 class TaskNotFoundError(SqlaQueueError):
     """unknown task {task!r}: no handler is registered under that name in this worker's registry"""
 
@@ -66,4 +70,5 @@ __all__ = [
     "SqlaQueueError",
     "TaskNotFoundError",
     "UnknownQueueError",
+    "UnknownTaskError",
 ]

@@ -11,6 +11,7 @@ import datetime as dt
 import enum
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql import ClauseElement
 
-from .errors import InvalidJobError
+from .errors import ConfigurationError, InvalidJobError
 
 SCHEMA = "sqla_queue"
 """The PostgreSQL schema that holds every table of the queue."""
@@ -52,19 +53,51 @@ NAMING_CONVENTION = {
 }
 
 
+SCHEMA_MAX_ARGS_BYTES = 1_000_000
+"""The largest `args` (as jsonb text) the schema's CHECK constraint ck_jobs_args_size admits."""
+SCHEMA_MAX_NAME_LENGTH = 200
+"""The longest task or queue name the schema's CHECK constraints admit."""
+MAX_INT_DIGITS = 4300
+"""Python's default limit on int <-> str conversion: a worker could not decode a longer int."""
+
+
 @dataclass
 class Limits:
-    """Bounds that enqueue enforces; change them on `sqla_queue.limits` at start-up."""
+    """Bounds that enqueue enforces; change them on `sqla_queue.limits` at start-up.
 
-    max_args_bytes: int = 1_000_000
+    They may be lowered freely; the database's CHECK constraints hold the size and name
+    limits at their defaults whatever is set here, so they cannot be raised above them.
+    """
+
+    max_args_bytes: int = SCHEMA_MAX_ARGS_BYTES
     """The largest `args`, as JSON text, that a job may carry."""
-    max_name_length: int = 200
+    max_name_length: int = SCHEMA_MAX_NAME_LENGTH
     """The longest task or queue name."""
+    max_args_depth: int = 100
+    """The deepest nesting of lists and dicts in `args` (a worker decodes them recursively)."""
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        ceiling = _LIMIT_CEILINGS.get(name)
+        if ceiling is not None and (not isinstance(value, int) or not 0 < value <= ceiling):
+            raise ConfigurationError(
+                detail=f"limits.{name} must be an int from 1 to {ceiling} (the schema's "
+                f"CHECK constraint holds it there), got {value!r}"
+            )
+        super().__setattr__(name, value)
+
+
+_LIMIT_CEILINGS = {
+    "max_args_bytes": SCHEMA_MAX_ARGS_BYTES,
+    "max_name_length": SCHEMA_MAX_NAME_LENGTH,
+    "max_args_depth": 500,
+}
 
 limits = Limits()
 
 PRIORITY_MAX = 32767
+_HUGE_INT = 10**MAX_INT_DIGITS
+# Fast pre-checks on the JSON text; only a hit costs a walk of the args.
+_LONG_DIGIT_RUN = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
 
 
 # A \u0000 escape in json.dumps output (not an escaped backslash followed by "u0000").
@@ -93,6 +126,31 @@ def validate_name(label: str, value: object, task: str) -> None:
         raise InvalidJobError(task=task[:60], detail=f"{label} name has control characters")
 
 
+def _args_problem(args: object, max_depth: int) -> str | None:
+    """Why decoding `args` would fail in a worker (too deep, too long an int), or None."""
+    stack: list[tuple[object, int]] = [(args, 0)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[object] = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        else:
+            if isinstance(value, int) and abs(value) >= _HUGE_INT:
+                return (
+                    f"args hold an integer of more than {MAX_INT_DIGITS} digits, which a worker "
+                    "cannot decode (Python's int max str digits); pass it as a string"
+                )
+            continue
+        if level >= max_depth:
+            return (
+                f"args are nested more than {max_depth} levels deep (sqla_queue.limits."
+                "max_args_depth); a worker decodes them recursively: flatten them"
+            )
+        stack.extend((child, level + 1) for child in children)
+    return None
+
+
 def validate_job(
     task: object,
     args: object,
@@ -117,11 +175,26 @@ def validate_job(
         )
     try:
         encoded = json.dumps(args, allow_nan=False, default=_reject_non_json)
-    except (TypeError, ValueError) as exc:
+    except (RecursionError, ValueError) as exc:
+        problem = _args_problem(args, limits.max_args_depth)
+        if problem is None and isinstance(exc, RecursionError):
+            problem = "args are nested too deeply (or refer to themselves) to encode as JSON"
+        if problem is None:
+            raise TypeError(
+                f"args of task {name!r} are not JSON-serialisable: {exc}. "
+                "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
+            ) from None
+        raise InvalidJobError(task=name, detail=problem) from None
+    except TypeError as exc:
         raise TypeError(
             f"args of task {name!r} are not JSON-serialisable: {exc}. "
             "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
         ) from None
+    brackets = encoded.count("[") + encoded.count("{")
+    if brackets > limits.max_args_depth or _LONG_DIGIT_RUN.search(encoded):
+        problem = _args_problem(args, limits.max_args_depth)
+        if problem is not None:
+            raise InvalidJobError(task=name, detail=problem)
     if len(encoded) > limits.max_args_bytes:
         raise InvalidJobError(
             task=name,
@@ -197,11 +270,25 @@ def _check_in(column: str, enum_type: type[enum.Enum]) -> str:
     return f"{column} IN ({values})"
 
 
+def check_name(column: str) -> str:
+    """The CHECK of a task or queue name's length (printable is checked in Python only)."""
+    # A regular expression for control characters doubled the checks' cost per row.
+    return f"char_length({column}) BETWEEN 1 AND {SCHEMA_MAX_NAME_LENGTH}"
+
+
+CHECK_ARGS_OBJECT = "jsonb_typeof(args) = 'object'"
+CHECK_ARGS_SIZE = f"octet_length(args::text) <= {SCHEMA_MAX_ARGS_BYTES}"
+CHECK_PRIORITY = f"priority BETWEEN 0 AND {PRIORITY_MAX}"
+
+
 class Queue(Base):
     """A named queue. Jobs reference it by name; pausing it stops claims from it."""
 
     __tablename__ = "queues"
-    __table_args__ = (CheckConstraint(_check_in("retention", Retention), name="retention"),)
+    __table_args__ = (
+        CheckConstraint(_check_in("retention", Retention), name="retention"),
+        CheckConstraint(check_name("name"), name="name"),
+    )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
@@ -220,6 +307,11 @@ class Queue(Base):
         return f"Queue(name={self.name!r}, paused={self.paused!r}, retention={self.retention!r})"
 
 
+HOOKS_DUE = "_sqla_queue_hooks_due"
+"""Instance key of a constructed Job not yet through the insert hooks: the fields not given."""
+_TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
+
+
 class Job(Base):
     """A unit of work: `task` called with `args` as keyword arguments.
 
@@ -231,6 +323,11 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(_check_in("status", JobStatus), name="status"),
         CheckConstraint("max_attempts IS NULL OR max_attempts > 0", name="max_attempts"),
+        CheckConstraint(check_name("task"), name="task_name"),
+        CheckConstraint(check_name("queue"), name="queue_name"),
+        CheckConstraint(CHECK_ARGS_OBJECT, name="args_object"),
+        CheckConstraint(CHECK_ARGS_SIZE, name="args_size"),
+        CheckConstraint(CHECK_PRIORITY, name="priority"),
         Index(
             "ix_jobs_claim",
             "queue",
@@ -287,8 +384,10 @@ class Job(Base):
     __mapper_args__ = {"eager_defaults": False}
 
     def __init__(self, **kwargs: Any) -> None:
+        not_given = _TASK_DEFAULTED - kwargs.keys()
         kwargs.setdefault("queue", DEFAULT_QUEUE)
-        kwargs.setdefault("args", {})
+        if kwargs.get("args") is None:  # as enqueue takes it: no args
+            kwargs["args"] = {}
         kwargs.setdefault("priority", 0)
         validate_job(
             kwargs.get("task"),
@@ -299,6 +398,8 @@ class Job(Base):
             kwargs.get("run_at"),
         )
         super().__init__(**kwargs)
+        # The flush hook (sqla_queue.enqueue) pops it: task defaults and insert hooks are due.
+        self.__dict__[HOOKS_DUE] = not_given
 
     def __repr__(self) -> str:
         return (

@@ -6,16 +6,19 @@ import datetime as dt
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 from .errors import AppLoadError, ConfigurationError, JobCancelledError
+from .models import PRIORITY_MAX
 from .retry import DEFAULT_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
 
+    from .hooks import InsertHook
     from .models import Job
 
 
@@ -75,10 +78,13 @@ class Task:
     name: str
     queue: str | None = None
     max_attempts: int | None = None
+    priority: int | None = None
     retry: RetryPolicy = DEFAULT_RETRY
     timeout: float | None = None
     pass_context: bool = False
     is_async: bool = field(init=False)
+    registry: Registry | None = field(default=None, repr=False, compare=False)
+    """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
 
     def __post_init__(self) -> None:
         self.is_async = inspect.iscoroutinefunction(self.func)
@@ -88,27 +94,34 @@ class Task:
 
     def enqueue(
         self,
-        session: Session,
+        session: Session | AsyncSession,
         args: dict[str, Any] | None = None,
         *,
         queue: str | None = None,
-        priority: int = 0,
+        priority: int | None = None,
         run_at: dt.datetime | None = None,
         delay: float | dt.timedelta | None = None,
         max_attempts: int | None = None,
+        flush: bool = False,
     ) -> Job:
-        """`enqueue(session, self.name, args, ...)` with this task's queue and max_attempts."""
+        """`enqueue(session, self.name, args, ...)` with this task's registry and defaults.
+
+        The task's queue, priority and max_attempts apply unless given here; its registry's
+        insert hooks run. As with `enqueue`, `job.id` is None until a flush (`flush=True`).
+        """
         from .enqueue import enqueue
 
         return enqueue(
             session,
             self.name,
             args,
-            queue=queue or self.queue,
-            priority=priority,
+            queue=self.queue if queue is None else queue,
+            priority=self.priority if priority is None else priority,
             run_at=run_at,
             delay=delay,
-            max_attempts=max_attempts or self.max_attempts,
+            max_attempts=self.max_attempts if max_attempts is None else max_attempts,
+            flush=flush,
+            registry=self.registry,
         )
 
 
@@ -119,10 +132,20 @@ class Registry:
 
     @registry.task(queue="emails", max_attempts=10)
     def send_receipt(order_id: int) -> None: ...
+
+    `insert_hooks` (or `@registry.on_insert`) run on every job written through this
+    registry's tasks, or through any enqueue path while it is the default registry
+    (`sqla_queue.set_default_registry`); see `sqla_queue.hooks`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, insert_hooks: Iterable[InsertHook] = ()) -> None:
         self._tasks: dict[str, Task] = {}
+        self.insert_hooks: list[InsertHook] = list(insert_hooks)
+
+    def on_insert(self, hook: InsertHook) -> InsertHook:
+        """Register an insert hook (a decorator): it runs after those registered before."""
+        self.insert_hooks.append(hook)
+        return hook
 
     @overload
     def task(self, func: Callable[..., Any], /) -> Task: ...
@@ -136,6 +159,7 @@ class Registry:
         name: str | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        priority: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         pass_context: bool = False,
@@ -149,14 +173,16 @@ class Registry:
         name: str | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        priority: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         pass_context: bool = False,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
-        The name defaults to `module.function`. Options: the default `queue` for the
-        task's `.enqueue`, `max_attempts` (used when the job row does not set it),
+        The name defaults to `module.function`. Options: the default `queue` and
+        `priority` of its jobs (for `.enqueue`, and for every enqueue path while this is the
+        default registry), `max_attempts` (used when the job row does not set it),
         `retry` (a `RetryPolicy`), `timeout` in seconds, and `pass_context` to receive a
         `JobContext` as the first argument.
         """
@@ -164,6 +190,10 @@ class Registry:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
+        if priority is not None and not 0 <= priority <= PRIORITY_MAX:
+            raise ConfigurationError(
+                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}"
+            )
 
         def register(f: Callable[..., Any]) -> Task:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
@@ -174,9 +204,11 @@ class Registry:
                 name=task_name,
                 queue=queue,
                 max_attempts=max_attempts,
+                priority=priority,
                 retry=retry or DEFAULT_RETRY,
                 timeout=timeout,
                 pass_context=pass_context,
+                registry=self,
             )
             self._tasks[task_name] = task
             return task

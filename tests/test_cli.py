@@ -25,6 +25,7 @@ from sqlalchemy import Engine, text
 
 from sqla_queue import admin
 from sqla_queue.cli import main
+from sqla_queue.migrate import SCHEMA_REVISION
 
 
 @pytest.fixture(autouse=True)
@@ -331,7 +332,7 @@ def test_without_a_url_the_cli_uses_an_embedded_postgres(tmp_path: Path) -> None
         result = cli("migrate", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert result.exit_code == 0, result.output
         assert "using the embedded PostgreSQL at" in result.stderr
-        assert "sqla_queue schema at revision sqlaq_0001" in result.stdout
+        assert f"sqla_queue schema at revision {SCHEMA_REVISION}" in result.stdout
         assert (data_dir / "PG_VERSION").exists()
         listed = cli("queues", "list", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert listed.stdout.startswith("default\tactive")

@@ -1,0 +1,138 @@
+"""Insert hooks and the default registry: what every job passes on its way into the table.
+
+Every way of writing a job (`enqueue`, `Task.enqueue`, `enqueue_many` by INSERT or COPY,
+`enqueue_many_async`, and `session.add(Job(...))` at flush) calls `prepare_job` once:
+
+1. the registry in force is the one given (a task's `.enqueue` gives its own), else the
+   application's default registry (`set_default_registry`), else none;
+2. with a registry, fields the caller left out take the task's own defaults (queue,
+   priority, max_attempts);
+3. with a registry, a task name it does not know is refused (`UnknownTaskError`, naming
+   close matches), before any hook sees it;
+4. the registry's insert hooks run in registration order on a `NewJob`; each may change its
+   fields, or refuse the job by raising `ValueError` (the caller gets an `InvalidJobError`
+   naming the hook and the reason, before anything is sent, so the transaction goes on).
+   A hook that renames the task is held to the same check.
+
+Without a registry (no default set, a plain `enqueue(session, "name")`) none of this
+happens: the job is written as given and an unknown name fails later, in the worker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidJobError, UnknownTaskError
+from .models import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from .registry import Registry
+
+
+@dataclass
+class NewJob:
+    """A job about to be written, as an insert hook sees and may change it.
+
+    `run_at` is an aware datetime, or None for now plus `delay`; set one of them.
+    """
+
+    task: str
+    args: dict[str, Any]
+    queue: str
+    priority: int
+    max_attempts: int | None
+    run_at: dt.datetime | None = None
+    delay: dt.timedelta | float | None = None
+
+
+InsertHook = Callable[[NewJob], None]
+"""`def hook(job: NewJob) -> None`: change `job` in place, or raise `ValueError` to refuse it."""
+
+_default_registry: Registry | None = None
+
+
+def set_default_registry(registry: Registry | None) -> None:
+    """Make `registry` the application's default (None: no default, as at start-up).
+
+    While it is set, every enqueue path refuses task names it does not know, fills in its
+    tasks' defaults, and runs its insert hooks. Call it once at start-up, where the
+    application builds its registry; it holds for every thread of the process.
+    """
+    global _default_registry
+    _default_registry = registry
+
+
+def default_registry() -> Registry | None:
+    """The registry set by `set_default_registry`, or None."""
+    return _default_registry
+
+
+def _hook_name(hook: InsertHook) -> str:
+    module = getattr(hook, "__module__", None)
+    name = getattr(hook, "__qualname__", None) or repr(hook)
+    return f"{module}.{name}" if module else name
+
+
+def prepare_job(
+    task: Any,
+    args: Any,
+    *,
+    queue: Any = None,
+    priority: Any = None,
+    max_attempts: Any = None,
+    run_at: Any = None,
+    delay: Any = None,
+    registry: Registry | None = None,
+) -> NewJob:
+    """Apply the registry's task defaults and insert hooks; refuse unknown task names.
+
+    None for `queue`, `priority` or `max_attempts` means "not given". The result is not
+    validated yet: the caller validates what the hooks leave (`models.validate_job`).
+    """
+    in_force = registry if registry is not None else _default_registry
+    known = in_force.get(task) if in_force is not None and isinstance(task, str) else None
+    if known is not None:
+        queue = known.queue if queue is None else queue
+        priority = known.priority if priority is None else priority
+        max_attempts = known.max_attempts if max_attempts is None else max_attempts
+    job = NewJob(
+        task=task,
+        args=dict(args) if isinstance(args, Mapping) else ({} if args is None else args),
+        queue=DEFAULT_QUEUE if queue is None else queue,
+        priority=0 if priority is None else priority,
+        max_attempts=max_attempts,
+        run_at=run_at,
+        delay=delay,
+    )
+    if in_force is None:
+        return job
+    _refuse_unknown(in_force, job.task)
+    for hook in in_force.insert_hooks:
+        try:
+            hook(job)
+        except ValueError as exc:
+            reason = exc.context.get("detail", exc) if isinstance(exc, InvalidJobError) else exc
+            raise InvalidJobError(
+                task=job.task, detail=f"refused by insert hook {_hook_name(hook)}: {reason}"
+            ) from exc
+    if job.task != task:
+        _refuse_unknown(in_force, job.task)
+    return job
+
+
+def _refuse_unknown(registry: Registry, task: object) -> None:
+    """Raise `UnknownTaskError`, naming close matches, if `registry` has no task `task`."""
+    if not isinstance(task, str) or not task or task in registry:
+        return  # a name that is not a str is validate_job's to refuse
+    names = list(registry)
+    close = difflib.get_close_matches(task, names, n=3, cutoff=0.6)
+    hint = (
+        f"did you mean {' or '.join(repr(name) for name in close)}?"
+        if close
+        else f"it has {len(names)} task(s); register this one with @registry.task"
+    )
+    raise UnknownTaskError(task=task, hint=hint)

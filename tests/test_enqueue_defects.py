@@ -1,0 +1,277 @@
+"""Enqueue defects from review (issue 8, 3.12): each refused clearly, alike on every path."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from apps.support import jobs_by_id
+from click.testing import CliRunner
+from sqlalchemy import Engine, create_engine, insert, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from sqla_queue import (
+    ConfigurationError,
+    InvalidJobError,
+    Job,
+    Queue,
+    enqueue,
+    enqueue_many,
+    limits,
+    migrate,
+)
+from sqla_queue.cli import main
+from sqla_queue.enqueue import COPY_MIN_ROWS
+from sqla_queue.models import MAX_INT_DIGITS, validate_job
+
+Write = Callable[[Session, dict[str, Any]], Any]
+
+# The same job written by every path: enqueue, Job(...), enqueue_many's INSERT and its COPY.
+PATHS: dict[str, Write] = {
+    "enqueue": lambda s, row: enqueue(s, **row),
+    "session.add": lambda s, row: s.add(Job(**{k: v for k, v in row.items() if k != "delay"})),
+    "insert": lambda s, row: enqueue_many(s, [row]),
+    "copy": lambda s, row: enqueue_many(s, [row] * COPY_MIN_ROWS),
+}
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return {"v": value}
+
+
+# -- args of [], "", 0 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("args", [[], "", 0, [1, 2], False])
+def test_args_that_are_not_a_dict_are_refused_on_every_path(
+    engine: Engine, path: str, args: Any
+) -> None:
+    with Session(engine) as session:
+        with pytest.raises(InvalidJobError, match="args must be a dict of keyword arguments"):
+            PATHS[path](session, {"task": "t", "args": args})
+        session.rollback()
+    assert jobs_by_id(engine) == {}
+
+
+def test_missing_or_none_args_are_an_empty_dict_on_every_path(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        for write in PATHS.values():
+            write(session, {"task": "t", "args": None})
+            write(session, {"task": "t"})
+    assert {json.dumps(j.args) for j in jobs_by_id(engine).values()} == {"{}"}
+
+
+# -- a delay past the year 9999 ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["enqueue", "insert", "copy"])
+def test_a_delay_past_the_year_9999_is_the_same_clear_error_on_every_path(
+    engine: Engine, path: str
+) -> None:
+    with Session(engine) as session:
+        session.execute(text("SELECT 1"))
+        with pytest.raises(InvalidJobError) as raised:
+            PATHS[path](session, {"task": "t", "delay": 10**12})
+        assert str(raised.value) == (
+            "Job for task 't' is not valid: delay 1000000000000 puts the job past the year "
+            "9999, the last date Python can read back; pass a shorter delay"
+        )
+        # Refused before anything was sent: the transaction goes on.
+        PATHS[path](session, {"task": "t", "delay": 86400 * 365 * 100})
+        session.commit()
+    jobs = list(jobs_by_id(engine).values())
+    assert jobs
+    assert {(j.run_at - j.created_at).days // 365 for j in jobs} == {100}
+
+
+# -- args a worker could not decode -----------------------------------------------------------
+
+
+def test_args_nested_deeper_than_python_can_encode_are_an_invalid_job_not_recursion_error() -> None:
+    with pytest.raises(InvalidJobError, match="nested more than 100 levels deep"):
+        validate_job("t", nested(100_000), "default", 0, None, None)
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    with pytest.raises(InvalidJobError, match="nested more than 100 levels deep"):
+        validate_job("t", looped, "default", 0, None, None)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_args_nested_past_the_depth_limit_are_refused_and_at_it_stored(
+    engine: Engine, path: str
+) -> None:
+    with Session(engine) as session:
+        with pytest.raises(InvalidJobError, match=r"limits\.max_args_depth"):
+            PATHS[path](session, {"task": "t", "args": nested(limits.max_args_depth)})
+        session.rollback()
+    with Session(engine) as session, session.begin():
+        PATHS[path](session, {"task": "t", "args": nested(limits.max_args_depth - 1)})
+    stored = list(jobs_by_id(engine).values())
+    assert stored
+    assert stored[0].args == nested(limits.max_args_depth - 1)
+
+
+@pytest.fixture
+def unlimited_int_digits() -> Iterator[None]:
+    """This process converts ints of any length (a worker, with Python's default, would not)."""
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    yield
+    sys.set_int_max_str_digits(before)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_an_integer_longer_than_a_worker_can_decode_is_refused(engine: Engine, path: str) -> None:
+    too_long = {"n": [10**MAX_INT_DIGITS]}
+    fits = {"n": [-(10**MAX_INT_DIGITS - 1)]}
+    with Session(engine) as session:
+        with pytest.raises(InvalidJobError, match="pass it as a string"):
+            PATHS[path](session, {"task": "t", "args": too_long})
+        PATHS[path](session, {"task": "t", "args": fits})
+        session.commit()
+    assert {json.dumps(j.args) for j in jobs_by_id(engine).values()} == {json.dumps(fits)}
+
+
+def test_a_long_integer_is_refused_even_where_this_process_could_encode_it(
+    engine: Engine, unlimited_int_digits: None
+) -> None:
+    with Session(engine) as session:
+        for path in ("enqueue", "copy"):
+            with pytest.raises(InvalidJobError, match=f"more than {MAX_INT_DIGITS} digits"):
+                PATHS[path](session, {"task": "t", "args": {"n": 10**5000}})
+        session.rollback()
+    assert jobs_by_id(engine) == {}
+
+
+# -- the database holds the limits for every writer ------------------------------------------
+
+
+def test_core_inserts_that_break_the_limits_are_refused_by_the_database(engine: Engine) -> None:
+    refused = [
+        (insert(Job).values(task="x" * 201), "ck_jobs_task_name"),
+        (insert(Job).values(task="t", queue=""), "ck_jobs_queue_name"),
+        (insert(Job).values(task="t", priority=-1), "ck_jobs_priority"),
+        (insert(Job).values(task="t", args=[1]), "ck_jobs_args_object"),
+        (insert(Job).values(task="t", args={"b": "x" * 1_000_000}), "ck_jobs_args_size"),
+        (insert(Queue).values(name="q" * 201), "ck_queues_name"),
+    ]
+    for statement, constraint in refused:
+        with engine.connect() as conn, pytest.raises(InvalidJobError) as raised:
+            conn.execute(statement)
+        assert f"CHECK constraint {constraint}" in str(raised.value)
+        assert "\n" not in str(raised.value)
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM sqla_queue.jobs")) == 0
+        assert conn.scalar(text("SELECT count(*) FROM sqla_queue.queues")) == 1
+
+
+def test_changing_a_jobs_args_after_enqueue_cannot_bypass_the_limits(engine: Engine) -> None:
+    with Session(engine) as session:
+        job = enqueue(session, "t", {"ok": 1}, flush=True)
+        job.args = ["not", "a", "dict"]  # type: ignore[assignment]
+        with pytest.raises(InvalidJobError) as raised:
+            session.commit()
+        assert "args are a JSON object" in str(raised.value)
+        assert "ck_jobs_args_object" in str(raised.value)
+        session.rollback()
+    assert jobs_by_id(engine) == {}
+
+
+def test_limits_may_be_lowered_but_not_raised_past_the_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"limits\.max_name_length must be an int"):
+        limits.max_name_length = 201
+    with pytest.raises(ConfigurationError, match="from 1 to 1000000"):
+        limits.max_args_bytes = 2_000_000
+    monkeypatch.setattr(limits, "max_name_length", 10)
+    with pytest.raises(InvalidJobError, match="the limit is 10"):
+        validate_job("x" * 11, {}, "default", 0, None, None)
+
+
+def test_upgrade_over_a_row_that_breaks_a_check_fails_naming_it(empty_database_url: str) -> None:
+    engine = create_engine(empty_database_url)
+    try:
+        migrate.upgrade(engine, "sqlaq_0001")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO sqla_queue.jobs (task, priority) VALUES ('t', -1)"))
+        with pytest.raises(Exception, match="ck_jobs_priority"):
+            migrate.upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM sqla_queue.jobs"))
+        migrate.upgrade(engine)
+        assert migrate.check_schema(engine) == migrate.SCHEMA_REVISION
+        migrate.downgrade(engine, "sqlaq_0001")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO sqla_queue.jobs (task, priority) VALUES ('t', -1)"))
+    finally:
+        engine.dispose()
+
+
+# -- the URL's port, doctor's view of other sessions -------------------------------------------
+
+
+@pytest.mark.parametrize("port", ["abc", "99999"])
+def test_a_bad_port_in_the_url_is_a_one_line_error(database_url: str, port: str) -> None:
+    url = make_url(database_url).set(password="s3cret-pw").render_as_string(False)
+    bad = url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+    assert bad != url
+    result = CliRunner().invoke(main, ["stats", "--database-url", bad])
+    assert result.exit_code == 1
+    assert "port" in result.output
+    assert "Traceback" not in result.output
+    assert "s3cret-pw" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_doctor_json_hides_other_sessions_sql_unless_asked(database_url: str) -> None:
+    other = create_engine(database_url)
+    try:
+        with other.connect() as conn:
+            conn.execute(text("SELECT pg_current_xact_id()"))
+            conn.execute(text("SELECT 'hunter2-secret-token' AS password"))
+            args = ["doctor", "--json", "--sample", "0", "--database-url", database_url]
+            default = CliRunner().invoke(main, args)
+            opted_in = CliRunner().invoke(main, [*args, "--show-queries"])
+            conn.rollback()
+    finally:
+        other.dispose()
+    assert default.exit_code == 0, default.output
+    assert "hunter2-secret-token" not in default.output
+    found = {f["name"]: f for f in json.loads(default.output)}
+    assert found["oldest_transaction"]["details"]["command"] == "SELECT"
+    assert found["oldest_transaction"]["details"]["query"] is None
+    assert "hunter2-secret-token" in opted_in.output
+
+
+def test_doctor_names_no_command_for_text_that_does_not_start_with_one() -> None:
+    from sqla_queue.doctor import _command
+
+    assert _command("  update sqla_queue.jobs SET x = 'secret'") == "UPDATE"
+    assert _command("hunter2 oops") is None
+    assert _command("/* secret */ SELECT 1") is None
+    assert _command(None) is None
+
+
+@pytest.mark.parametrize("path", ["insert", "copy"])
+def test_args_that_grow_past_the_size_limit_in_jsonb_are_refused_by_the_database(
+    engine: Engine, path: str
+) -> None:
+    # 1e300 is 6 characters of JSON but 301 digits of jsonb numeric: Python's check passes.
+    args = {"v": [1e300] * 3400}
+    assert len(json.dumps(args)) < limits.max_args_bytes
+    with Session(engine) as session:
+        with pytest.raises(InvalidJobError) as raised:
+            PATHS[path](session, {"task": "t", "args": args})
+        session.rollback()
+    assert "CHECK constraint ck_jobs_args_size" in str(raised.value)
+    assert "at most 1000000 bytes as jsonb text" in str(raised.value)
+    assert jobs_by_id(engine) == {}
