@@ -200,9 +200,7 @@ def test_drain_from_async_code_runs_async_handlers_on_another_loop(
     sqla_queue_database_url: str,
 ) -> None:
     async def scenario() -> DrainResult:
-        engine = create_async_engine(
-            sqla_queue_database_url.replace("postgresql:", "postgresql+psycopg:", 1)
-        )
+        engine = create_async_engine(sqla_queue_database_url)
         async with AsyncSession(engine) as session, session.begin():
             enqueue(session, "t.slow_async", {"seconds": 0.01})
             result = await session.run_sync(lambda sync: drain(sync, registry))
@@ -213,11 +211,7 @@ def test_drain_from_async_code_runs_async_handlers_on_another_loop(
 
 
 def test_drain_refuses_an_async_session_naming_the_fix(sqla_queue_database_url: str) -> None:
-    session = AsyncSession(
-        create_async_engine(
-            sqla_queue_database_url.replace("postgresql:", "postgresql+psycopg:", 1)
-        )
-    )
+    session = AsyncSession(create_async_engine(sqla_queue_database_url))
     with pytest.raises(ConfigurationError, match=r"await session\.run_sync"):
         drain(session, registry)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="max_jobs must not be negative"):
@@ -268,3 +262,17 @@ def test_queue_helper_binds_target_and_registry(sqla_queue_session: Session) -> 
         helper.drain()
     assert helper.drain(registry) == DrainResult(succeeded=1)
     helper.assert_not_enqueued(task="t.ok")
+
+
+def test_inline_runs_at_an_async_session_commit(sqla_queue_database_url: str) -> None:
+    async def scenario() -> DrainResult:
+        engine = create_async_engine(sqla_queue_database_url)
+        with inline(registry) as runs:
+            async with AsyncSession(engine) as session, session.begin():
+                enqueue(session, "t.ok", {"n": 1})
+                enqueue(session, "t.slow_async", {"seconds": 0.01})
+        await engine.dispose()
+        return runs
+
+    assert asyncio.run(scenario()) == DrainResult(succeeded=2)
+    assert sorted(name for name, _ in calls) == ["t.ok", "t.slow_async"]

@@ -10,7 +10,8 @@ Session-wide:
   the `sqla_queue_url` ini option, `SQLA_QUEUE_TEST_DATABASE_URL`, 127.0.0.1:5432, Docker,
   then an embedded `pgserver`);
 - `sqla_queue_prepare`: override it to return a callable that creates your own tables in
-  the template (`return Base.metadata.create_all`); None by default;
+  the template (`return Base.metadata.create_all`); None by default. The template is made
+  once per test session, so one override serves the whole run (not one per folder);
 - `sqla_queue_databases`: the migrated (and prepared) template, a `TemplateDatabases`;
 - `sqla_queue_registry`: your task registry, from the `sqla_queue_registry` ini option
   (`pkg.module:registry`), or None; override it to build one.
