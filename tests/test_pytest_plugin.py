@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
-
 APP = """
 from sqlalchemy import Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
