@@ -70,3 +70,21 @@ def test_wheel_ships_type_information(installed_wheel: Path) -> None:
         check=True,
     )
     assert result.stdout.strip() == "True"
+
+
+def test_wheel_registers_the_pytest_plugin_and_carries_the_license(installed_wheel: Path) -> None:
+    result = subprocess.run(
+        [
+            str(installed_wheel / "bin" / "python"),
+            "-c",
+            "from importlib.metadata import distribution, entry_points; "
+            "(plugin,) = entry_points(group='pytest11', name='sqla_queue'); "
+            "print(plugin.value); "
+            "files = distribution('sqla-queue').files or []; "
+            "print(any(f.name == 'LICENSE' for f in files))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.split() == ["sqla_queue.testing.pytest_plugin", "True"]

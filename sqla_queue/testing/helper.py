@@ -1,0 +1,113 @@
+"""`QueueHelper`: the testing functions bound to one session (or engine) and one registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+from sqla_queue.errors import ConfigurationError
+from sqla_queue.models import Job, JobStatus
+from sqla_queue.registry import Registry, Task
+
+from .assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
+from .drain import DrainResult, drain
+from .inline import inline
+
+_Status = str | JobStatus | Sequence[str | JobStatus] | None
+
+
+class QueueHelper:
+    """What the plugin's `queue` fixture is: look at jobs, run them, on one database.
+
+    def test_order_sends_receipt(queue, sqla_queue_session):
+        place_order(sqla_queue_session, "ada@example.com")
+        queue.assert_enqueued(task="shop.send_receipt", args={"email": "ada@example.com"})
+        assert queue.drain().succeeded == 1
+    """
+
+    def __init__(
+        self, target: Session | Connection | Engine, registry: Registry | None = None
+    ) -> None:
+        self.target = target
+        self.registry = registry
+
+    def _registry(self, registry: Registry | None) -> Registry:
+        found = registry or self.registry
+        if found is None:
+            raise ConfigurationError(
+                detail="no task registry to run jobs with: pass one (queue.drain(registry)), "
+                "set `sqla_queue_registry = pkg.module:registry` in the pytest ini options, "
+                "or override the `sqla_queue_registry` fixture"
+            )
+        return found
+
+    def jobs(
+        self,
+        *,
+        task: str | Task | None = None,
+        args: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        status: _Status = JobStatus.queued,
+    ) -> list[Job]:
+        """`enqueued_jobs` on this helper's database."""
+        return enqueued_jobs(self.target, task=task, args=args, queue=queue, status=status)
+
+    def assert_enqueued(
+        self,
+        *,
+        task: str | Task | None = None,
+        args: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        status: _Status = JobStatus.queued,
+        count: int | None = None,
+    ) -> list[Job]:
+        """`assert_enqueued` on this helper's database."""
+        return assert_enqueued(
+            self.target, task=task, args=args, queue=queue, status=status, count=count
+        )
+
+    def assert_not_enqueued(
+        self,
+        *,
+        task: str | Task | None = None,
+        args: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        status: _Status = JobStatus.queued,
+    ) -> None:
+        """`assert_not_enqueued` on this helper's database."""
+        assert_not_enqueued(self.target, task=task, args=args, queue=queue, status=status)
+
+    def drain(
+        self,
+        registry: Registry | None = None,
+        *,
+        queue: str | Sequence[str] | None = None,
+        max_jobs: int | None = None,
+        include_scheduled: bool = False,
+        reraise: bool = False,
+    ) -> DrainResult:
+        """`drain` on this helper's database, with its registry unless one is given."""
+        return drain(
+            self.target,
+            self._registry(registry),
+            queue=queue,
+            max_jobs=max_jobs,
+            include_scheduled=include_scheduled,
+            reraise=reraise,
+        )
+
+    def inline(
+        self,
+        registry: Registry | None = None,
+        *,
+        include_scheduled: bool = False,
+        reraise: bool = True,
+    ) -> AbstractContextManager[DrainResult]:
+        """`inline` mode with this helper's registry unless one is given."""
+        return inline(
+            self._registry(registry), include_scheduled=include_scheduled, reraise=reraise
+        )

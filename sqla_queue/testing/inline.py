@@ -1,0 +1,67 @@
+"""Inline mode: each commit runs the jobs that are then due, before `commit()` returns.
+
+    with inline(registry) as runs:
+        client.post("/orders", json={...})     # the view commits; its job runs right there
+    assert runs.succeeded == 1
+
+For unit tests of code that enqueues, where running a worker is beside the point. Each
+commit calls `drain` on the committing session's database: the jobs are real rows, claimed
+and finished by the real statements. What it does not model:
+
+- concurrency and timing: jobs run one at a time, in the committing thread, in priority
+  order, before `commit()` returns; NOTIFY/LISTEN, leases, heartbeats and reaping play no
+  part, and a sync handler's `timeout` is not enforced;
+- jobs scheduled for later (`delay`, `run_at`, retries waiting on backoff) do not run at
+  the commit that enqueued them, unless `include_scheduled=True`;
+- isolation between tests: each commit runs every due job of that database, not only its
+  own (give each test its own database, as the plugin's fixtures do);
+- a rolled-back transaction runs nothing (as in production: its jobs never existed).
+
+A handler's exception is raised from `commit()` (after its outcome is written) unless
+`reraise=False`. Jobs the handlers enqueue run in the same round, not by a nested one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.orm import Session
+
+from sqla_queue.models import Job
+from sqla_queue.registry import Registry
+
+from .drain import DrainResult, drain
+
+_draining = threading.local()
+
+
+@contextmanager
+def inline(
+    registry: Registry,
+    *,
+    include_scheduled: bool = False,
+    reraise: bool = True,
+) -> Iterator[DrainResult]:
+    """Run due jobs at every session commit while the block runs; yields the running totals."""
+    totals = DrainResult()
+
+    def run_at_commit(session: Session) -> None:
+        if getattr(_draining, "active", False):  # a handler committed: the outer round runs it
+            return
+        bind = session.get_bind(mapper=Job)
+        if not isinstance(bind, Connection | Engine):
+            return
+        _draining.active = True
+        try:
+            drain(bind, registry, include_scheduled=include_scheduled, reraise=reraise, into=totals)
+        finally:
+            _draining.active = False
+
+    event.listen(Session, "after_commit", run_at_commit)
+    try:
+        yield totals
+    finally:
+        event.remove(Session, "after_commit", run_at_commit)

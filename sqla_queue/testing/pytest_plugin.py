@@ -1,0 +1,132 @@
+"""The pytest plugin: fixtures for testing code that enqueues and code that handles jobs.
+
+Loaded by itself once sqla-queue is installed (a `pytest11` entry point); `-p no:sqla_queue`
+turns it off. Every fixture name starts with `sqla_queue_` (except `queue`), so it cannot
+shadow an application's own `engine` or `session` fixtures; override any of them in your
+conftest.py to change it.
+
+Session-wide:
+- `sqla_queue_admin_url`: a server the tests may create databases on (`--sqla-queue-url`,
+  the `sqla_queue_url` ini option, `SQLA_QUEUE_TEST_DATABASE_URL`, 127.0.0.1:5432, Docker,
+  then an embedded `pgserver`);
+- `sqla_queue_prepare`: override it to return a callable that creates your own tables in
+  the template (`return Base.metadata.create_all`); None by default. The template is made
+  once per test session, so one override serves the whole run (not one per folder);
+- `sqla_queue_databases`: the migrated (and prepared) template, a `TemplateDatabases`;
+- `sqla_queue_registry`: your task registry, from the `sqla_queue_registry` ini option
+  (`pkg.module:registry`), or None; override it to build one.
+
+Per test:
+- `sqla_queue_database_url` / `sqla_queue_engine`: a database of the test's own, cloned
+  from the template; for code that commits (a web app's own sessions, a real worker);
+- `sqla_queue_connection`: a connection to one database shared by the session's tests,
+  inside a transaction that is rolled back after the test;
+- `sqla_queue_session`: a `Session` joined to that transaction (SQLAlchemy 2's "join an
+  external transaction" recipe): `session.commit()` releases a savepoint, so the code
+  under test may commit, and nothing outlives the test. No clone, so it is the cheap one;
+- `queue`: a `QueueHelper` on `sqla_queue_session` with `sqla_queue_registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import Connection, Engine, create_engine, pool
+from sqlalchemy.orm import Session
+
+from sqla_queue.registry import Registry, load_registry
+
+from .databases import TEST_URL_ENV_VAR, TemplateDatabases, find_test_server
+from .helper import QueueHelper
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("sqla_queue", "sqla-queue test databases")
+    group.addoption(
+        "--sqla-queue-url",
+        dest="sqla_queue_url",
+        default=None,
+        help=f"admin URL of the PostgreSQL server for test databases (else {TEST_URL_ENV_VAR})",
+    )
+    parser.addini("sqla_queue_url", "admin URL of the PostgreSQL server for test databases")
+    parser.addini("sqla_queue_registry", "the task registry for `queue`, as pkg.module:registry")
+
+
+@pytest.fixture(scope="session")
+def sqla_queue_admin_url(pytestconfig: pytest.Config) -> str:
+    """A URL of a PostgreSQL server on which the tests may create and drop databases."""
+    option = pytestconfig.getoption("sqla_queue_url") or pytestconfig.getini("sqla_queue_url")
+    return find_test_server(str(option) if option else None)
+
+
+@pytest.fixture(scope="session")
+def sqla_queue_prepare() -> Callable[[Engine], None] | None:
+    """Override to create your own tables in the template: `return Base.metadata.create_all`."""
+    return None
+
+
+@pytest.fixture(scope="session")
+def sqla_queue_databases(
+    sqla_queue_admin_url: str, sqla_queue_prepare: Callable[[Engine], None] | None
+) -> Iterator[TemplateDatabases]:
+    """The session's migrated template database; clones of it per test."""
+    databases = TemplateDatabases(sqla_queue_admin_url, prepare=sqla_queue_prepare)
+    databases.create_template()
+    yield databases
+    databases.drop_template()
+
+
+@pytest.fixture(scope="session")
+def sqla_queue_registry(pytestconfig: pytest.Config) -> Registry | None:
+    """The application's task registry (ini option `sqla_queue_registry`), or None."""
+    path = pytestconfig.getini("sqla_queue_registry")
+    return load_registry(str(path)) if path else None
+
+
+@pytest.fixture
+def sqla_queue_database_url(sqla_queue_databases: TemplateDatabases) -> Iterator[str]:
+    """A fresh migrated database of this test's own; dropped after it."""
+    url = sqla_queue_databases.clone()
+    yield url
+    sqla_queue_databases.drop(url)
+
+
+@pytest.fixture
+def sqla_queue_engine(sqla_queue_database_url: str) -> Iterator[Engine]:
+    """An engine on this test's own database."""
+    engine = create_engine(sqla_queue_database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def sqla_queue_shared_engine(sqla_queue_databases: TemplateDatabases) -> Iterator[Engine]:
+    """An engine on the one database the session's transactional tests share."""
+    url = sqla_queue_databases.clone()
+    engine = create_engine(url, poolclass=pool.NullPool)
+    yield engine
+    engine.dispose()
+    sqla_queue_databases.drop(url)
+
+
+@pytest.fixture
+def sqla_queue_connection(sqla_queue_shared_engine: Engine) -> Iterator[Connection]:
+    """A connection inside a transaction that is rolled back after the test."""
+    with sqla_queue_shared_engine.connect() as connection:
+        transaction = connection.begin()
+        yield connection
+        transaction.rollback()
+
+
+@pytest.fixture
+def sqla_queue_session(sqla_queue_connection: Connection) -> Iterator[Session]:
+    """A Session in the test's transaction: its commits are savepoints, all rolled back."""
+    with Session(bind=sqla_queue_connection, join_transaction_mode="create_savepoint") as session:
+        yield session
+
+
+@pytest.fixture
+def queue(sqla_queue_session: Session, sqla_queue_registry: Registry | None) -> QueueHelper:
+    """Look at and run the jobs of `sqla_queue_session`: `queue.assert_enqueued(...)`."""
+    return QueueHelper(sqla_queue_session, sqla_queue_registry)

@@ -1,0 +1,158 @@
+"""The pytest plugin, run the way an application's test suite runs it (pytester)."""
+
+from __future__ import annotations
+
+import pytest
+
+APP = """
+from sqlalchemy import Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from sqla_queue import Registry, enqueue
+
+registry = Registry()
+sent: list[str] = []
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(Text)
+
+
+@registry.task(name="app.send_receipt")
+def send_receipt(email: str) -> None:
+    sent.append(email)
+
+
+def place_order(session: Session, email: str) -> Order:
+    order = Order(email=email)
+    session.add(order)
+    session.flush()
+    enqueue(session, "app.send_receipt", {"email": email})
+    session.commit()
+    return order
+"""
+
+
+@pytest.fixture
+def app_project(pytester: pytest.Pytester, admin_url: str) -> pytest.Pytester:
+    """A project with its own models and tasks; its tests use the plugin's fixtures only."""
+    pytester.makepyfile(app=APP)
+    pytester.makeini(
+        f"""
+        [pytest]
+        sqla_queue_url = {admin_url}
+        sqla_queue_registry = app:registry
+        """
+    )
+    pytester.makeconftest(
+        """
+        import pytest
+        from app import Base
+
+        @pytest.fixture(scope="session")
+        def sqla_queue_prepare():
+            return Base.metadata.create_all
+
+        # the application's own fixtures with common names must not disturb the plugin
+        @pytest.fixture
+        def engine():
+            return "the app's own engine fixture"
+
+        @pytest.fixture
+        def session():
+            return "the app's own session fixture"
+        """
+    )
+    pytester.syspathinsert()
+    return pytester
+
+
+def test_plugin_is_loaded_by_its_entry_point_and_lists_its_fixtures(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest("--fixtures")
+    result.stdout.fnmatch_lines(
+        ["plugins:*sqla-queue*", "sqla_queue_session -- *", "queue -- *"], consecutive=False
+    )
+    disabled = pytester.runpytest("--fixtures", "-p", "no:sqla_queue")
+    assert "sqla_queue_session" not in disabled.stdout.str()
+
+
+def test_application_tests_enqueue_drain_and_roll_back(app_project: pytest.Pytester) -> None:
+    app_project.makepyfile(
+        test_orders="""
+        from sqlalchemy import func, select
+        from app import Order, place_order, sent
+
+        def test_1_order_enqueues_its_receipt(queue, sqla_queue_session, engine, session):
+            assert engine == "the app's own engine fixture"
+            assert session == "the app's own session fixture"
+            place_order(sqla_queue_session, "ada@example.com")
+            queue.assert_enqueued(task="app.send_receipt", args={"email": "ada@example.com"})
+            assert queue.drain().succeeded == 1
+            assert sent == ["ada@example.com"]
+            queue.assert_not_enqueued()
+
+        def test_2_the_previous_test_left_nothing(queue, sqla_queue_session):
+            assert sqla_queue_session.scalar(select(func.count()).select_from(Order)) == 0
+            queue.assert_not_enqueued(status=None)
+
+        def test_3_an_own_database_for_committing_code(sqla_queue_engine, queue):
+            from sqlalchemy.orm import Session
+            with Session(sqla_queue_engine) as s:
+                place_order(s, "alan@example.com")
+            from sqla_queue.testing import assert_enqueued
+            assert_enqueued(sqla_queue_engine, task="app.send_receipt")
+            queue.assert_not_enqueued()  # the shared, rolled-back database saw none of it
+
+        def test_4_inline_mode_runs_the_job_at_commit(queue, sqla_queue_session):
+            with queue.inline() as runs:
+                place_order(sqla_queue_session, "grace@example.com")
+            assert runs.succeeded == 1
+            assert sent[-1] == "grace@example.com"
+        """
+    )
+    result = app_project.runpytest("-q")
+    result.assert_outcomes(passed=4)
+
+
+def test_a_failing_assertion_reports_the_jobs_present(app_project: pytest.Pytester) -> None:
+    app_project.makepyfile(
+        test_wrong="""
+        from app import place_order
+
+        def test_wrong_args(queue, sqla_queue_session):
+            place_order(sqla_queue_session, "ada@example.com")
+            queue.assert_enqueued(task="app.send_receipt", args={"email": "bob@example.com"})
+        """
+    )
+    result = app_project.runpytest("-q")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*expected a job matching task='app.send_receipt'*found 0*",
+            "*task='app.send_receipt' args={'email': 'ada@example.com'}*",
+        ]
+    )
+
+
+def test_a_bad_registry_option_is_one_clear_error(
+    pytester: pytest.Pytester, admin_url: str
+) -> None:
+    pytester.makeini(
+        f"""
+        [pytest]
+        sqla_queue_url = {admin_url}
+        sqla_queue_registry = nowhere.tasks:registry
+        """
+    )
+    pytester.makepyfile(test_x="def test_x(queue):\n    pass\n")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*Cannot load the task registry 'nowhere.tasks:registry'*"])
