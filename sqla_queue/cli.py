@@ -156,9 +156,19 @@ def main(ctx: click.Context, database_url: str | None) -> None:
     is_flag=True,
     help="Restore the jobs -> queues foreign key (refused while jobs name missing queues).",
 )
+@click.option(
+    "--stamp",
+    is_flag=True,
+    help="Record the revision the existing sqla_queue schema is at, without running anything "
+    "(after its version table was lost).",
+)
 @_friendly_errors
 def migrate(
-    database_url: str | None, revision: str, drop_queue_fk: bool, restore_queue_fk: bool
+    database_url: str | None,
+    revision: str,
+    drop_queue_fk: bool,
+    restore_queue_fk: bool,
+    stamp: bool,
 ) -> None:
     """Create or upgrade the sqla_queue schema (the package's own Alembic revisions)."""
     from . import migrate as migrations
@@ -167,6 +177,9 @@ def migrate(
         raise click.UsageError("pass --drop-queue-fk or --restore-queue-fk, not both")
     engine = _engine(database_url)
     try:
+        if stamp:
+            click.echo(f"recorded revision {migrations.stamp(engine)} as applied")
+            return
         migrations.upgrade(engine, revision)
         if drop_queue_fk:
             migrations.drop_queue_fk(engine)
@@ -545,6 +558,58 @@ def doctor(
         Console().print(table)
     if worst(findings) is Severity.critical:
         sys.exit(1)
+
+
+@main.group("alembic")
+def alembic_group() -> None:
+    """sqla-queue's schema in your application's own Alembic environment."""
+
+
+_ALEMBIC_CONFIG = click.option(
+    "-c",
+    "--config",
+    "config_file",
+    default="alembic.ini",
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Your application's Alembic configuration file.",
+)
+
+
+@alembic_group.command("revision")
+@_ALEMBIC_CONFIG
+@click.option("-m", "--message", default=None, help="The revision's message.")
+@click.option(
+    "--revision",
+    "target",
+    default=None,
+    help="The sqla-queue schema revision to apply (default: the newest this package ships).",
+)
+@_friendly_errors
+def alembic_revision(config_file: str, message: str | None, target: str | None) -> None:
+    """Write a revision into your history that applies (or upgrades) sqla-queue's schema.
+
+    Your history stays linear: run it again after upgrading sqla-queue."""
+    from .alembic_ext import write_revision
+
+    try:
+        written = write_revision(config_file, message, target)
+    except AlembicCommandError as exc:
+        raise click.ClickException(f"cannot write the revision: {_one_line(exc)}") from None
+    if written is None:
+        click.echo("your history already applies the newest sqla-queue schema; nothing written")
+        return
+    click.echo(f"wrote {written}; apply it with `alembic upgrade head`")
+
+
+@alembic_group.command("version-locations")
+@_ALEMBIC_CONFIG
+def alembic_version_locations(config_file: str) -> None:
+    """Print the version_locations line that adds sqla-queue's revisions as a branch of yours
+    (the other way: `sqla-queue alembic revision` keeps one linear history)."""
+    from .alembic_ext import version_locations_line
+
+    click.echo(version_locations_line(config_file))
 
 
 @main.group()
