@@ -617,6 +617,21 @@ def embedded() -> None:
     """The embedded PostgreSQL used when no database URL is given."""
 
 
+@embedded.command("url")
+@click.option(
+    "--data-dir",
+    envvar="SQLA_QUEUE_EMBEDDED_DIR",
+    default=None,
+    help="Its data folder (default .sqla_queue/pgdata).",
+)
+@_friendly_errors
+def embedded_url_command(data_dir: str | None) -> None:
+    """Start the embedded server unless it runs, and print its URL (it keeps running)."""
+    from .database import embedded_url
+
+    click.echo(embedded_url(data_dir))
+
+
 @embedded.command("stop")
 @click.option(
     "--data-dir",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -71,11 +72,17 @@ def embedded_url(data_dir: str | os.PathLike[str] | None = None) -> str:
     path = Path(data_dir or os.environ.get(EMBEDDED_DIR_ENV_VAR) or DEFAULT_EMBEDDED_DIR)
     path = path.resolve()
     if path not in _embedded_servers:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        version = pgserver.pgdata_version(path) or pgserver.TARGET_POSTGRES_VERSION
-        _embedded_servers[path] = pgserver.get_server(
-            path, cleanup_mode=None, postgres_version=version
-        )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            version = pgserver.pgdata_version(path) or pgserver.TARGET_POSTGRES_VERSION
+            _embedded_servers[path] = pgserver.get_server(
+                path, cleanup_mode=None, postgres_version=version
+            )
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+            raise ConfigurationError(
+                detail=f"cannot start the embedded PostgreSQL in {path} ({exc}); set "
+                f"{EMBEDDED_DIR_ENV_VAR} to a folder you can write, or pass --database-url"
+            ) from None
     return normalize_url(str(_embedded_servers[path].get_uri()))
 
 
