@@ -617,13 +617,16 @@ def embedded() -> None:
     """The embedded PostgreSQL used when no database URL is given."""
 
 
-@embedded.command("url")
-@click.option(
+_EMBEDDED_DIR = click.option(
     "--data-dir",
     envvar="SQLA_QUEUE_EMBEDDED_DIR",
     default=None,
     help="Its data folder (default .sqla_queue/pgdata).",
 )
+
+
+@embedded.command("url")
+@_EMBEDDED_DIR
 @_friendly_errors
 def embedded_url_command(data_dir: str | None) -> None:
     """Start the embedded server unless it runs, and print its URL (it keeps running)."""
@@ -633,12 +636,7 @@ def embedded_url_command(data_dir: str | None) -> None:
 
 
 @embedded.command("stop")
-@click.option(
-    "--data-dir",
-    envvar="SQLA_QUEUE_EMBEDDED_DIR",
-    default=None,
-    help="Its data folder (default .sqla_queue/pgdata).",
-)
+@_EMBEDDED_DIR
 @_friendly_errors
 def embedded_stop(data_dir: str | None) -> None:
     """Stop the embedded server (it keeps running between commands)."""
