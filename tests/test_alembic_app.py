@@ -159,6 +159,12 @@ def our_revisions(engine: Engine) -> list[str]:
         return list(conn.scalars(text(f"SELECT version_num FROM {OUR_VERSIONS}")))
 
 
+def marker(engine: Engine) -> str | None:
+    """The revision our schema's comment names (each revision sets it)."""
+    with engine.connect() as conn:
+        return migrate.schema_revision(conn)
+
+
 def tables(engine: Engine, schema: str) -> set[str]:
     with engine.connect() as conn:
         return set(inspect(conn).get_table_names(schema))
@@ -201,9 +207,11 @@ def test_linear_history_applies_upgrades_and_removes_our_schema_as_ordinary_step
     assert_touches_nothing_of_ours(app.autogenerate("nothing changed"))
     # sqla-queue migrate sees the same version table: nothing to do, no error.
     migrated = app.run("sqla-queue", "--database-url", app.url, "migrate")
-    assert f"at revision {migrate.SCHEMA_REVISION}" in migrated.stdout
+    assert f"sqla_queue schema at revision {marker(db)}" in migrated.stdout
     again = app.run("sqla-queue", "alembic", "revision")
     assert "nothing written" in again.stdout
+    # The opt-in revision applied beside it is carried along by later steps.
+    app.run("sqla-queue", "--database-url", app.url, "migrate", "--drop-queue-fk")
 
     # A later sqla-queue release: one more revision of the app's, then up and down again.
     app.release_later_revision()
@@ -213,12 +221,14 @@ def test_linear_history_applies_upgrades_and_removes_our_schema_as_ordinary_step
     assert f"downgrade_schema({migrate.head_revision()!r})" in later_file.read_text()
     app.run("alembic", "upgrade", "head")
     assert "later_step" in tables(db, SCHEMA)
-    assert our_revisions(db) == ["sqlaq_9999"]
+    assert sorted(our_revisions(db)) == ["sqlaq_9999", "sqlaq_nofk_0001"]
     assert_touches_nothing_of_ours(app.autogenerate("still nothing"))
 
     app.run("alembic", "downgrade", "-2")  # the empty autogenerate, then the later release
     assert "later_step" not in tables(db, SCHEMA)
-    assert our_revisions(db) == [migrate.head_revision()]
+    # sqlaq_nofk_0001 depends on the shipped head, so Alembic keeps only it as a head.
+    assert set(our_revisions(db)) <= {migrate.head_revision(), "sqlaq_nofk_0001"}
+    assert "sqlaq_nofk_0001" in our_revisions(db)
     assert_queue_works(db)
 
     app.run("alembic", "downgrade", "base")
@@ -272,7 +282,7 @@ def test_autogenerate_never_touches_a_schema_sqla_queue_migrate_made(app: App, d
     with db.begin() as conn:
         conn.execute(text(f"ALTER TABLE {OUR_VERSIONS} SET SCHEMA public"))
     app.run("sqla-queue", "--database-url", app.url, "migrate")
-    assert our_revisions(db) == [migrate.SCHEMA_REVISION]
+    assert our_revisions(db) == [migrate.head_revision()]
     assert tables(db, "public") == set()
 
     body = app.autogenerate("widgets")
@@ -291,12 +301,12 @@ def test_migrate_recognises_a_schema_whose_version_table_was_lost(app: App, db: 
     refused = app.run("sqla-queue", "--database-url", app.url, "migrate", ok=False)
     assert refused.returncode == 1
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert f"already there (revision {migrate.SCHEMA_REVISION})" in refused.stderr
+    assert f"already there (revision {marker(db)})" in refused.stderr
     assert "sqla-queue migrate --stamp" in refused.stderr
     assert "Traceback" not in refused.stderr
 
     stamped = app.run("sqla-queue", "--database-url", app.url, "migrate", "--stamp")
-    assert stamped.stdout.strip() == f"recorded revision {migrate.SCHEMA_REVISION} as applied"
+    assert stamped.stdout.strip() == f"recorded revision {marker(db)} as applied"
     app.run("sqla-queue", "--database-url", app.url, "migrate")
-    assert our_revisions(db) == [migrate.SCHEMA_REVISION]
+    assert our_revisions(db) == [migrate.head_revision()]
     assert_queue_works(db)
