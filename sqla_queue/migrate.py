@@ -32,12 +32,10 @@ VERSION_TABLE_SCHEMA = SCHEMA
 _VERSION_OPTIONS = {"version_table": VERSION_TABLE, "version_table_schema": VERSION_TABLE_SCHEMA}
 
 # Drops our schema only once nothing is left in it (our version table goes last).
-DROP_SCHEMA_IF_EMPTY = f"""
-DO $$ BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = '{SCHEMA}'::regnamespace) THEN
-    DROP SCHEMA {SCHEMA};
-  END IF;
-END $$"""
+DROP_SCHEMA_IF_EMPTY = (
+    f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
+    "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
+)
 SCHEMA_REVISION = "sqlaq_0001"
 """The revision of our schema this version of the code needs (or a later one)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"

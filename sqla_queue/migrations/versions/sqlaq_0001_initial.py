@@ -147,6 +147,6 @@ def downgrade() -> None:
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS NULL")
     # Our version table may still be in the schema: whoever keeps it there drops the schema.
     op.execute(
-        f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = "
-        f"'{SCHEMA}'::regnamespace) THEN DROP SCHEMA {SCHEMA}; END IF; END $$"
+        f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
+        "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
     )
