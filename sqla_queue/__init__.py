@@ -8,6 +8,7 @@ with Session(engine) as session, session.begin():
 
 from __future__ import annotations
 
+from .database import normalize_url
 from .enqueue import enqueue, enqueue_many, enqueue_many_async
 from .errors import (
     AppLoadError,
@@ -61,5 +62,6 @@ __all__ = [
     "enqueue_many_async",
     "limits",
     "load_registry",
+    "normalize_url",
     "set_default_registry",
 ]

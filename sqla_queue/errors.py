@@ -22,6 +22,10 @@ class SchemaMissingError(SqlaQueueError):
     """The database has no sqla-queue schema, or an older revision of it ({found}); this version needs {expected}. Run `sqla-queue migrate` (or `alembic upgrade heads`) first."""  # noqa: E501
 
 
+class SchemaElsewhereError(SqlaQueueError):
+    """The sqla_queue schema is already there (revision {found}) but sqla-queue migrate did not record it: {fix}."""  # noqa: E501
+
+
 class UnknownQueueError(SqlaQueueError):
     """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.admin.create_queue(session, {queue!r})`."""  # noqa: E501
 
@@ -66,6 +70,7 @@ __all__ = [
     "JobLostError",
     "JobTimeoutError",
     "OrphanJobsError",
+    "SchemaElsewhereError",
     "SchemaMissingError",
     "SqlaQueueError",
     "TaskNotFoundError",

@@ -1,4 +1,9 @@
-"""Applying our Alembic revisions: `upgrade`, `downgrade`, the Alembic env, the schema check."""
+"""Applying our Alembic revisions: `upgrade`, `downgrade`, the Alembic env, the schema check.
+
+Our revisions are recorded in our own version table inside our own schema
+(`sqla_queue.alembic_version_sqla_queue`), so an application's autogenerate, which looks at
+its default schema unless told otherwise, never sees it.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,30 @@ from importlib import resources
 from typing import Any
 
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, pool
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, column, inspect, pool, select, table, text
 
 from alembic import command
 
 from . import queries
 from .database import URL_ENV_VAR, create_queue_engine, normalize_url
-from .errors import SchemaMissingError
+from .errors import SchemaElsewhereError, SchemaMissingError
 from .models import SCHEMA, Base
 
 BRANCH = "sqla_queue"
 VERSION_TABLE = "alembic_version_sqla_queue"
-"""Where `sqla-queue migrate` and this repository's `alembic.ini` record our revisions."""
+"""Where `sqla-queue migrate`, this repository's `alembic.ini` and `alembic_ext.upgrade_schema`
+record our revisions: in schema `VERSION_TABLE_SCHEMA`."""
+VERSION_TABLE_SCHEMA = SCHEMA
+"""Our version table lives in our schema, out of sight of an application's autogenerate."""
+_VERSION_OPTIONS = {"version_table": VERSION_TABLE, "version_table_schema": VERSION_TABLE_SCHEMA}
+
+# Drops our schema only once nothing is left in it (our version table goes last).
+DROP_SCHEMA_IF_EMPTY = (
+    f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
+    "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
+)
 SCHEMA_REVISION = "sqlaq_0003"
 """The revision of our schema this version of the code needs (or a later one)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
@@ -60,8 +77,117 @@ def alembic_config(
 
 
 def upgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@head") -> None:
-    """Apply our revisions up to `revision` on `bind` (an engine or a connection)."""
+    """Apply our revisions up to `revision` on `bind` (an engine or a connection).
+
+    Raises `SchemaElsewhereError`, saying what to do, if our schema is there but was not
+    recorded by us (another Alembic environment manages it, or our version table was lost).
+    """
+    if isinstance(bind, Engine):
+        with bind.begin() as connection:
+            upgrade(connection, revision)
+        return
+    refuse_schema_made_elsewhere(bind)
     _run(bind, lambda cfg: command.upgrade(cfg, revision))
+
+
+def stamp(bind: Engine | Connection) -> str:
+    """Record the revision our schema's marker names as applied, without running anything.
+
+    For a schema whose version table was lost; returns the revision it recorded.
+    """
+    if isinstance(bind, Engine):
+        with bind.begin() as connection:
+            return stamp(connection)
+    found = schema_revision(bind)
+    if found is None:
+        raise SchemaMissingError(found="none", expected=SCHEMA_REVISION)
+    _run(bind, lambda cfg: command.stamp(cfg, found))
+    return found
+
+
+def applied_revisions(connection: Connection) -> tuple[str, ...]:
+    """The heads recorded in our version table (none when it does not exist)."""
+    return MigrationContext.configure(connection, opts=_VERSION_OPTIONS).get_current_heads()
+
+
+def head_revision() -> str:
+    """The newest revision of our schema this package ships (on our branch)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "the package ships at least one revision"
+    return head
+
+
+def run_steps(connection: Connection, target: str, upgrading: bool) -> None:
+    """Upgrade (or downgrade) our schema to `target` inside the caller's Alembic migration.
+
+    Our revisions run through the caller's `alembic.op` on `connection`, in its transaction,
+    and are recorded in our version table, as `sqla-queue migrate` records them. A target the
+    database is already past (upgrading) or not yet at (downgrading) changes nothing.
+    """
+    prepare_version_table(connection)
+    script = ScriptDirectory.from_config(
+        alembic_config(optional=bool(set(applied_revisions(connection)) & OPTIONAL_REVISIONS))
+    )
+    context = MigrationContext.configure(connection, opts=_VERSION_OPTIONS)
+    heads = context.get_current_heads()
+    reached = {rev.revision for rev in script.iterate_revisions(heads, "base") if rev}
+    if (target in reached) if upgrading else (target != "base" and target not in reached):
+        return
+    if upgrading:
+        steps = script._upgrade_revs(target, heads)  # type: ignore[arg-type]
+    else:
+        steps = script._downgrade_revs(target, heads)  # type: ignore[arg-type]
+    context = MigrationContext.configure(
+        connection, opts={**_VERSION_OPTIONS, "fn": lambda _heads, _context: steps}
+    )
+    context.run_migrations()
+    drop_version_table_at_base(connection)
+
+
+def _revision_ids() -> set[str]:
+    script = ScriptDirectory.from_config(alembic_config(optional=True))
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+def version_tables_recording_ours(connection: Connection) -> list[str]:
+    """Alembic version tables, other than ours, that record one of our revisions."""
+    columns = table("columns", column("table_schema"), column("table_name"), column("column_name"))
+    columns.schema = "information_schema"
+    candidates = connection.execute(
+        select(columns.c.table_schema, columns.c.table_name).where(
+            columns.c.column_name == "version_num"
+        )
+    ).all()
+    ours = _revision_ids()
+    found = []
+    for schema, name in candidates:
+        if (schema, name) == (VERSION_TABLE_SCHEMA, VERSION_TABLE):
+            continue
+        versions = table(name, column("version_num"), schema=schema)
+        if set(connection.execute(select(versions.c.version_num)).scalars()) & ours:
+            found.append(f"{schema}.{name}")
+    return found
+
+
+def refuse_schema_made_elsewhere(connection: Connection) -> None:
+    """Raise `SchemaElsewhereError` if our schema exists but our version table records nothing."""
+    _move_legacy_version_table(connection)
+    found = schema_revision(connection)
+    if found is None or applied_revisions(connection):
+        return
+    elsewhere = version_tables_recording_ours(connection)
+    if elsewhere:
+        fix = (
+            f"it is recorded in {', '.join(elsewhere)}, by another Alembic environment (your "
+            "application's?): upgrade it there with `alembic upgrade heads`, not with "
+            "sqla-queue migrate"
+        )
+    else:
+        fix = (
+            "no Alembic version table records it (was alembic_version_sqla_queue dropped?): "
+            "record it with `sqla-queue migrate --stamp`, then run `sqla-queue migrate` again"
+        )
+    raise SchemaElsewhereError(found=found, fix=fix)
 
 
 def downgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@base") -> None:
@@ -87,10 +213,37 @@ def restore_queue_fk(bind: Engine | Connection) -> None:
 
 def has_optional_revisions(connection: Connection) -> bool:
     """Whether this database has any of our opt-in revisions applied."""
-    if not connection.execute(queries.version_table_exists(VERSION_TABLE)).scalar():
-        return False
-    applied = set(connection.execute(queries.applied_revisions(VERSION_TABLE)).scalars())
-    return bool(applied & OPTIONAL_REVISIONS)
+    _move_legacy_version_table(connection)
+    return bool(set(applied_revisions(connection)) & OPTIONAL_REVISIONS)
+
+
+def _move_legacy_version_table(connection: Connection) -> None:
+    """Releases before 0.2 kept our version table in the default schema: move it into ours."""
+    default = connection.dialect.default_schema_name or "public"
+    inspector = inspect(connection)
+    if not inspector.has_schema(SCHEMA) or not inspector.has_table(VERSION_TABLE, default):
+        return
+    if inspector.has_table(VERSION_TABLE, VERSION_TABLE_SCHEMA):
+        return
+    quote = connection.dialect.identifier_preparer.quote
+    connection.execute(
+        text(f"ALTER TABLE {quote(default)}.{VERSION_TABLE} SET SCHEMA {VERSION_TABLE_SCHEMA}")
+    )
+
+
+def prepare_version_table(connection: Connection) -> None:
+    """Our schema must exist before Alembic creates our version table in it."""
+    connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+    _move_legacy_version_table(connection)
+
+
+def drop_version_table_at_base(connection: Connection) -> None:
+    """Once none of our revisions is applied, drop our version table, then our empty schema."""
+    if applied_revisions(connection):
+        return
+    connection.execute(text(f"DROP TABLE IF EXISTS {VERSION_TABLE_SCHEMA}.{VERSION_TABLE}"))
+    if inspect(connection).has_schema(SCHEMA):
+        connection.execute(text(DROP_SCHEMA_IF_EMPTY))
 
 
 def _run(bind: Engine | Connection, action: Any, optional: bool | None = None) -> None:
@@ -104,9 +257,11 @@ def _run(bind: Engine | Connection, action: Any, optional: bool | None = None) -
 
 
 def include_ours(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
-    """Autogenerate filter for our own environment: only our schema."""
+    """Autogenerate filter for our own environment: only our schema, without our version table."""
     if type_ == "schema":
         return name == SCHEMA
+    if type_ == "table" and name == VERSION_TABLE:
+        return False
     return parent_names.get("schema_name") == SCHEMA if "schema_name" in parent_names else True
 
 
@@ -117,15 +272,13 @@ def run_alembic_env() -> None:
     config = context.config
     options: dict[str, Any] = {
         "target_metadata": Base.metadata,
-        "version_table": VERSION_TABLE,
+        **_VERSION_OPTIONS,
         "include_schemas": True,
         "include_name": include_ours,
     }
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, **options)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run_online(connection, options)
         return
     url = (
         config.get_main_option("sqlalchemy.url")
@@ -137,14 +290,24 @@ def run_alembic_env() -> None:
     if context.is_offline_mode():
         context.configure(url=normalize_url(url), literal_binds=True, **options)
         with context.begin_transaction():
+            context.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
             context.run_migrations()
         return
     engine = create_queue_engine(url, poolclass=pool.NullPool)
     with engine.connect() as conn:
-        context.configure(connection=conn, **options)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run_online(conn, options)
+        conn.commit()
     engine.dispose()
+
+
+def _run_online(connection: Connection, options: dict[str, Any]) -> None:
+    from alembic import context
+
+    prepare_version_table(connection)
+    context.configure(connection=connection, **options)
+    with context.begin_transaction():
+        context.run_migrations()
+        drop_version_table_at_base(connection)
 
 
 def _revision_number(revision: str) -> int:

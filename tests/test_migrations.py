@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from apps.support import REPO_ROOT, SQLA_QUEUE_BIN, subprocess_env
 from sqlalchemy import Engine, MetaData, create_engine, inspect, text
 from sqlalchemy.orm import Session
 
-from alembic import command
 from sqla_queue import Base, SchemaMissingError, enqueue, migrate
 from sqla_queue.alembic_ext import include_name, include_object
 from sqla_queue.models import SCHEMA
@@ -73,95 +69,14 @@ def test_alembic_upgrade_heads_from_the_repository_root(
     assert done.returncode == 0, done.stderr
     assert_usable(empty_engine)
     with empty_engine.connect() as conn:
-        versions = conn.scalars(text(f"SELECT version_num FROM {migrate.VERSION_TABLE}")).all()
+        versions = conn.scalars(
+            text(f"SELECT version_num FROM {migrate.VERSION_TABLE_SCHEMA}.{migrate.VERSION_TABLE}")
+        ).all()
     assert versions == [migrate.SCHEMA_REVISION]  # shared with `sqla-queue migrate`
 
     down = run([alembic, "downgrade", "sqla_queue@base"], REPO_ROOT, empty_database_url)
     assert down.returncode == 0, down.stderr
     assert not schema_exists(empty_engine)
-
-
-USER_ENV = """
-from alembic import context
-from sqlalchemy import Column, Integer, MetaData, Table, create_engine, pool
-
-from sqla_queue.alembic_ext import include_name, include_object
-
-target_metadata = MetaData()
-Table("widgets", target_metadata, Column("id", Integer, primary_key=True))
-
-engine = create_engine(context.config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
-with engine.connect() as connection:
-    context.configure(
-        connection=connection,
-        target_metadata=target_metadata,
-        include_schemas=True,
-        include_name=include_name,
-        include_object=include_object,
-    )
-    with context.begin_transaction():
-        context.run_migrations()
-engine.dispose()
-"""
-
-USER_REVISION = """
-import sqlalchemy as sa
-from alembic import op
-
-revision = "app_0001"
-down_revision = None
-branch_labels = ("app",)
-depends_on = None
-
-
-def upgrade():
-    op.create_table("widgets", sa.Column("id", sa.Integer(), primary_key=True))
-
-
-def downgrade():
-    op.drop_table("widgets")
-"""
-
-
-@pytest.fixture
-def user_alembic(tmp_path: Path, empty_database_url: str) -> Config:
-    """An application's own Alembic environment with sqla-queue's versions folder added."""
-    root = tmp_path / "app_migrations"
-    (root / "versions").mkdir(parents=True)
-    (root / "env.py").write_text(textwrap.dedent(USER_ENV))
-    (root / "versions" / "app_0001_widgets.py").write_text(textwrap.dedent(USER_REVISION))
-    shutil.copy(Path(migrate.__file__).parent / "migrations" / "script.py.mako", root)
-    config = Config()
-    config.set_main_option("script_location", str(root))
-    config.set_main_option("path_separator", "os")
-    config.set_main_option("version_locations", f"{root / 'versions'}:{migrate.versions_folder()}")
-    config.set_main_option("sqlalchemy.url", migrate.normalize_url(empty_database_url))
-    return config
-
-
-def test_user_alembic_environment_applies_our_revisions_beside_its_own(
-    user_alembic: Config, empty_engine: Engine
-) -> None:
-    command.upgrade(user_alembic, "heads")
-
-    assert_usable(empty_engine)
-    assert "widgets" in inspect(empty_engine).get_table_names()
-    with empty_engine.connect() as conn:
-        versions = set(conn.scalars(text("SELECT version_num FROM alembic_version")))
-    assert versions == {"app_0001", migrate.SCHEMA_REVISION}
-
-    # The application's autogenerate neither drops nor re-creates our tables.
-    script = command.revision(user_alembic, message="nothing", autogenerate=True, head="app@head")
-    assert script is not None
-    assert not isinstance(script, list)
-    generated = Path(script.path).read_text()
-    body = generated.split("def upgrade()")[1].split("def downgrade()")[0]
-    assert "op." not in body, body
-    assert SCHEMA not in generated
-
-    command.downgrade(user_alembic, "sqla_queue@base")
-    assert not schema_exists(empty_engine)
-    assert "widgets" in inspect(empty_engine).get_table_names()
 
 
 # -- autogenerate against a migrated database ---------------------------------------------------
@@ -189,8 +104,14 @@ def test_user_autogenerate_with_our_filters_sees_nothing_of_ours(engine: Engine)
 
 
 def test_downgrade_to_base_removes_everything_we_created(empty_engine: Engine) -> None:
+    """Our tables, our schema and our version table (it lives in our schema) all go."""
     with empty_engine.connect() as conn:
         before = set(inspect(conn).get_schema_names())
+        relations = text(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')"
+        )
+        relations_before = set(conn.scalars(relations))
     migrate.upgrade(empty_engine)
     assert schema_exists(empty_engine)
 
@@ -198,16 +119,7 @@ def test_downgrade_to_base_removes_everything_we_created(empty_engine: Engine) -
 
     with empty_engine.connect() as conn:
         assert set(inspect(conn).get_schema_names()) == before
-        leftovers = conn.scalars(
-            text(
-                "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') "
-                f"AND relname NOT LIKE '{migrate.VERSION_TABLE}%'"
-            )
-        ).all()
-        versions = conn.scalar(text(f"SELECT count(*) FROM {migrate.VERSION_TABLE}"))
-    assert leftovers == []
-    assert versions == 0
+        assert set(conn.scalars(relations)) == relations_before
     migrate.upgrade(empty_engine)  # and back up again
     assert_usable(empty_engine)
 

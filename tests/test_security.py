@@ -259,7 +259,7 @@ FORBIDDEN = [
     "TRUNCATE sqla_queue.jobs",
     "DROP TABLE sqla_queue.jobs",
     "ALTER TABLE sqla_queue.jobs ADD COLUMN mine int",
-    "SELECT * FROM public.alembic_version_sqla_queue",
+    "SELECT * FROM sqla_queue.alembic_version_sqla_queue",
 ]
 
 

@@ -10,7 +10,7 @@ import os
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, enqueue
+from sqla_queue import Job, enqueue, normalize_url
 
 from .models import Base, Order
 from .tasks import send_receipt
@@ -25,7 +25,7 @@ def place_order(session: Session, email: str, total: float) -> Order:
 
 
 def main() -> None:
-    engine = create_engine(os.environ["SQLA_QUEUE_DATABASE_URL"])
+    engine = create_engine(normalize_url(os.environ["SQLA_QUEUE_DATABASE_URL"]))
     Base.metadata.create_all(engine)
 
     for email, total in [("ada@example.com", 12.5), ("alan@example.com", 99.0)]:

@@ -10,7 +10,7 @@ import os
 
 from sqlalchemy import create_engine, update
 
-from sqla_queue import JobContext, Registry
+from sqla_queue import JobContext, Registry, normalize_url
 
 from .models import Order
 
@@ -25,7 +25,7 @@ def send_receipt(ctx: JobContext, order_id: int, email: str) -> None:
     A real handler would pass ctx.attempt to the mail API as an idempotency/fencing key.
     """
     log.info("sending receipt for order %s to %s (attempt %s)", order_id, email, ctx.attempt)
-    engine = create_engine(os.environ["SQLA_QUEUE_DATABASE_URL"])
+    engine = create_engine(normalize_url(os.environ["SQLA_QUEUE_DATABASE_URL"]))
     with engine.begin() as conn:
         conn.execute(update(Order).where(Order.id == order_id).values(receipt_sent=True))
     engine.dispose()

