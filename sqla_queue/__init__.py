@@ -12,6 +12,7 @@ from .enqueue import enqueue, enqueue_many, enqueue_many_async
 from .errors import (
     AppLoadError,
     ConfigurationError,
+    DatabaseUnavailableError,
     InvalidJobError,
     JobCancelledError,
     JobLostError,
@@ -25,6 +26,7 @@ from .errors import (
 from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
 from .registry import JobContext, Registry, Task, load_registry
 from .retry import RetryPolicy
+from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -33,6 +35,7 @@ __all__ = [
     "ArchivedJob",
     "Base",
     "ConfigurationError",
+    "DatabaseUnavailableError",
     "InvalidJobError",
     "Job",
     "JobCancelledError",
@@ -41,6 +44,8 @@ __all__ = [
     "JobStatus",
     "JobTimeoutError",
     "OrphanJobsError",
+    "Outcome",
+    "OutcomeKind",
     "Queue",
     "Registry",
     "Retention",
@@ -50,6 +55,9 @@ __all__ = [
     "Task",
     "TaskNotFoundError",
     "UnknownQueueError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerStats",
     "enqueue",
     "enqueue_many",
     "enqueue_many_async",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -173,19 +174,50 @@ def migrate(
         engine.dispose()
 
 
+def _worker_default(name: str) -> Any:
+    """The default of a `WorkerConfig` field: the CLI's defaults are the worker's own."""
+    from .worker import WorkerConfig
+
+    (found,) = [f for f in dataclasses.fields(WorkerConfig) if f.name == name]
+    return found.default
+
+
 @main.command()
 @_database_option
 @click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
 @click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
-@click.option("-c", "--concurrency", type=int, default=4, show_default=True)
-@click.option("--batch", type=int, default=10, show_default=True, help="Jobs per claim at most.")
 @click.option(
-    "--lease", type=float, default=60.0, show_default=True, help="Seconds before reaping."
+    "-c", "--concurrency", type=int, default=_worker_default("concurrency"), show_default=True
 )
-@click.option("--poll-interval", type=float, default=2.0, show_default=True)
+@click.option(
+    "--batch",
+    type=int,
+    default=_worker_default("batch"),
+    show_default=True,
+    help="Jobs per claim at most.",
+)
+@click.option(
+    "--lease",
+    type=float,
+    default=_worker_default("lease"),
+    show_default=True,
+    help="Seconds a job may go without a heartbeat before it is reaped (at least 1).",
+)
+@click.option(
+    "--poll-interval", type=float, default=_worker_default("poll_interval"), show_default=True
+)
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
 @click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
-@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True)
+@click.option(
+    "--shutdown-timeout", type=float, default=_worker_default("shutdown_timeout"), show_default=True
+)
+@click.option(
+    "--give-up-after",
+    type=float,
+    default=None,
+    help="Seconds to wait for an unreachable database before exiting with an error "
+    "(default: forever; 30 with --burst).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
@@ -204,6 +236,7 @@ def worker(
     burst: bool,
     poll_only: bool,
     shutdown_timeout: float,
+    give_up_after: float | None,
     log_level: str,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
@@ -223,6 +256,7 @@ def worker(
         burst=burst,
         poll_only=poll_only,
         shutdown_timeout=shutdown_timeout,
+        give_up_after=give_up_after,
     )
     registry = load_registry(app_path)
     engine = _engine(

@@ -25,6 +25,7 @@ from sqlalchemy import Engine, text
 
 from sqla_queue import admin
 from sqla_queue.cli import main
+from sqla_queue.migrate import SCHEMA_REVISION
 
 
 @pytest.fixture(autouse=True)
@@ -281,7 +282,7 @@ def test_worker_with_a_bad_app_path_says_what_is_wrong(
     [
         (["-c", "-1"], "concurrency must be at least 1, got -1"),
         (["--batch", "0"], "batch must be at least 1"),
-        (["--lease", "0"], "lease must be positive"),
+        (["--lease", "0.5"], "lease must be at least 1 s"),
         (["-q", ","], "the queue list is empty"),
     ],
 )
@@ -331,7 +332,7 @@ def test_without_a_url_the_cli_uses_an_embedded_postgres(tmp_path: Path) -> None
         result = cli("migrate", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert result.exit_code == 0, result.output
         assert "using the embedded PostgreSQL at" in result.stderr
-        assert "sqla_queue schema at revision sqlaq_0001" in result.stdout
+        assert f"sqla_queue schema at revision {SCHEMA_REVISION}" in result.stdout
         assert (data_dir / "PG_VERSION").exists()
         listed = cli("queues", "list", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert listed.stdout.startswith("default\tactive")

@@ -13,6 +13,7 @@ from sqla_queue import Job, OrphanJobsError, Queue, enqueue, queries
 from sqla_queue.admin import create_queue
 from sqla_queue.cli import main
 from sqla_queue.migrate import (
+    SCHEMA_REVISION,
     alembic_config,
     downgrade,
     drop_queue_fk,
@@ -102,7 +103,7 @@ def test_migrate_keeps_working_after_the_fk_is_dropped(engine: Engine) -> None:
     upgrade(engine)
 
     with engine.connect() as conn:
-        assert schema_revision(conn) == "sqlaq_0001"
+        assert schema_revision(conn) == SCHEMA_REVISION
     assert _queue_fks(engine) == []
 
 
