@@ -392,8 +392,10 @@ def stuck_condition() -> ColumnElement[bool]:
 def reap_stale_jobs() -> Update:
     """Requeue stuck `running` jobs (`stuck_condition`); returns (id, queue, status).
 
-    A job whose handler never started gets its attempt back once (a second time in a row
-    it counts, so a job that kills its worker at once still reaches max_attempts). A job
+    A job whose handler never started (as its worker's heartbeats reported) gets its
+    attempt back once: its max_attempts grows by one, while the attempt number, the fencing
+    token, keeps counting (a second time in a row it counts, so a job that kills its worker
+    at once still reaches max_attempts). A job
     that has used all its attempts is marked failed. Safe when several workers reap at
     once: SKIP LOCKED splits the rows between them and the status condition is re-checked
     on the locked row. Parameter: `task_max_attempts` (optional, as for `claim_jobs`).
@@ -420,7 +422,8 @@ def reap_stale_jobs() -> Update:
                 (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
                 else_=literal_column(f"'{JobStatus.queued.value}'"),
             ),
-            attempts=jobs.c.attempts - case((refund, 1), else_=0),
+            # The attempt number stays (it is the fencing token); the budget grows instead.
+            max_attempts=case((refund, _max_attempts() + 1), else_=jobs.c.max_attempts),
             run_at=func.now(),
             finished_at=case((exhausted, func.now())),
             last_error=case(

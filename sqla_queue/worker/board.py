@@ -73,31 +73,28 @@ class JobBoard:
     # -- handler threads ----------------------------------------------------------------------
 
     def next_job(
-        self, previous: ClaimedJob | None, outcome: Outcome | None
-    ) -> tuple[ClaimedJob | None, bool]:
-        """Settle `previous` with `outcome` (if still unsettled), then wait for the next job.
-
-        Returns (the next job or None to exit, whether `previous` was settled here). One lock
-        round per job. A thread whose job was settled by someone else (timed out, abandoned)
-        exits: a replacement thread has already taken its place.
+        self, previous: ClaimedJob | None, outcome: Outcome | None, owned: bool
+    ) -> ClaimedJob | None:
+        """Settle `previous` with `outcome` if this thread `owned` it, then wait for the
+        next job; None tells the thread to exit. One lock round per job. A thread whose job
+        was taken by someone else (timed out, abandoned) exits: a replacement thread has
+        already taken its place.
         """
         with self.lock:
-            settled = False
             if previous is not None:
-                if previous.settled:
-                    return None, False
+                if not owned:
+                    return None
                 self._settle(previous, outcome)
-                settled = True
             # Once stopping, held jobs that have not started are released, not run.
             while not self.ready or self.running >= self.concurrency or self.paused:
                 if self.closed:
-                    return None, settled
+                    return None
                 self.lock.wait()
             self.running += 1  # first: an unlocked reader may count it twice, never zero times
             job = self.ready.popleft()
             if not self.ready and self.claimable and self.running < self.concurrency:
                 self._wake()  # room to claim the next batch while this one runs
-            return job, settled
+            return job
 
     def watch_deadline(self, job: ClaimedJob, deadline: float) -> None:
         with self.lock:
@@ -107,17 +104,13 @@ class JobBoard:
 
     # -- settling -----------------------------------------------------------------------------
 
-    def settle(self, job: ClaimedJob, outcome: Outcome | None, running: bool = True) -> bool:
-        """Record `job`'s outcome unless it was settled already; returns whether it was."""
+    def settle(self, job: ClaimedJob, outcome: Outcome | None) -> None:
+        """Record the outcome of a running job the caller has taken (`job.take()`)."""
         with self.lock:
-            if job.settled:
-                return False
-            self._settle(job, outcome, running)
-            return True
+            self._settle(job, outcome)
 
     def _settle(self, job: ClaimedJob, outcome: Outcome | None, running: bool = True) -> None:
         # Outcome first: a producer that sees nothing running must also see it to flush.
-        job.settled = True
         if outcome is not None:
             self.outcomes.append(outcome)
         if running:

@@ -70,14 +70,15 @@ class Executor:
         """A handler thread: run ready jobs while there is room, one lock round per job."""
         job: ClaimedJob | None = None
         outcome: Outcome | None = None
+        owned = False
         while True:
-            previous, previous_outcome = job, outcome
-            job, settled = self.board.next_job(previous, previous_outcome)
-            if settled and previous_outcome is not None:
-                self._on_finished(previous_outcome)
+            job = self.board.next_job(job, outcome, owned)
             if job is None:
                 return
             outcome = self.execute(job)
+            owned = job.take()
+            if owned:  # before the outcome is visible: hooks run before the worker stops
+                self._on_finished(outcome)
 
     def execute(self, job: ClaimedJob) -> Outcome:
         """Run one job through its middleware and handler; always returns its outcome."""

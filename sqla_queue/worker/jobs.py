@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -76,6 +77,7 @@ class ClaimedJob:
     re-claimed by the same worker after a reap is a different `ClaimedJob`."""
 
     __slots__ = (
+        "_owner",
         "args",
         "attempt",
         "claimed_at",
@@ -87,7 +89,6 @@ class ClaimedJob:
         "max_attempts",
         "queue",
         "reported_started",
-        "settled",
         "started",
         "task",
     )
@@ -120,8 +121,18 @@ class ClaimedJob:
         self.deadline: float | None = None
         self.started = False
         self.reported_started = False
-        self.settled = False
+        self._owner = threading.Lock()
         self.future: Future[Any] | None = None
+
+    def take(self) -> bool:
+        """Become the one who settles this job: True once, for the first caller only (the
+        handler thread, the timeout watch, or shutdown)."""
+        return self._owner.acquire(blocking=False)
+
+    @property
+    def settled(self) -> bool:
+        """Whether someone has taken the job to settle it."""
+        return self._owner.locked()
 
     @property
     def key(self) -> tuple[int, int]:

@@ -203,8 +203,10 @@ class Producer:
         """
         expired, nearest = self.board.expired(now)
         for job in expired:
+            if not job.take():  # its handler returned meanwhile
+                continue
             outcome = self.executor.time_out(job)
-            if self.board.settle(job, outcome):
-                self._on_finished(outcome)
-                self.executor.start_thread()
+            self._on_finished(outcome)
+            self.board.settle(job, outcome)
+            self.executor.start_thread()
         return nearest

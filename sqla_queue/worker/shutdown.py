@@ -63,9 +63,10 @@ class Shutdown:
                     break
                 self.wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                 self.wake.clear()
-            left = [job for job in self.board.snapshot() if self.board.settle(job, None)]
+            left = [job for job in self.board.snapshot() if job.take()]
             for job in left:
                 job.ctx.mark_lost("lost")
+                self.board.settle(job, None)
             if left:
                 log.warning(
                     "%d job(s) still running after the %ss shutdown timeout; requeueing them",
