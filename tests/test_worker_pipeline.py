@@ -133,9 +133,7 @@ def test_hooks_see_the_worker_start_and_stop_and_every_job_claimed_and_finished(
 ) -> None:
     registry = Registry()
     registry.task(name="ok")(lambda: None)
-    registry.task(name="bad", max_attempts=2, retry=RetryPolicy(base=3600, jitter=0))(
-        lambda: 1 / 0
-    )
+    registry.task(name="bad", max_attempts=2, retry=RetryPolicy(base=3600, jitter=0))(lambda: 1 / 0)
     events: list[Any] = []
     registry.on_worker_started(lambda worker: events.append(("started", worker.config.batch)))
     registry.on_worker_stopping(lambda worker: events.append(("stopping", worker.stats.claimed)))
