@@ -479,7 +479,8 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
     "--lease",
     default="60",
     show_default=True,
-    help="The workers' lease: running jobs silent longer than this are stuck (60, 90s, 5m).",
+    help="Grace for stuck jobs (past their lease, or held by a dead worker): overdue by twice "
+    "this is critical (60, 90s, 5m).",
 )
 @click.option(
     "--backlog-threshold",
