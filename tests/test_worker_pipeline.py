@@ -309,3 +309,25 @@ def test_doctor_calls_stuck_exactly_what_the_reaper_requeues(engine: Engine) -> 
     with engine.begin() as conn:
         reaped = conn.execute(queries.reap_stale_jobs()).mappings().all()
     assert sorted(row["id"] for row in reaped) == [1, 2]
+
+
+def test_jobs_released_at_shutdown_are_reported_to_the_finished_hooks(engine: Engine) -> None:
+    registry = Registry()
+    started = threading.Event()
+
+    @registry.task(name="hold", pass_context=True)
+    def hold(ctx: JobContext) -> None:
+        started.set()
+        while not ctx.cancelled:
+            time.sleep(0.02)
+
+    kinds: list[OutcomeKind] = []
+    registry.on_job_finished(lambda ctx, outcome: kinds.append(outcome.kind))
+    enqueue_jobs(engine, "hold", 3)
+    runner = WorkerThread(engine, registry, concurrency=1, batch=3, shutdown_timeout=0.2)
+    with runner:
+        started.wait(10)
+        wait_for(lambda: count_where(engine, "status = 'running'") == 3)
+        stats = runner.stop()
+    assert stats.released == 3
+    assert kinds == [OutcomeKind.released] * 3  # two never started, one abandoned

@@ -488,6 +488,13 @@ def cancel_jobs() -> Update:
     )
 
 
+def job_status() -> Select[Any]:
+    """(status, attempts) of the job `:job_id`, without its args."""
+    return select(jobs.c.status, jobs.c.attempts).where(
+        jobs.c.id == bindparam("job_id", type_=BigInteger)
+    )
+
+
 def job_by_id() -> Select[Any]:
     """One job's row by `:job_id`."""
     return select(jobs).where(jobs.c.id == bindparam("job_id", type_=BigInteger))

@@ -98,7 +98,9 @@ class Worker:
             (lambda job: hooks.emit(hooks.job_claimed, job.ctx)) if hooks.job_claimed else None,
             self._finished,
         )
-        self.shutdown = Shutdown(cfg, self.db, self.board, self.completer, self.stats, self._wake)
+        self.shutdown = Shutdown(
+            cfg, self.db, self.board, self.completer, self.stats, self._wake, self._finished
+        )
 
     # -- public -----------------------------------------------------------------------------
 

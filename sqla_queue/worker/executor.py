@@ -127,7 +127,7 @@ class Executor:
         """A job that waited locally: is it still ours? (A cancel may have come meanwhile.)"""
         try:
             with self.engine.connect() as conn:
-                row = conn.execute(queries.job_by_id(), {"job_id": job.id}).mappings().first()
+                row = conn.execute(queries.job_status(), {"job_id": job.id}).mappings().first()
         except Exception as exc:  # unknown: run it; the finishing statement is fenced
             log.debug("could not re-check job %s before it started: %s", job.id, exc)
             return

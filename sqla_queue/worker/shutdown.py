@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy import Engine, create_engine, pool
 
@@ -16,7 +17,7 @@ from .board import JobBoard
 from .completer import Completer
 from .config import WorkerConfig, WorkerStats
 from .connection import DatabaseLink, Stopped, describe
-from .jobs import ClaimedJob
+from .jobs import ClaimedJob, Outcome, OutcomeKind
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -44,7 +45,9 @@ class Shutdown:
         completer: Completer,
         stats: WorkerStats,
         wake: threading.Event,
+        on_finished: Callable[[Outcome], None],
     ) -> None:
+        self._on_finished = on_finished
         self.config = config
         self.db = db
         self.board = board
@@ -84,6 +87,8 @@ class Shutdown:
         self.db.execute(queries.release_jobs(), release_params(jobs, refund))
         self.stats.released += len(jobs)
         self.board.forget(jobs)
+        for job in jobs:
+            self._on_finished(Outcome(OutcomeKind.released, job, "the worker stopped"))
 
 
 def exit_now(engine: Engine, board: JobBoard) -> None:
