@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 
 from sqla_queue import queries
 from sqla_queue.database import create_queue_engine
@@ -37,7 +38,7 @@ from sqla_queue.registry import JobContext, Registry
 from .board import JobBoard
 from .completer import Completer
 from .config import WorkerConfig, WorkerStats
-from .connection import DatabaseLink, FailureLog, describe
+from .connection import DatabaseLink, FailureLog, backoff_delays, describe
 from .executor import Executor, resources_of
 from .jobs import ClaimedJob, Outcome, OutcomeKind
 from .keeper import Keeper
@@ -116,12 +117,9 @@ class Worker:
         previous = self._install_signals() if install_signal_handlers else {}
         started = False
         try:
-            conn = self.db.connect()
-            if conn is None or self._stopping.is_set():
+            known = self._prepare()
+            if known is None:  # stopped while waiting for the database
                 return self.stats
-            check_schema(conn)
-            known = {row["name"] for row in conn.execute(queries.queue_settings()).mappings()}
-            self.keeper.register(conn)
             started = True
             self._start_threads()
             cfg = self.config
@@ -156,6 +154,26 @@ class Worker:
         return self.stats
 
     # -- parts ------------------------------------------------------------------------------
+
+    def _prepare(self) -> set[str] | None:
+        """Connect, check the schema, register; retried while the connection is lost (a
+        database restarting, a terminated session). Returns the names of the queues."""
+        delays = backoff_delays()
+        while True:
+            conn = self.db.connect()
+            if conn is None or self._stopping.is_set():
+                return None
+            try:
+                check_schema(conn)
+                known = {row["name"] for row in conn.execute(queries.queue_settings()).mappings()}
+                self.keeper.register(conn)
+                return known
+            except OperationalError as exc:
+                self.db.close()
+                self.db.failures.failed(
+                    "start", "database connection lost while starting (%s); retrying", describe(exc)
+                )
+                self._stopping.wait(next(delays))
 
     def _make_job(self, row: Any) -> ClaimedJob:
         return ClaimedJob(row, self.resources, self._beat_one)

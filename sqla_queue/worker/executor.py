@@ -59,6 +59,7 @@ class Executor:
         self._loop_lock = threading.Lock()
         self.loop_seen = time.monotonic()
         """When the event loop last ran a probe (the keeper's check for a blocked loop)."""
+        self._probe_sent = 0.0
         self.reporter = FailureReporter()
 
     # -- handler threads ----------------------------------------------------------------------
@@ -177,13 +178,22 @@ class Executor:
         return self._loop is not None
 
     def probe_loop(self) -> float | None:
-        """Seconds the event loop has not run a probe (None without a loop); schedules one."""
+        """How long the event loop has left a probe unrun (None without a loop, 0 when it
+        ran the last one); sends a new probe once the last one has run."""
         loop = self._loop
         if loop is None:
             return None
-        lag = time.monotonic() - self.loop_seen
-        loop.call_soon_threadsafe(self._loop_alive)
+        lag = self.loop_lag()
+        if not lag:
+            self._probe_sent = time.monotonic()
+            loop.call_soon_threadsafe(self._loop_alive)
         return lag
+
+    def loop_lag(self) -> float:
+        """Seconds the last probe has waited for the event loop (0 once it ran)."""
+        if self._loop is None or self._probe_sent <= self.loop_seen:
+            return 0.0
+        return time.monotonic() - self._probe_sent
 
     def _loop_alive(self) -> None:
         self.loop_seen = time.monotonic()

@@ -110,13 +110,13 @@ class Keeper:
         beat_worker, reap = queries.beat_worker(), queries.reap_stale_jobs()
         notify, expired = queries.notify_queues(), queries.delete_expired_workers()
         while not self._stopping.wait(self.tick):
+            self._watch_loop()  # needs no database: watched even while it is away
             try:
                 with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                     now = time.monotonic()
                     if now >= next_worker_beat:
                         next_worker_beat = now + self.config.heartbeat
                         conn.execute(beat_worker, self._registration)
-                        self._watch_loop()
                     jobs = self.board.snapshot()
                     if now >= next_job_beat:
                         next_job_beat = now + self.beat_jobs_every
@@ -200,8 +200,7 @@ class Keeper:
         self._on_reaped()
 
     def _loop_stuck(self) -> bool:
-        lag = time.monotonic() - self.executor.loop_seen
-        return self.executor.has_loop and lag > self.config.lease / 2
+        return self.executor.loop_lag() > self.config.lease / 2
 
     def _watch_loop(self) -> None:
         lag = self.executor.probe_loop()
