@@ -78,7 +78,7 @@ cProfile (enqueue, enqueue_many), then fixed in the library:
 - **One commit per drain cycle.** The dispatcher waited on two commits per batch (finish,
   then claim). When every pending outcome is a success to delete (the default retention),
   the DELETE of the finished batch now rides in the claim statement as a data-modifying CTE
-  (`queries.complete_delete_and_claim`): one statement and one commit per cycle. Retries,
+  (`queries.complete_and_claim`): one statement and one commit per cycle. Retries,
   failures and keep/archive retention still use their own statements first.
 - **Outcomes wait for a batch, not for every claim**, and at most a batch of them is ever
   unwritten, so a crashed worker still re-runs at most batch + concurrency jobs.

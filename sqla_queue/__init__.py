@@ -13,6 +13,7 @@ from .enqueue import enqueue, enqueue_many, enqueue_many_async
 from .errors import (
     AppLoadError,
     ConfigurationError,
+    DatabaseUnavailableError,
     InvalidJobError,
     JobCancelledError,
     JobLostError,
@@ -28,6 +29,7 @@ from .hooks import InsertHook, NewJob, default_registry, set_default_registry
 from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
 from .registry import JobContext, Registry, Task, load_registry
 from .retry import RetryPolicy
+from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -36,6 +38,7 @@ __all__ = [
     "ArchivedJob",
     "Base",
     "ConfigurationError",
+    "DatabaseUnavailableError",
     "InsertHook",
     "InvalidJobError",
     "Job",
@@ -46,6 +49,8 @@ __all__ = [
     "JobTimeoutError",
     "NewJob",
     "OrphanJobsError",
+    "Outcome",
+    "OutcomeKind",
     "Queue",
     "Registry",
     "Retention",
@@ -56,6 +61,9 @@ __all__ = [
     "TaskNotFoundError",
     "UnknownQueueError",
     "UnknownTaskError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerStats",
     "default_registry",
     "enqueue",
     "enqueue_many",

@@ -134,15 +134,30 @@ def prune(
     return count
 
 
+NOTIFY_PAYLOAD_CHARS = 7000
+"""Ids per cancel notification at most, in characters (PostgreSQL's payload limit is 8000)."""
+
+
 def cancel_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
     """Cancel queued or running jobs; returns {id: status it had}. Others are left alone.
 
-    A running job's handler sees `ctx.cancelled` at its worker's next heartbeat; whatever
-    it returns afterwards is discarded, and the job never runs again.
+    When the transaction commits, the workers holding the running ones are told at once
+    (NOTIFY): a handler sees `ctx.cancelled`, a job claimed but not started never starts.
+    Whatever a handler returns afterwards is discarded, and the job never runs again.
     """
     ids = [int(i) for i in job_ids]
-    rows = bind.execute(queries.cancel_jobs(), {"job_ids": ids})
-    return {int(job_id): str(status) for job_id, status in rows}
+    rows = bind.execute(queries.cancel_jobs(), {"job_ids": ids}).mappings()
+    cancelled = {int(row["id"]): str(row["status"]) for row in rows}
+    running = [str(i) for i, status in cancelled.items() if status == JobStatus.running.value]
+    payload = ""
+    for job_id in running:
+        if len(payload) + len(job_id) + 1 > NOTIFY_PAYLOAD_CHARS:
+            bind.execute(queries.notify_cancelled(), {"job_ids": payload})
+            payload = ""
+        payload = f"{payload},{job_id}" if payload else job_id
+    if payload:
+        bind.execute(queries.notify_cancelled(), {"job_ids": payload})
+    return cancelled
 
 
 def job_statuses(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:

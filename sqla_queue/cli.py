@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -193,23 +194,39 @@ def migrate(
         engine.dispose()
 
 
+def _worker_default(name: str) -> Any:
+    """The default of a `WorkerConfig` field: the CLI's defaults are the worker's own."""
+    from .worker import WorkerConfig
+
+    (found,) = [f for f in dataclasses.fields(WorkerConfig) if f.name == name]
+    return found.default
+
+
 @main.command()
 @_database_option
 @click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
 @click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
-@click.option("-c", "--concurrency", type=int, default=4, show_default=True)
-@click.option("--batch", type=int, default=10, show_default=True, help="Jobs per claim at most.")
+@click.option(
+    "-c", "--concurrency", type=int, default=_worker_default("concurrency"), show_default=True
+)
+@click.option(
+    "--batch",
+    type=int,
+    default=_worker_default("batch"),
+    show_default=True,
+    help="Jobs per claim at most.",
+)
 @click.option(
     "--lease",
     type=DURATION,
-    default=60.0,
+    default=_worker_default("lease"),
     show_default=True,
-    help="A running job silent this long is reaped (60, 90s, 5m).",
+    help="A job may go this long without a heartbeat before it is reaped (at least 1 s).",
 )
 @click.option(
     "--poll-interval",
     type=DURATION,
-    default=2.0,
+    default=_worker_default("poll_interval"),
     show_default=True,
     help="The longest wait between polls when no NOTIFY arrives.",
 )
@@ -218,9 +235,16 @@ def migrate(
 @click.option(
     "--shutdown-timeout",
     type=DURATION,
-    default=30.0,
+    default=_worker_default("shutdown_timeout"),
     show_default=True,
     help="How long running handlers may finish after SIGTERM.",
+)
+@click.option(
+    "--give-up-after",
+    type=DURATION,
+    default=None,
+    help="How long to wait for an unreachable database before exiting with an error "
+    "(default: forever; 30 s with --burst).",
 )
 @click.option(
     "--log-level",
@@ -240,6 +264,7 @@ def worker(
     burst: bool,
     poll_only: bool,
     shutdown_timeout: float,
+    give_up_after: float | None,
     log_level: str,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
@@ -259,6 +284,7 @@ def worker(
         burst=burst,
         poll_only=poll_only,
         shutdown_timeout=shutdown_timeout,
+        give_up_after=give_up_after,
     )
     registry = load_registry(app_path)
     engine = _engine(
@@ -496,7 +522,8 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
     type=DURATION,
     default="60",
     show_default=True,
-    help="The workers' lease: running jobs silent longer than this are stuck (60, 90s, 5m).",
+    help="Grace for stuck jobs (past their lease, or held by a dead worker): overdue by twice "
+    "this is critical (60, 90s, 5m).",
 )
 @click.option(
     "--backlog-threshold",

@@ -59,7 +59,9 @@ class DoctorOptions:
     """Thresholds of the checks; each has a `sqla-queue doctor` option or a sane default."""
 
     lease: float = 60.0
-    """Seconds without a heartbeat after which a running job is stuck (the workers' --lease)."""
+    """Seconds of grace: a stuck job (past its own lease deadline, or held by a dead
+    worker) overdue by more than twice this is critical, since live workers reap within
+    seconds."""
     backlog_threshold: float = 300.0
     """Seconds past its run_at after which a queued job counts as backlog."""
     long_transaction: float = 60.0
@@ -132,7 +134,8 @@ FIX_AUTOVACUUM_OFF = (
 )
 FIX_STUCK = (
     "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
-    "one `sqla-queue worker` running, with the same --lease, and it requeues these jobs."
+    "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
+    "jobs of workers that stopped heartbeating."
 )
 FIX_BACKLOG = (
     "Run more workers for these queues, or claim more per poll (--batch, --concurrency): "
@@ -516,19 +519,44 @@ def check_autovacuum_settings(conn: Connection, options: DoctorOptions) -> Findi
 
 
 def check_stuck_jobs(conn: Connection, options: DoctorOptions) -> Finding:
-    """Running jobs whose heartbeat is older than the lease."""
-    count, oldest = conn.execute(queries.stuck_jobs(), {"lease": options.lease}).one()
+    """Running jobs the reaper would requeue now: past their own lease deadline, or held by
+    a worker whose registration expired (`queries.stuck_condition`, the reaper's own)."""
+    count, oldest = conn.execute(queries.stuck_jobs()).one()
     if not count:
-        value = f"no running job silent for more than {options.lease:g} s"
+        value = "no running job past its lease or held by a dead worker"
         return Finding("stuck_jobs", Severity.ok, value, FIX_STUCK, {"count": 0})
     oldest = float(oldest)
-    # Reapers run every lease/2: a job silent for two leases means no worker is reaping.
+    # Live workers reap every few seconds: a job overdue for long means none is reaping.
     severity = Severity.critical if oldest >= 2 * options.lease else Severity.warn
     value = (
-        f"{count} running job(s) silent for more than {options.lease:g} s (oldest {oldest:.0f} s)"
+        f"{count} running job(s) past their lease or held by a dead worker "
+        f"(oldest {oldest:.0f} s overdue)"
     )
     details = {"count": int(count), "oldest_seconds": oldest, "lease": options.lease}
     return Finding("stuck_jobs", severity, value, FIX_STUCK, details)
+
+
+def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
+    """The live workers, from their registrations (each beats every few seconds)."""
+    rows = conn.execute(queries.live_workers()).mappings().all()
+    workers = [
+        {
+            "id": row["id"],
+            "hostname": row["hostname"],
+            "pid": row["pid"],
+            "queues": row["queues"],
+            "concurrency": row["concurrency"],
+            "running": int(row["running"]),
+            "silent_seconds": float(row["silent_seconds"]),
+        }
+        for row in rows
+    ]
+    value = (
+        f"{len(workers)} live worker(s), {sum(w['running'] for w in workers)} job(s) running"
+        if workers
+        else "no live worker: queued jobs wait and stuck jobs are not reaped"
+    )
+    return Finding("workers", Severity.ok, value, FIX_STUCK, {"workers": workers})
 
 
 def check_backlog(conn: Connection, options: DoctorOptions) -> Finding:
@@ -583,6 +611,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_tables,
     check_autovacuum_settings,
     check_stuck_jobs,
+    check_workers,
     check_backlog,
     check_failed_jobs,
 )

@@ -62,9 +62,14 @@ class JobLostError(SqlaQueueError):
     """Job {job_id} is no longer held by this worker (its lease expired or it was cancelled)"""
 
 
+class DatabaseUnavailableError(SqlaQueueError):
+    """The database did not answer for {seconds:g} s ({reason}); check the URL and that the server runs, or wait longer with --give-up-after"""  # noqa: E501
+
+
 __all__ = [
     "AppLoadError",
     "ConfigurationError",
+    "DatabaseUnavailableError",
     "InvalidJobError",
     "JobCancelledError",
     "JobLostError",

@@ -29,7 +29,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql import ClauseElement
 
@@ -343,7 +343,12 @@ class Job(Base):
             "id",
             postgresql_where=text("status = 'queued'"),
         ),
-        Index("ix_jobs_heartbeat", "heartbeat_at", postgresql_where=text("status = 'running'")),
+        Index(
+            "ix_jobs_lease_expires_at",
+            "lease_expires_at",
+            postgresql_where=text("status = 'running'"),
+        ),
+        Index("ix_jobs_locked_by", "locked_by", postgresql_where=text("status = 'running'")),
         Index(
             "ix_jobs_finished",
             "finished_at",
@@ -374,6 +379,10 @@ class Job(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """While running: when the reaper may requeue it (claim and heartbeats set it)."""
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """While running: when its handler started, as the worker's heartbeat reported it."""
 
     queue_row: Mapped[Queue | None] = relationship(
         back_populates="jobs",
@@ -429,3 +438,27 @@ class ArchivedJob(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WorkerRegistration(Base):
+    """A live worker, registered at start and kept alive by its own fast heartbeat.
+
+    Once `expires_at` has passed, any worker's reaper requeues the jobs it holds at once,
+    without waiting for their leases: a SIGKILLed worker's jobs come back within seconds.
+    """
+
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_expires_at", "expires_at"),)
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

@@ -1,8 +1,10 @@
-"""The LISTEN side of NOTIFY: a thread that wakes the worker when jobs are committed."""
+"""The LISTEN side of NOTIFY: a thread that wakes the worker when jobs are committed, and
+tells it at once when jobs it holds are cancelled."""
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Collection
 
@@ -16,9 +18,12 @@ log = logging.getLogger("sqla_queue.notify")
 class Listener:
     """Holds one autocommit connection in LISTEN and calls `wake()` on each notification.
 
-    Only notifications for `queues` (all, when None) wake. After every (re)connect it
-    also wakes once, since notifications sent while it was disconnected are lost.
-    Reconnects with exponential backoff; the worker's polling covers the gap.
+    Only notifications for `queues` (all, when None) wake. A notification on
+    `queries.CANCEL_CHANNEL` calls `on_cancel(job_ids)`. After every (re)connect it also
+    wakes once, since notifications sent while it was disconnected are lost. Reconnects
+    with a short jittered backoff (at most `max_backoff` s), so it is back within about a
+    second of the database; the worker's polling covers the gap. It logs the first failure
+    of an outage and the recovery, not every attempt.
     """
 
     def __init__(
@@ -26,14 +31,17 @@ class Listener:
         engine: Engine,
         queues: Collection[str] | None,
         wake: Callable[[], None],
-        max_backoff: float = 10.0,
+        on_cancel: Callable[[list[int]], None] | None = None,
+        max_backoff: float = 1.0,
     ) -> None:
         self._engine = engine
         self._queues = frozenset(queues) if queues is not None else None
         self._wake = wake
+        self._on_cancel = on_cancel
         self._max_backoff = max_backoff
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqla-queue-listener", daemon=True)
+        self._failing = False
         self.connected = threading.Event()
 
     def start(self) -> None:
@@ -44,17 +52,23 @@ class Listener:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backoff = 0.1
+        backoff = 0.05
         while not self._stopping.is_set():
             try:
                 self._listen()
-                backoff = 0.1
+                backoff = 0.05
             except Exception as exc:  # any failure: reconnect, never die
                 self.connected.clear()
                 if self._stopping.is_set():
                     return
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
-                self._stopping.wait(backoff)
+                if not self._failing:
+                    text = str(getattr(exc, "orig", None) or exc).strip()
+                    log.warning(
+                        "LISTEN connection lost (%s); reconnecting",
+                        text.splitlines()[0][:300] if text else type(exc).__name__,
+                    )
+                    self._failing = True
+                self._stopping.wait(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, self._max_backoff)
 
     def _listen(self) -> None:
@@ -65,10 +79,15 @@ class Listener:
             conn.autocommit = True
             conn.execute(queries.LISTEN)
             self.connected.set()
+            if self._failing:
+                log.warning("LISTEN connection restored")
+                self._failing = False
             self._wake()
             while not self._stopping.is_set():
                 for notification in conn.notifies(timeout=0.5):
-                    if self._queues is None or notification.payload in self._queues:
+                    if notification.channel == queries.CANCEL_CHANNEL:
+                        self._cancelled(notification.payload)
+                    elif self._queues is None or notification.payload in self._queues:
                         self._wake()
         finally:
             self.connected.clear()
@@ -76,3 +95,10 @@ class Listener:
                 raw.invalidate()
             finally:
                 raw.close()
+
+    def _cancelled(self, payload: str) -> None:
+        if self._on_cancel is None:
+            return
+        ids = [int(part) for part in payload.split(",") if part.strip().isdigit()]
+        if ids:
+            self._on_cancel(ids)

@@ -5,14 +5,20 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import inspect
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from .errors import AppLoadError, ConfigurationError, JobCancelledError
+from .errors import AppLoadError, ConfigurationError, JobCancelledError, JobLostError
+from .lifecycle import LifecycleHooks
+from .middleware import Middleware
 from .models import PRIORITY_MAX
 from .retry import DEFAULT_RETRY, RetryPolicy
+
+MIN_LEASE = 1.0
+"""The shortest lease a worker or a task may have: heartbeats must fit well within it."""
+
+H = TypeVar("H", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -23,13 +29,24 @@ if TYPE_CHECKING:
 
 
 class JobContext:
-    """What a handler registered with `pass_context=True` receives as its first argument.
+    """What middleware, hooks and handlers registered with `pass_context=True` receive.
 
     `attempt` is the fencing token: pass it to outside systems so that a write from a
     stale attempt (a worker that lost its lease and woke up late) can be rejected.
+    `resources` are what the registry and the worker were given (an engine, a
+    sessionmaker, a client), shared by every job: `ctx.resources["db"]`.
     """
 
-    __slots__ = ("_heartbeat", "_lost", "attempt", "job_id", "queue", "task")
+    __slots__ = (
+        "_heartbeat",
+        "_lost",
+        "attempt",
+        "job_id",
+        "queue",
+        "resources",
+        "state",
+        "task",
+    )
 
     def __init__(
         self,
@@ -38,33 +55,57 @@ class JobContext:
         queue: str,
         attempt: int,
         heartbeat: Callable[[JobContext], bool] | None = None,
+        resources: Mapping[str, Any] | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
         self.queue = queue
         self.attempt = attempt
+        self.resources: Mapping[str, Any] = resources if resources is not None else {}
+        self.state: dict[str, Any] = {}
+        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
         self._heartbeat = heartbeat
-        self._lost = threading.Event()
+        self._lost: str | None = None
 
     @property
     def cancelled(self) -> bool:
-        """True once the job was cancelled or its lease was lost: stop work and return."""
-        return self._lost.is_set()
+        """True once the job was cancelled, timed out, or its lease was lost: stop and return."""
+        return self._lost is not None
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the job is no longer this worker's: "cancelled", "lost", "timed out", or None."""
+        return self._lost
 
     def raise_if_cancelled(self) -> None:
-        """Raise `JobCancelledError` if the job was cancelled or reaped, for long loops."""
-        if self._lost.is_set():
+        """Raise `JobCancelledError` (cancelled) or `JobLostError` (reaped, timed out, or the
+        worker stopping), for long loops."""
+        if self._lost == "cancelled":
             raise JobCancelledError(job_id=self.job_id)
+        if self._lost is not None:
+            raise JobLostError(job_id=self.job_id)
 
     def heartbeat(self) -> bool:
         """Extend this job's lease now; returns False if the worker no longer holds it."""
         if self._heartbeat is None:
-            return not self._lost.is_set()
+            return self._lost is None
         return self._heartbeat(self)
 
-    def mark_lost(self) -> None:
-        """Called by the worker when the job is no longer its own."""
-        self._lost.set()
+    def resource(self, name: str) -> Any:
+        """The resource named `name`, or a `ConfigurationError` naming the ones there are."""
+        try:
+            return self.resources[name]
+        except KeyError:
+            known = ", ".join(sorted(self.resources)) or "none"
+            raise ConfigurationError(
+                detail=f"no resource named {name!r} (known: {known}); pass it as "
+                f"Registry(resources={{{name!r}: ...}}) or WorkerConfig(resources=...)"
+            ) from None
+
+    def mark_lost(self, reason: str = "lost") -> None:
+        """Called by the worker when the job is no longer its own (the first reason stays)."""
+        if self._lost is None:
+            self._lost = reason
 
     def __repr__(self) -> str:
         return f"JobContext(job_id={self.job_id}, task={self.task!r}, attempt={self.attempt})"
@@ -82,12 +123,18 @@ class Task:
     retry: RetryPolicy = DEFAULT_RETRY
     timeout: float | None = None
     pass_context: bool = False
+    middleware: Sequence[Middleware] = ()
+    lease: float | None = None
+    """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
     is_async: bool = field(init=False)
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
 
     def __post_init__(self) -> None:
-        self.is_async = inspect.iscoroutinefunction(self.func)
+        # A decorator made with functools.wraps around an async def still counts as async.
+        self.is_async = inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
+            inspect.unwrap(self.func)
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -136,11 +183,50 @@ class Registry:
     `insert_hooks` (or `@registry.on_insert`) run on every job written through this
     registry's tasks, or through any enqueue path while it is the default registry
     (`sqla_queue.set_default_registry`); see `sqla_queue.hooks`.
+
+    `middleware` wraps every job's execution (see `sqla_queue.middleware`); `resources`
+    are handed to every job through `JobContext.resources`; lifecycle hooks are added with
+    `@registry.on_job_claimed`, `on_job_finished`, `on_worker_started`, `on_worker_stopping`.
     """
 
-    def __init__(self, *, insert_hooks: Iterable[InsertHook] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        middleware: Sequence[Middleware] = (),
+        resources: Mapping[str, Any] | None = None,
+        insert_hooks: Iterable[InsertHook] = (),
+    ) -> None:
         self._tasks: dict[str, Task] = {}
         self.insert_hooks: list[InsertHook] = list(insert_hooks)
+        self.middleware: list[Middleware] = list(middleware)
+        self.resources: dict[str, Any] = dict(resources or {})
+        self.hooks = LifecycleHooks()
+
+    def on_job_claimed(self, hook: H) -> H:
+        """Register `hook(ctx)`, called for every job this registry's worker claims."""
+        self._add_hook(self.hooks.job_claimed, hook)
+        return hook
+
+    def on_job_finished(self, hook: H) -> H:
+        """Register `hook(ctx, outcome)`, called once per claimed job with its `Outcome`."""
+        self._add_hook(self.hooks.job_finished, hook)
+        return hook
+
+    def on_worker_started(self, hook: H) -> H:
+        """Register `hook(worker)`, called once the worker is connected and running."""
+        self._add_hook(self.hooks.worker_started, hook)
+        return hook
+
+    def on_worker_stopping(self, hook: H) -> H:
+        """Register `hook(worker)`, called when the worker begins to stop."""
+        self._add_hook(self.hooks.worker_stopping, hook)
+        return hook
+
+    @staticmethod
+    def _add_hook(hooks: list[Any], hook: Callable[..., Any]) -> None:
+        if not callable(hook):
+            raise ConfigurationError(detail=f"a hook must be callable, got {hook!r}")
+        hooks.append(hook)
 
     def on_insert(self, hook: InsertHook) -> InsertHook:
         """Register an insert hook (a decorator): it runs after those registered before."""
@@ -163,6 +249,8 @@ class Registry:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         pass_context: bool = False,
+        middleware: Sequence[Middleware] = (),
+        lease: float | None = None,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -177,14 +265,17 @@ class Registry:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         pass_context: bool = False,
+        middleware: Sequence[Middleware] = (),
+        lease: float | None = None,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
         The name defaults to `module.function`. Options: the default `queue` and
         `priority` of its jobs (for `.enqueue`, and for every enqueue path while this is the
         default registry), `max_attempts` (used when the job row does not set it),
-        `retry` (a `RetryPolicy`), `timeout` in seconds, and `pass_context` to receive a
-        `JobContext` as the first argument.
+        `retry` (a `RetryPolicy`), `timeout` in seconds, `pass_context` to receive a
+        `JobContext` as the first argument, `middleware` of its own (inside the registry's),
+        and `lease`: its own seconds without a heartbeat before it is reaped (at least 1).
         """
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
@@ -194,6 +285,13 @@ class Registry:
             raise ConfigurationError(
                 detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}"
             )
+        if lease is not None and not lease >= MIN_LEASE:
+            raise ConfigurationError(
+                detail=f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
+                f"got {lease}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(detail=f"retry must be a RetryPolicy, got {retry!r}")
 
         def register(f: Callable[..., Any]) -> Task:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
@@ -209,6 +307,8 @@ class Registry:
                 timeout=timeout,
                 pass_context=pass_context,
                 registry=self,
+                middleware=tuple(middleware),
+                lease=lease,
             )
             self._tasks[task_name] = task
             return task

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+
+from .errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,16 @@ class RetryPolicy:
     jitter: float = 0.25
 
     def __post_init__(self) -> None:
-        if self.base < 0 or self.factor < 1 or self.max_delay < 0 or not 0 <= self.jitter <= 1:
-            raise ValueError(
-                f"invalid RetryPolicy {self!r}: need base >= 0, factor >= 1, "
+        numbers = (self.base, self.factor, self.max_delay, self.jitter)
+        if (
+            not all(math.isfinite(n) for n in numbers)
+            or self.base < 0
+            or self.factor < 1
+            or self.max_delay < 0
+            or not 0 <= self.jitter <= 1
+        ):
+            raise ConfigurationError(
+                detail=f"invalid RetryPolicy {self!r}: need finite base >= 0, factor >= 1, "
                 "max_delay >= 0 and 0 <= jitter <= 1"
             )
 

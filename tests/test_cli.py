@@ -359,7 +359,7 @@ def test_worker_with_a_bad_app_path_says_what_is_wrong(
     [
         (["-c", "-1"], "concurrency must be at least 1, got -1"),
         (["--batch", "0"], "batch must be at least 1"),
-        (["--lease", "0"], "lease must be positive"),
+        (["--lease", "0.5"], "lease must be at least 1 s"),
         (["-q", ","], "the queue list is empty"),
     ],
 )

@@ -161,13 +161,18 @@ def test_two_reapers_at_once_requeue_each_stale_job_exactly_once(engine: Engine)
     ids = enqueue_jobs(engine, "t", 600)
     with engine.begin() as conn:
         conn.execute(queries.claim_jobs(None), {"limit": 1000, "worker_id": "dead"})
-        conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '1 hour'"))
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET started_at = now(), "
+                "lease_expires_at = now() - interval '1 hour'"
+            )
+        )
     reap = queries.reap_stale_jobs()
 
     def reap_until_empty(conn: Connection) -> list[int]:
         reaped: list[int] = []
         while rows := conn.execute(reap, {"lease": 60}).all():
-            reaped.extend(job_id for job_id, _ in rows)
+            reaped.extend(row.id for row in rows)
         return reaped
 
     first, second = on_connections(engine, 2, reap_until_empty)
@@ -198,7 +203,7 @@ def _ended_claim_statements() -> dict[str, tuple[Any, dict[str, list[Any]]]]:
         "retry": (queries.retry_jobs(), {"job_delays": [0.0], "job_errors": ["stale"]}),
         "fail": (queries.fail_jobs(), {"job_errors": ["stale"]}),
         "release": (queries.release_jobs(), {"job_refunds": [1]}),
-        "heartbeat": (queries.heartbeat_jobs(), {}),
+        "heartbeat": (queries.heartbeat_jobs(), {"job_leases": [60.0], "job_started": [True]}),
     }
 
 
@@ -211,7 +216,12 @@ def test_stale_attempt_cannot_finish_fail_retry_release_or_heartbeat(
         conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "stale"})
     assert stall_and_reap(engine) == 2
     with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '5 minutes'"))
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '5 minutes', "
+                "lease_expires_at = now() - interval '5 minutes'"
+            )
+        )
     before = jobs_by_id(engine)[job_id]
     query, extra = _ended_claim_statements()[statement]
 
@@ -244,5 +254,6 @@ def test_cancelled_running_job_cannot_be_finished_by_its_worker(engine: Engine) 
         assert admin.cancel_jobs(conn, [job_id]) == {job_id: "running"}
         params = {"job_ids": [job_id], "job_attempts": [1]}
         assert conn.execute(queries.complete_delete(), params).rowcount == 0
-        assert conn.execute(queries.heartbeat_jobs(), params).all() == []
+        beat = {**params, "job_leases": [60.0], "job_started": [True]}
+        assert conn.execute(queries.heartbeat_jobs(), beat).all() == []
     assert jobs_by_id(engine)[job_id].status == "cancelled"

@@ -47,6 +47,7 @@ EVERY_CHECK = {
     "tables",
     "autovacuum_settings",
     "stuck_jobs",
+    "workers",
     "backlog",
     "failed_jobs",
 }

@@ -167,6 +167,7 @@ WORKER_GRANTS = [
     "GRANT UPDATE ON sqla_queue.jobs TO {role}",
     "GRANT DELETE ON sqla_queue.jobs TO {role}",
     "GRANT INSERT ON sqla_queue.jobs_archive TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.workers TO {role}",
 ]
 """Exactly what README.md ("Security") lists for the worker's role."""
 

@@ -489,50 +489,73 @@ def test_late_outcome_of_a_reaped_job_changes_nothing(engine: Engine, outcome: s
 
     max_attempts = 1 if outcome == "raise on the last attempt" else 5
     (job_id,) = enqueue_jobs(engine, "stalls", 1, max_attempts=max_attempts)
+    last_attempt = outcome == "raise on the last attempt"
     with WorkerThread(engine, registry, concurrency=2) as runner:
         started.wait(10)
-        assert stall_and_reap(engine) == 2
+        # On its last attempt the reaper fails the job itself; otherwise another worker
+        # claims attempt 2.
+        assert stall_and_reap(engine) == (0 if last_attempt else 2)
         release.set()
         stats = runner.worker.stats
         wait_for(lambda: stats.succeeded + stats.retried + stats.failed == 1)
 
     job = jobs_by_id(engine)[job_id]
-    assert (job.status, job.attempts, job.locked_by) == ("running", 2, "successor")
-    assert job.finished_at is None
+    if last_attempt:
+        assert (job.status, job.attempts, job.locked_by) == ("failed", 1, None)
+        assert "stopped heartbeating during attempt 1, the last of 1" in (job.last_error or "")
+    else:
+        assert (job.status, job.attempts, job.locked_by) == ("running", 2, "successor")
+        assert job.finished_at is None
     assert "late failure" not in (job.last_error or "")
 
 
-@pytest.mark.parametrize(("max_attempts", "outcome"), [(None, "done"), (1, "failed")])
-def test_reaper_requeues_a_job_whose_worker_stopped_heartbeating(
-    engine: Engine, max_attempts: int | None, outcome: str
+@pytest.mark.parametrize(
+    ("started", "max_attempts", "outcome", "attempts"),
+    [
+        (True, None, "done", [2]),  # it ran: the next run is attempt 2
+        (True, 1, "failed", []),  # it ran its last attempt: failed by the reaper itself
+        (False, 1, "done", [2]),  # never started: the attempt is refunded (defect 10)
+    ],
+)
+def test_reaper_requeues_a_job_whose_lease_expired(
+    engine: Engine, started: bool, max_attempts: int | None, outcome: str, attempts: list[int]
 ) -> None:
-    """Requeued, it runs again as attempt 2, unless that exceeds its max_attempts."""
     registry = Registry()
-    attempts: list[int] = []
+    ran: list[int] = []
 
     @registry.task(name="orphan", pass_context=True)
     def orphan(ctx: JobContext) -> None:
-        attempts.append(ctx.attempt)
+        ran.append(ctx.attempt)
 
     with engine.begin() as conn:
         admin.set_retention(conn, "default", "keep")
     (job_id,) = enqueue_jobs(engine, "orphan", 1, max_attempts=max_attempts)
     with engine.begin() as conn:
         conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "dead-worker"})
-        conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '1 hour'"))
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET lease_expires_at = now() - interval '1 second', "
+                "started_at = CASE WHEN :started THEN now() END"
+            ),
+            {"started": started},
+        )
 
-    with WorkerThread(engine, registry, lease=0.4, poll_only=False) as runner:
+    with WorkerThread(engine, registry, poll_only=False) as runner:
         wait_for(lambda: count_where(engine, f"status = '{outcome}'") == 1)
         assert runner.worker.stats.reaped == 1
 
     job = jobs_by_id(engine)[job_id]
-    assert (job.status, job.attempts) == (outcome, 2)
-    if outcome == "done":
-        assert attempts == [2]
-        assert "dead-worker stopped heartbeating" in (job.last_error or "")
+    assert (job.status, job.attempts) == (outcome, attempts[-1] if attempts else 1)
+    assert ran == attempts
+    if not started:  # the attempt number still grows (fencing); the budget grew with it
+        assert job.max_attempts == 2
+        assert "lease expired before its handler started" in (job.last_error or "")
+    elif outcome == "failed":
+        assert "dead-worker stopped heartbeating during attempt 1, the last of 1" in (
+            job.last_error or ""
+        )
     else:
-        assert attempts == []
-        assert "attempt 2 exceeds max_attempts 1" in (job.last_error or "")
+        assert "dead-worker stopped heartbeating" in (job.last_error or "")
 
 
 def test_heartbeats_keep_a_long_job_from_being_reaped(engine: Engine) -> None:
@@ -542,10 +565,10 @@ def test_heartbeats_keep_a_long_job_from_being_reaped(engine: Engine) -> None:
     @registry.task(name="long", pass_context=True)
     def long(ctx: JobContext) -> None:
         attempts.append(ctx.attempt)
-        time.sleep(1.2)  # three leases
+        time.sleep(3.2)  # three leases
 
     enqueue_jobs(engine, "long", 1)
-    with WorkerThread(engine, registry, lease=0.4, concurrency=2) as runner:
-        wait_for(lambda: count_where(engine, "true") == 0, timeout=10)
+    with WorkerThread(engine, registry, lease=1, concurrency=2) as runner:
+        wait_for(lambda: count_where(engine, "true") == 0, timeout=15)
         assert runner.worker.stats.reaped == 0
     assert attempts == [1]

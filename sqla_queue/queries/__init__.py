@@ -1,8 +1,9 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
 Split by subject, one module each: `jobs` (the job lifecycle), `queues` (administration),
-`catalog` (PostgreSQL catalogs: schema revision, doctor, migrations); `common` holds what
-they share. A reader who wants to know what hits the database reads only this folder.
+`workers` (live worker registrations), `catalog` (PostgreSQL catalogs: schema revision,
+doctor, migrations); `common` holds what they share. A reader who wants to know what
+hits the database reads only this folder.
 Statements are built once and executed with bound parameters; none interpolates
 a value into SQL text. Batch statements take parallel arrays and `unnest` them,
 so a batch of any size is one statement and one round trip.
@@ -36,25 +37,31 @@ from .common import (
     FINISHED_STATUSES,
 )
 from .jobs import (
+    CANCEL_CHANNEL,
     COPY_JOB_COLUMNS,
     COPY_JOBS,
     LISTEN,
     cancel_jobs,
     claim_jobs,
+    complete_and_claim,
     complete_archive,
     complete_delete,
-    complete_delete_and_claim,
+    complete_jobs,
     complete_keep,
     fail_jobs,
     heartbeat_jobs,
+    held_jobs,
     insert_jobs,
     job_by_id,
+    job_status,
     may_reserve_job_ids,
+    notify_cancelled,
     notify_queues,
     reap_stale_jobs,
     release_jobs,
     reserve_job_ids,
     retry_jobs,
+    stuck_condition,
 )
 from .queues import (
     count_unfinished_in_queue,
@@ -69,8 +76,15 @@ from .queues import (
     set_queue_paused,
     set_queue_retention,
 )
+from .workers import (
+    beat_worker,
+    delete_expired_workers,
+    deregister_worker,
+    live_workers,
+)
 
 __all__ = [
+    "CANCEL_CHANNEL",
     "CLAIMED_COLUMNS",
     "COPY_JOBS",
     "COPY_JOB_COLUMNS",
@@ -78,25 +92,33 @@ __all__ = [
     "FINISHED_STATUSES",
     "LISTEN",
     "applied_revisions",
+    "beat_worker",
     "cancel_jobs",
     "claim_jobs",
+    "complete_and_claim",
     "complete_archive",
     "complete_delete",
-    "complete_delete_and_claim",
+    "complete_jobs",
     "complete_keep",
     "count_unfinished_in_queue",
     "create_queue",
+    "delete_expired_workers",
     "delete_jobs_of_queue",
     "delete_queue",
+    "deregister_worker",
     "fail_jobs",
     "failed_job_counts",
     "heartbeat_jobs",
+    "held_jobs",
     "insert_jobs",
     "job_by_id",
+    "job_status",
+    "live_workers",
     "lock_queue",
     "may_reserve_job_ids",
     "multixact_waits",
     "next_multixact_id",
+    "notify_cancelled",
     "notify_queues",
     "open_transactions",
     "orphan_queues",
@@ -117,6 +139,7 @@ __all__ = [
     "server_settings",
     "set_queue_paused",
     "set_queue_retention",
+    "stuck_condition",
     "stuck_jobs",
     "subtransaction_writers",
     "table_health",

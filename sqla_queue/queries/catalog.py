@@ -25,6 +25,7 @@ from .common import (
     jobs,
     queues,
 )
+from .jobs import stuck_condition
 
 # -- schema ----------------------------------------------------------------------------------
 
@@ -313,12 +314,13 @@ def table_health() -> Select[Any]:
 
 
 def stuck_jobs() -> Select[Any]:
-    """(count, oldest silence in seconds) of running jobs silent for more than `:lease` s."""
-    last_sign = func.coalesce(jobs.c.heartbeat_at, jobs.c.locked_at, jobs.c.created_at)
-    return select(func.count(), _epoch_since(func.min(last_sign))).where(
-        _is(JobStatus.running),
-        last_sign < func.now() - _seconds("lease"),
-    )
+    """(count, longest overdue in seconds) of running jobs the reaper would requeue now.
+
+    The same condition as the reaper (`stuck_condition`): past the job's own lease
+    deadline, or held by a worker whose registration expired.
+    """
+    overdue = func.coalesce(jobs.c.lease_expires_at, jobs.c.heartbeat_at, jobs.c.created_at)
+    return select(func.count(), _epoch_since(func.min(overdue))).where(stuck_condition())
 
 
 def overdue_jobs() -> Select[Any]:

@@ -23,21 +23,27 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableValuedAlias
 
-from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue
+from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue, WorkerRegistration
 
 jobs = cast(Table, Job.__table__)
 queues = cast(Table, Queue.__table__)
 archive = cast(Table, ArchivedJob.__table__)
+workers = cast(Table, WorkerRegistration.__table__)
 
 CLAIMED_COLUMNS = (
     jobs.c.id,
     jobs.c.task,
-    jobs.c.args,
+    jobs.c.args.cast(Text).label("args_json"),
     jobs.c.attempts,
     jobs.c.max_attempts,
     jobs.c.queue,
+    jobs.c.status,
 )
-"""The columns a claim returns, in this order: (id, task, args, attempts, max_attempts, queue)."""
+"""The columns a claim returns: id, task, args_json, attempts, max_attempts, queue, status.
+
+`args` comes back as JSON text, so the worker decodes each job on its own: one row whose
+args cannot be decoded (nested too deep, an integer too long) fails alone, not its batch.
+"""
 
 FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 

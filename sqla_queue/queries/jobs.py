@@ -7,7 +7,9 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    CTE,
     BigInteger,
+    Boolean,
     DateTime,
     Delete,
     Float,
@@ -18,31 +20,37 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     Update,
+    and_,
     any_,
     bindparam,
+    case,
     delete,
     exists,
     func,
     insert,
     literal,
+    literal_column,
+    null,
     or_,
     select,
     text,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.elements import ColumnElement
 
-from sqla_queue.models import NOTIFY_CHANNEL, JobStatus
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NOTIFY_CHANNEL, JobStatus, Retention
 
 from .common import (
     CLAIMED_COLUMNS,
     _claimed_batch,
     _fenced,
     _is,
-    _seconds,
     archive,
     jobs,
     queues,
+    workers,
 )
 
 # -- enqueue ---------------------------------------------------------------------------------
@@ -76,13 +84,32 @@ def insert_jobs() -> Insert:
 # -- claim -----------------------------------------------------------------------------------
 
 
+def _task_number(name: str, type_: Any) -> Any:
+    """`(:name ->> jobs.task)::type`: a task's own setting from a JSON object of them, or NULL."""
+    return bindparam(name, {}, type_=JSONB)[jobs.c.task].astext.cast(type_)
+
+
+def _max_attempts() -> Any:
+    """A job's max_attempts: its own, else its task's (`:task_max_attempts`), else the default."""
+    return func.coalesce(
+        jobs.c.max_attempts,
+        _task_number("task_max_attempts", Integer),
+        DEFAULT_MAX_ATTEMPTS,
+    )
+
+
 def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     """Claim up to `:limit` due jobs, lowest priority first, and mark them running.
 
-    Parameters: `limit`, `worker_id`, and `queues` (a list) when `queue_names` is given;
-    `None` claims from every queue. Paused queues are skipped. The candidates CTE is
-    MATERIALIZED so the planner cannot re-run the locking subquery and lock more than
-    `limit` rows.
+    Parameters: `limit`, `worker_id`, `lease` (seconds), `task_leases` and
+    `task_max_attempts` (JSON objects of the registered tasks' own settings), and `queues`
+    (a list) when `queue_names` is given; `None` claims from every queue. Paused queues are
+    skipped. The candidates CTE is MATERIALIZED so the planner cannot re-run the locking
+    subquery and lock more than `limit` rows.
+
+    Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
+    next attempt would exceed its max_attempts (its last worker died mid-run) is marked
+    failed here instead of running: the returned `status` says which.
     """
     paused = exists().where(queues.c.name == jobs.c.queue, queues.c.paused)
     conditions = [
@@ -101,21 +128,45 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
         .cte("candidates")
         .prefix_with("MATERIALIZED")
     )
+    lease = func.coalesce(_task_number("task_leases", Float), bindparam("lease", 60.0, type_=Float))
+    exhausted = jobs.c.attempts >= _max_attempts()
     return (
         update(jobs)
         .where(jobs.c.id == candidates.c.id)
         .values(
-            status=JobStatus.running.value,
+            status=case(
+                (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
+                else_=literal_column(f"'{JobStatus.running.value}'"),
+            ),
             attempts=jobs.c.attempts + 1,
             locked_at=func.now(),
             heartbeat_at=func.now(),
             locked_by=bindparam("worker_id", type_=Text),
+            lease_expires_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, lease),
+            started_at=null(),
+            finished_at=case((exhausted, func.now())),
+            last_error=case(
+                (
+                    exhausted,
+                    func.concat(
+                        "attempt ",
+                        jobs.c.attempts + 1,
+                        " exceeds max_attempts ",
+                        _max_attempts(),
+                        " (the previous attempt's worker stopped heartbeating)",
+                    ),
+                ),
+                else_=jobs.c.last_error,
+            ),
         )
         .returning(*CLAIMED_COLUMNS)
     )
 
 
 # -- finish ----------------------------------------------------------------------------------
+
+_ENDED = {"locked_by": None, "heartbeat_at": None, "lease_expires_at": None, "started_at": None}
+"""Values that clear a claim: nothing holds the job any more."""
 
 
 def complete_keep() -> Update:
@@ -134,30 +185,88 @@ def complete_delete() -> Delete:
     return delete(jobs).where(*_fenced(batch))
 
 
-def complete_delete_and_claim(queue_names: Sequence[str] | None) -> Update:
-    """`complete_delete` then `claim_jobs` in one statement: one commit per cycle, not two.
-
-    Parameters: those of both (`job_ids`, `job_attempts`, `limit`, `worker_id`, `queues`).
-    The deleted rows were `running`, so they are never among the candidates.
-    """
-    batch = _claimed_batch()
-    finished = delete(jobs).where(*_fenced(batch)).returning(jobs.c.id).cte("finished")
-    return claim_jobs(queue_names).add_cte(finished)
-
-
-def complete_archive() -> Insert:
-    """Move a batch of succeeded jobs to the archive table in one statement."""
-    batch = _claimed_batch()
-    moved = delete(jobs).where(*_fenced(batch)).returning(*jobs.c).cte("moved")
+def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
+    """The archive's column names, and what each takes from `source` (deleted job rows)."""
     names = [c.name for c in archive.c]
     values = [
         literal(JobStatus.done.value).label("status")
         if name == "status"
         else func.now().label("finished_at")
         if name == "finished_at"
-        else moved.c[name]
+        else source.c[name]
         for name in names
     ]
+    return names, values
+
+
+def _completion_ctes() -> tuple[CTE, ...]:
+    """Finish a batch of succeeded jobs as each one's queue's retention says, read now.
+
+    The retention is read in the same statement (a queue without a row deletes), so a queue
+    whose retention just changed is honoured at once. Archiving skips ids already archived.
+    """
+    batch = _claimed_batch()
+    target = (
+        select(
+            jobs.c.id,
+            func.coalesce(queues.c.retention, literal_column(f"'{Retention.delete.value}'")).label(
+                "retention"
+            ),
+        )
+        .select_from(
+            jobs.join(batch, and_(*_fenced(batch))).outerjoin(queues, queues.c.name == jobs.c.queue)
+        )
+        .cte("target")
+    )
+    keep: ColumnElement[str] = literal_column(f"'{Retention.keep.value}'")
+    removed = (
+        delete(jobs)
+        .where(jobs.c.id == target.c.id, target.c.retention != keep, _is(JobStatus.running))
+        .returning(*jobs.c, target.c.retention)
+        .cte("removed")
+    )
+    names, values = _archived_values(removed)
+    archived = (
+        pg_insert(archive)
+        .from_select(
+            names,
+            select(*values).where(
+                removed.c.retention == literal_column(f"'{Retention.archive.value}'")
+            ),
+        )
+        .on_conflict_do_nothing()  # no conflict target: needs no SELECT on the archive
+        .cte("archived")
+    )
+    kept = (
+        update(jobs)
+        .where(jobs.c.id == target.c.id, target.c.retention == keep, _is(JobStatus.running))
+        .values(status=JobStatus.done.value, finished_at=func.now(), **_ENDED)
+        .cte("kept")
+    )
+    return target, removed, archived, kept
+
+
+def complete_jobs() -> Select[Any]:
+    """Finish succeeded jobs by their queue's retention (delete, keep or archive), in one
+    statement. Parameters: `job_ids`, `job_attempts`. Returns how many were still ours."""
+    target, removed, archived, kept = _completion_ctes()
+    return select(func.count()).select_from(target).add_cte(removed, archived, kept)
+
+
+def complete_and_claim(queue_names: Sequence[str] | None) -> Update:
+    """`complete_jobs` then `claim_jobs` in one statement: one commit per cycle, not two.
+
+    Parameters: those of both. The finished rows were `running`, so they are never among
+    the candidates.
+    """
+    return claim_jobs(queue_names).add_cte(*_completion_ctes())
+
+
+def complete_archive() -> Insert:
+    """Move a batch of succeeded jobs to the archive table in one statement."""
+    batch = _claimed_batch()
+    moved = delete(jobs).where(*_fenced(batch)).returning(*jobs.c).cte("moved")
+    names, values = _archived_values(moved)
     return insert(archive).from_select(names, select(*values)).add_cte(moved)
 
 
@@ -174,9 +283,8 @@ def retry_jobs() -> Update:
             status=JobStatus.queued.value,
             run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, batch.c.delay),
             last_error=batch.c.error,
-            locked_by=None,
             locked_at=None,
-            heartbeat_at=None,
+            **_ENDED,
         )
     )
 
@@ -192,6 +300,7 @@ def fail_jobs() -> Update:
             finished_at=func.now(),
             last_error=batch.c.error,
             heartbeat_at=None,
+            lease_expires_at=None,
         )
     )
 
@@ -212,9 +321,8 @@ def release_jobs() -> Update:
             status=JobStatus.queued.value,
             attempts=jobs.c.attempts - batch.c.refund,
             run_at=func.now(),
-            locked_by=None,
             locked_at=None,
-            heartbeat_at=None,
+            **_ENDED,
         )
     )
 
@@ -223,46 +331,120 @@ def release_jobs() -> Update:
 
 
 def heartbeat_jobs() -> Update:
-    """Refresh the heartbeat of the jobs a worker holds; returns the ids it still owns.
+    """Extend the leases of the jobs a worker holds; returns the ids it extended.
 
-    A held job missing from the result was reaped or cancelled: its handler is told.
+    Parameters: `job_ids`, `job_attempts`, `job_leases` (seconds from now), `job_started`
+    (whether the handler has started: the reaper refunds the attempt of a job that had not).
+    Rows locked by someone else (a cancel in an open transaction) are skipped, not waited
+    for: `held_jobs` tells a skipped job, still ours, from a lost one.
     """
-    batch = _claimed_batch()
-    return update(jobs).where(*_fenced(batch)).values(heartbeat_at=func.now()).returning(jobs.c.id)
-
-
-def reap_stale_jobs() -> Update:
-    """Requeue `running` jobs whose heartbeat is older than `:lease` seconds.
-
-    Safe when several workers reap at once: SKIP LOCKED splits the rows between them and
-    the status condition is re-checked on the locked row. Returns (id, queue).
-    """
-    stale = (
-        select(jobs.c.id)
-        .where(
-            _is(JobStatus.running),
-            jobs.c.heartbeat_at < func.now() - _seconds("lease"),
-        )
-        .with_for_update(skip_locked=True)
-        .cte("stale")
+    batch = _claimed_batch(("job_leases", "lease", Float), ("job_started", "started", Boolean))
+    mine = (
+        select(jobs.c.id, batch.c.lease, batch.c.started)
+        .select_from(jobs.join(batch, and_(*_fenced(batch))))
+        .with_for_update(of=jobs, skip_locked=True)
+        .cte("mine")
         .prefix_with("MATERIALIZED")
     )
     return (
         update(jobs)
+        .where(jobs.c.id == mine.c.id)
+        .values(
+            heartbeat_at=func.now(),
+            lease_expires_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, mine.c.lease),
+            started_at=func.coalesce(jobs.c.started_at, case((mine.c.started, func.now()))),
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def held_jobs() -> Select[Any]:
+    """Which of `:job_ids`/`:job_attempts` are still running under that attempt (no lock)."""
+    batch = _claimed_batch()
+    return select(jobs.c.id).select_from(jobs.join(batch, and_(*_fenced(batch))))
+
+
+LEGACY_LEASE_SECONDS = 60
+"""The lease of a running job that has no deadline of its own (the old worker default)."""
+
+
+def stuck_condition() -> ColumnElement[bool]:
+    """A running job the reaper requeues: past its own lease deadline, or held by a worker
+    whose registration expired. `doctor` counts stuck jobs by the same condition."""
+    dead = select(workers.c.id).where(workers.c.expires_at < func.now())
+    # A row claimed without a deadline (by a worker older than per-job leases, during a
+    # rolling upgrade) keeps the old rule: its heartbeat plus the old default lease.
+    legacy = and_(
+        jobs.c.lease_expires_at.is_(None),
+        func.coalesce(jobs.c.heartbeat_at, jobs.c.locked_at, jobs.c.created_at)
+        < func.now() - text(f"interval '{LEGACY_LEASE_SECONDS} seconds'"),
+    )
+    return and_(
+        _is(JobStatus.running),
+        or_(
+            jobs.c.lease_expires_at < func.now(),
+            jobs.c.locked_by.in_(dead.scalar_subquery()),
+            legacy,
+        ),
+    )
+
+
+def reap_stale_jobs() -> Update:
+    """Requeue stuck `running` jobs (`stuck_condition`); returns (id, queue, status).
+
+    A job whose handler never started (as its worker's heartbeats reported) gets its
+    attempt back once: its max_attempts grows by one, while the attempt number, the fencing
+    token, keeps counting (a second time in a row it counts, so a job that kills its worker
+    at once still reaches max_attempts). A job
+    that has used all its attempts is marked failed. Safe when several workers reap at
+    once: SKIP LOCKED splits the rows between them and the status condition is re-checked
+    on the locked row. Parameter: `task_max_attempts` (optional, as for `claim_jobs`).
+    """
+    stale = (
+        select(jobs.c.id)
+        .where(stuck_condition())
+        .with_for_update(skip_locked=True)
+        .cte("stale")
+        .prefix_with("MATERIALIZED")
+    )
+    unstarted = "lease expired before its handler started: worker "
+    refund = and_(
+        jobs.c.started_at.is_(None),
+        func.coalesce(jobs.c.last_error, "").not_like(f"{unstarted}%"),
+    )
+    exhausted = and_(~refund, jobs.c.attempts >= _max_attempts())
+    worker = func.coalesce(jobs.c.locked_by, "?")
+    return (
+        update(jobs)
         .where(jobs.c.id == stale.c.id, _is(JobStatus.running))
         .values(
-            status=JobStatus.queued.value,
-            run_at=func.now(),
-            last_error=func.concat(
-                "lease expired: worker ",
-                func.coalesce(jobs.c.locked_by, "?"),
-                " stopped heartbeating",
+            status=case(
+                (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
+                else_=literal_column(f"'{JobStatus.queued.value}'"),
             ),
-            locked_by=None,
+            # The attempt number stays (it is the fencing token); the budget grows instead.
+            max_attempts=case((refund, _max_attempts() + 1), else_=jobs.c.max_attempts),
+            run_at=func.now(),
+            finished_at=case((exhausted, func.now())),
+            last_error=case(
+                (refund, func.concat(unstarted, worker, " stopped heartbeating")),
+                (
+                    exhausted,
+                    func.concat(
+                        "lease expired: worker ",
+                        worker,
+                        " stopped heartbeating during attempt ",
+                        jobs.c.attempts,
+                        ", the last of ",
+                        _max_attempts(),
+                    ),
+                ),
+                else_=func.concat("lease expired: worker ", worker, " stopped heartbeating"),
+            ),
             locked_at=None,
-            heartbeat_at=None,
+            **_ENDED,
         )
-        .returning(jobs.c.id, jobs.c.queue)
+        .returning(jobs.c.id, jobs.c.queue, jobs.c.status)
     )
 
 
@@ -278,8 +460,8 @@ def notify_queues() -> Select[Any]:
 def cancel_jobs() -> Update:
     """Cancel jobs `:job_ids` that are queued or running; returns (id, previous status).
 
-    A running job's handler sees the cancellation at its worker's next heartbeat, and its
-    late finish is fenced off by the status condition.
+    `admin.cancel_jobs` then NOTIFYs `CANCEL_CHANNEL` so the workers holding running ones
+    tell their handlers at once; a late finish is fenced off by the status condition.
     """
     before = (
         select(jobs.c.id, jobs.c.status)
@@ -300,8 +482,16 @@ def cancel_jobs() -> Update:
             status=JobStatus.cancelled.value,
             finished_at=func.now(),
             heartbeat_at=None,
+            lease_expires_at=None,
         )
         .returning(jobs.c.id, before.c.status)
+    )
+
+
+def job_status() -> Select[Any]:
+    """(status, attempts) of the job `:job_id`, without its args."""
+    return select(jobs.c.status, jobs.c.attempts).where(
+        jobs.c.id == bindparam("job_id", type_=BigInteger)
     )
 
 
@@ -327,5 +517,13 @@ COPY_JOB_COLUMNS = ("id", "task", "args", "queue", "priority", "run_at", "max_at
 COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
 """Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
 
-LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"'
+CANCEL_CHANNEL = f"{NOTIFY_CHANNEL}_cancel"
+"""The channel on which a cancel names the running jobs it cancelled (comma-separated ids)."""
+
+LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"; LISTEN "{CANCEL_CHANNEL}"'
 """Not expressible in Core: the one plain-text statement, sent by the listener connection."""
+
+
+def notify_cancelled() -> Select[Any]:
+    """`pg_notify(CANCEL_CHANNEL, :job_ids)`: running jobs that were cancelled, on commit."""
+    return select(func.pg_notify(CANCEL_CHANNEL, bindparam("job_ids", type_=Text)))

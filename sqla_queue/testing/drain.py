@@ -9,8 +9,8 @@ back leaves nothing behind. `run_until_empty` runs a real burst-mode `Worker` in
 from __future__ import annotations
 
 import asyncio
-import traceback
-from collections.abc import Coroutine, Iterator, Sequence
+import inspect
+from collections.abc import Awaitable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,9 +21,12 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import queries
 from sqla_queue.errors import ConfigurationError, JobTimeoutError, TaskNotFoundError
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job, JobStatus, Retention
+from sqla_queue.middleware import compose
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job, JobStatus
 from sqla_queue.registry import JobContext, Registry, Task
-from sqla_queue.worker import MAX_ERROR_CHARS, Worker, WorkerConfig, WorkerStats
+from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
+from sqla_queue.worker.executor import resources_of
+from sqla_queue.worker.jobs import decode_args, error_text
 
 DRAIN_WORKER_ID = "sqla_queue.testing.drain"
 """The `locked_by` of jobs claimed by `drain`."""
@@ -88,14 +91,13 @@ def drain(
         params["queues"] = queue_names
     try:
         with _connection_for(target) as run:
-            retention = {row.name: row.retention for row in run(queries.queue_settings())}
             while max_jobs is None or result.ran - ran < max_jobs:
                 if include_scheduled:
                     run(_make_scheduled_due(queue_names))
                 row = run(claim, params).first()
                 if row is None:
                     break
-                error = _run_job(registry, row, retention, run, result)
+                error = _run_job(registry, row, run, result)
                 if error is not None and reraise:
                     raise error
     finally:
@@ -153,7 +155,6 @@ def _make_scheduled_due(queue_names: Sequence[str] | None) -> Any:
 def _run_job(
     registry: Registry,
     row: Any,
-    retention: dict[str, str],
     run: Any,
     result: DrainResult,
 ) -> BaseException | None:
@@ -166,12 +167,19 @@ def _run_job(
         result.failed += 1
         result.errors.append((row.id, message))
         return None
-    context = JobContext(row.id, row.task, row.queue, row.attempts)
+    args, decode_error = decode_args(row.args_json)
+    if decode_error is not None:
+        run(queries.fail_jobs(), {**fence, "job_errors": [decode_error]})
+        result.failed += 1
+        result.errors.append((row.id, decode_error))
+        return None
+    context = JobContext(
+        row.id, row.task, row.queue, row.attempts, resources=resources_of(registry, {})
+    )
     try:
-        _call_handler(task, context, row.args)
+        _call_handler(registry, task, context, args)
     except Exception as exc:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        text = text[-MAX_ERROR_CHARS:]
+        text = error_text(exc)
         result.errors.append((row.id, text))
         max_attempts = row.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
         if row.attempts >= max_attempts:
@@ -182,32 +190,31 @@ def _run_job(
             run(queries.retry_jobs(), {**fence, "job_delays": [delay], "job_errors": [text]})
             result.retried += 1
         return exc
-    kind = retention.get(row.queue, Retention.delete.value)
-    finish = {
-        Retention.delete.value: queries.complete_delete,
-        Retention.keep.value: queries.complete_keep,
-        Retention.archive.value: queries.complete_archive,
-    }[kind]
-    run(finish(), fence)
+    run(queries.complete_jobs(), fence)  # by the queue's retention, decided in the SQL
     result.succeeded += 1
     return None
 
 
-def _call_handler(task: Task, context: JobContext, args: dict[str, Any]) -> None:
-    """Call one job's handler; the one place `drain` runs user code.
+def _call_handler(
+    registry: Registry, task: Task, context: JobContext, args: dict[str, Any]
+) -> None:
+    """Call one job's handler inside the registry's and the task's middleware, as the
+    worker's executor does; the one place `drain` runs user code. A sync handler's timeout
+    is not enforced here; an async one's is."""
 
-    Kept apart so that it can go through the worker's executor (and its middleware) once
-    that exists. A sync handler's timeout is not enforced here; an async one's is.
-    """
-    call = task.func(context, **args) if task.pass_context else task.func(**args)
-    if task.is_async:
-        _run_coroutine(call, task, context)
+    def call_handler(ctx: JobContext) -> Any:
+        call = task.func(ctx, **args) if task.pass_context else task.func(**args)
+        if inspect.isawaitable(call):
+            return _run_coroutine(call, task, ctx)
+        return call
+
+    compose([*registry.middleware, *task.middleware], call_handler)(context)
 
 
-def _run_coroutine(call: Coroutine[Any, Any, Any], task: Task, context: JobContext) -> None:
-    async def bounded() -> None:
+def _run_coroutine(call: Awaitable[Any], task: Task, context: JobContext) -> Any:
+    async def bounded() -> Any:
         try:
-            await asyncio.wait_for(call, task.timeout)
+            return await asyncio.wait_for(call, task.timeout)
         except asyncio.TimeoutError:
             raise JobTimeoutError(
                 job_id=context.job_id, task=task.name, timeout=task.timeout
@@ -216,11 +223,10 @@ def _run_coroutine(call: Coroutine[Any, Any, Any], task: Task, context: JobConte
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        asyncio.run(bounded())
-        return
+        return asyncio.run(bounded())
     # Called from async code (through run_sync): this thread's loop is busy, use another.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, bounded()).result()
+        return pool.submit(asyncio.run, bounded()).result()
 
 
 def run_until_empty(

@@ -128,19 +128,27 @@ def start_worker_process(database_url: str, *args: str) -> subprocess.Popen[str]
 
 
 def stall_and_reap(engine: Engine) -> int:
-    """Make every running job look abandoned, reap it, and claim it again as another worker.
+    """Make every running job look abandoned after it started, reap it, and claim it again
+    as another worker.
 
     One transaction: until it commits, the reaped row stays locked, so no worker's claim
     (SKIP LOCKED) can take it first.
     """
     with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET heartbeat_at = now() - interval '1 hour'"))
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET started_at = coalesce(started_at, now()), "
+                "heartbeat_at = now() - interval '1 hour', "
+                "lease_expires_at = now() - interval '1 hour'"
+            )
+        )
         reaped = conn.execute(queries.reap_stale_jobs(), {"lease": 60}).all()
         claimed = conn.execute(
             queries.claim_jobs(None), {"limit": 10, "worker_id": "successor"}
         ).all()
-    assert len(reaped) == len(claimed) == 1
-    return int(claimed[0][3])
+    assert len(reaped) == 1
+    assert len(claimed) <= 1  # none when the reaper failed a job on its last attempt
+    return int(claimed[0][3]) if claimed else 0
 
 
 class WorkerThread:

@@ -10,7 +10,7 @@ A row written before this revision that breaks one makes the upgrade fail, namin
 constraint: fix or delete that row, then upgrade again.
 
 Revision ID: sqlaq_0003
-Revises: sqlaq_0001
+Revises: sqlaq_0002
 Create Date: 2026-11-30
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "sqlaq_0003"
-down_revision: str | Sequence[str] | None = "sqlaq_0001"
+down_revision: str | Sequence[str] | None = "sqlaq_0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,82 @@
+"""The workers table: each live worker's registration and its fast heartbeat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    Delete,
+    Float,
+    Insert,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    delete,
+    exists,
+    func,
+    select,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from sqla_queue.models import JobStatus
+
+from .common import _is, jobs, workers
+
+
+def beat_worker() -> Insert:
+    """Register worker `:worker_id`, or extend its registration: it expires `:stale_after`
+    seconds from now unless beaten again. Parameters also `hostname`, `pid`, `queues`,
+    `concurrency`. An upsert, so a worker whose row was removed (it was thought dead)
+    registers again."""
+    expires = func.now() + func.make_interval(
+        0, 0, 0, 0, 0, 0, bindparam("stale_after", type_=Float)
+    )
+    statement = pg_insert(workers).values(
+        id=bindparam("worker_id", type_=Text),
+        hostname=bindparam("hostname", type_=Text),
+        pid=bindparam("pid", type_=Integer),
+        queues=bindparam("queues", type_=ARRAY(Text)),
+        concurrency=bindparam("concurrency", type_=Integer),
+        expires_at=expires,
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[workers.c.id],
+        set_={"heartbeat_at": func.now(), "expires_at": statement.excluded.expires_at},
+    )
+
+
+def deregister_worker() -> Delete:
+    """Remove worker `:worker_id`'s registration (it stopped cleanly)."""
+    return delete(workers).where(workers.c.id == bindparam("worker_id", type_=Text))
+
+
+def delete_expired_workers() -> Delete:
+    """Remove expired registrations that hold no running job any more (after the reap)."""
+    holds = exists().where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
+    return delete(workers).where(workers.c.expires_at < func.now(), ~holds)
+
+
+def live_workers() -> Select[Any]:
+    """(id, hostname, pid, queues, concurrency, started_at, seconds since its heartbeat,
+    running jobs) of every registered worker that has not expired."""
+    running = (
+        select(func.count())
+        .where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
+        .scalar_subquery()
+    )
+    return (
+        select(
+            workers.c.id,
+            workers.c.hostname,
+            workers.c.pid,
+            workers.c.queues,
+            workers.c.concurrency,
+            workers.c.started_at,
+            func.extract("epoch", func.now() - workers.c.heartbeat_at).label("silent_seconds"),
+            running.label("running"),
+        )
+        .where(workers.c.expires_at >= func.now())
+        .order_by(workers.c.started_at)
+    )

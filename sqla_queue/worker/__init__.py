@@ -1,0 +1,246 @@
+"""The worker: claim a batch, run handlers outside any transaction, finish in batches.
+
+Its parts, one module each, hand each other typed values (`ClaimedJob`, `Outcome`):
+- `producer`: the claim loop, on the caller's thread (the dispatcher);
+- `executor`: the one call site of every handler, inside its middleware, on handler threads
+  (async handlers run on one event loop thread while their handler thread waits);
+- `completer`: writes outcomes in batches, one statement per kind;
+- `keeper`: the worker's registration, job leases, the reaper, the event loop watch;
+- `shutdown`: releasing held jobs on stop, and the second signal's exit;
+- `board`: the held jobs and the lock the threads meet at; `connection`: the dispatcher's
+  reconnecting connection.
+The listener (`sqla_queue.notify`) wakes the producer on NOTIFY and relays cancellations.
+
+Every statement runs on a plain Core connection in autocommit mode: each is its own short
+transaction (no ORM Session, no savepoint, nothing held open while a handler runs).
+
+    worker = Worker(engine, registry, WorkerConfig(queues=["emails"], concurrency=8))
+    worker.run()   # until SIGTERM/SIGINT, or `worker.stop()` from another thread
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+
+from sqla_queue import queries
+from sqla_queue.database import create_queue_engine
+from sqla_queue.migrate import check_schema
+from sqla_queue.notify import Listener
+from sqla_queue.registry import JobContext, Registry
+
+from .board import JobBoard
+from .completer import Completer
+from .config import WorkerConfig, WorkerStats
+from .connection import DatabaseLink, FailureLog, backoff_delays, describe
+from .executor import Executor, resources_of
+from .jobs import ClaimedJob, Outcome, OutcomeKind
+from .keeper import Keeper
+from .producer import Producer
+from .shutdown import Shutdown, exit_now
+
+log = logging.getLogger("sqla_queue.worker")
+
+__all__ = ["Outcome", "OutcomeKind", "Worker", "WorkerConfig", "WorkerStats"]
+
+
+class Worker:
+    """Runs jobs from the queue with the handlers of `registry`.
+
+    In your own process: `run()` blocks (call it in a thread of its own if you need);
+    `stop()` from any thread makes it finish in-flight jobs and return. With
+    `WorkerConfig(burst=True)` it returns once nothing is due.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | str,
+        registry: Registry,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        self.config = cfg = config or WorkerConfig()
+        self.registry = registry
+        self.engine = (
+            create_queue_engine(engine, pool_size=3, max_overflow=2)
+            if isinstance(engine, str)
+            else engine
+        )
+        self.stats = WorkerStats()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._signals = 0
+        self._listener: Listener | None = None
+        self.resources = resources_of(registry, cfg.resources)
+        hooks = registry.hooks
+        self.board = JobBoard(cfg.concurrency, cfg.batch, self._wake.set)
+        self.db = DatabaseLink(self.engine, self._stopping, cfg.give_up_after, FailureLog())
+        self.executor = Executor(registry, self.board, self.engine, self._finished)
+        self.completer = Completer(self.board, self.db, self.stats)
+        self.keeper = Keeper(
+            self.engine, cfg, registry, self.board, self.executor, self.stats, self._on_notify
+        )
+        self.producer = Producer(
+            cfg,
+            self.db,
+            self.board,
+            self.executor,
+            self.completer,
+            self.keeper,
+            self.stats,
+            self._wake,
+            self._stopping,
+            self._make_job,
+            (lambda job: hooks.emit(hooks.job_claimed, job.ctx)) if hooks.job_claimed else None,
+            self._finished,
+        )
+        self.shutdown = Shutdown(
+            cfg, self.db, self.board, self.completer, self.stats, self._wake, self._finished
+        )
+
+    # -- public -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming, let in-flight jobs finish (up to the shutdown timeout), then return."""
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self, install_signal_handlers: bool | None = None) -> WorkerStats:
+        """Work until stopped (or, in burst mode, until nothing is due). Returns counts."""
+        if install_signal_handlers is None:
+            install_signal_handlers = threading.current_thread() is threading.main_thread()
+        previous = self._install_signals() if install_signal_handlers else {}
+        started = False
+        try:
+            known = self._prepare()
+            if known is None:  # stopped while waiting for the database
+                return self.stats
+            started = True
+            self._start_threads()
+            cfg = self.config
+            log.info(
+                "worker %s started: queues=%s concurrency=%d batch=%d lease=%ss%s",
+                cfg.worker_id,
+                ",".join(cfg.queues) if cfg.queues else "*",
+                cfg.concurrency,
+                cfg.batch,
+                cfg.lease,
+                " poll-only" if cfg.poll_only else "",
+            )
+            missing = sorted(set(cfg.queues or ()) - known)
+            if missing:  # a typo in -q would otherwise wait silently forever
+                log.warning(
+                    "no queue named %s (a typo? `sqla-queue queues create NAME` creates one)",
+                    ", ".join(repr(name) for name in missing),
+                )
+            hooks = self.registry.hooks
+            hooks.emit(hooks.worker_started, self)
+            self.producer.run()
+            hooks.emit(hooks.worker_stopping, self)
+            self.shutdown.drain()
+        finally:
+            self._stop_threads()
+            if started:
+                self._deregister()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.db.close()
+        log.info("worker %s stopped: %s", self.config.worker_id, self.stats)
+        return self.stats
+
+    # -- parts ------------------------------------------------------------------------------
+
+    def _prepare(self) -> set[str] | None:
+        """Connect, check the schema, register; retried while the connection is lost (a
+        database restarting, a terminated session). Returns the names of the queues."""
+        delays = backoff_delays()
+        while True:
+            conn = self.db.connect()
+            if conn is None or self._stopping.is_set():
+                return None
+            try:
+                check_schema(conn)
+                known = {row["name"] for row in conn.execute(queries.queue_settings()).mappings()}
+                self.keeper.register(conn)
+                return known
+            except OperationalError as exc:
+                self.db.close()
+                self.db.failures.failed(
+                    "start", "database connection lost while starting (%s); retrying", describe(exc)
+                )
+                self._stopping.wait(next(delays))
+
+    def _make_job(self, row: Any) -> ClaimedJob:
+        return ClaimedJob(row, self.resources, self._beat_one)
+
+    def _beat_one(self, ctx: JobContext) -> bool:
+        for job in self.board.find(ctx.job_id):
+            if job.ctx is ctx:
+                return self.keeper.beat_one(job)
+        return False
+
+    def _finished(self, outcome: Outcome) -> None:
+        hooks = self.registry.hooks
+        if hooks.job_finished:
+            hooks.emit(hooks.job_finished, outcome.job.ctx, outcome)
+
+    def _on_notify(self) -> None:
+        self.producer.on_notify()
+
+    def _on_cancel(self, job_ids: list[int]) -> None:
+        """A NOTIFY from `admin.cancel_jobs`: tell the handlers of the jobs we hold."""
+        for job_id in job_ids:
+            for job in self.board.find(job_id):
+                job.ctx.mark_lost("cancelled")
+
+    def _start_threads(self) -> None:
+        cfg = self.config
+        for _ in range(cfg.concurrency):
+            self.executor.start_thread()
+        if any(self.registry[name].is_async for name in self.registry):
+            self.executor.loop()
+        if not cfg.poll_only:
+            self._listener = Listener(self.engine, cfg.queues, self._on_notify, self._on_cancel)
+            self._listener.start()
+        self.keeper.start()
+
+    def _stop_threads(self) -> None:
+        self._stopping.set()
+        if self._listener is not None:
+            self._listener.stop()
+        self.keeper.stop()
+        self.board.close()  # idle handler threads exit; busy ones once their job returns
+        self.executor.stop_loop()
+
+    def _deregister(self) -> None:
+        try:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                self.keeper.deregister(conn)
+        except Exception as exc:  # it expires by itself within dead_after seconds
+            log.warning("could not remove this worker's registration: %s", describe(exc))
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info(
+                "received %s: finishing in-flight jobs (up to %ss); send again to exit now",
+                signal.Signals(signum).name,
+                self.config.shutdown_timeout,
+            )
+            self.stop()
+            return
+        log.warning("received %s again: exiting now", signal.Signals(signum).name)
+        exit_now(self.engine, self.board)

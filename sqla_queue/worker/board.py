@@ -1,0 +1,168 @@
+"""The jobs a worker holds, and the one lock its threads meet at.
+
+The producer puts claimed jobs on the board; handler threads take them (`next_job`) and
+settle them with an `Outcome`; the completer takes settled outcomes (`take_outcomes`) to
+write them, then `forget`s the jobs. Held jobs are keyed by (id, attempt), so a late
+outcome of an old attempt can never remove the entry of a new attempt of the same job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from .jobs import ClaimedJob, Outcome
+
+
+class JobBoard:
+    """Held jobs: waiting (`ready`), running (counted) and settled (outcomes to write)."""
+
+    def __init__(self, concurrency: int, flush_size: int, wake: Callable[[], None]) -> None:
+        self.concurrency = concurrency
+        self.flush_size = flush_size
+        self._wake = wake
+        self.lock = threading.Condition(threading.Lock())
+        self.held: dict[tuple[int, int], ClaimedJob] = {}
+        self.ready: deque[ClaimedJob] = deque()
+        self.outcomes: deque[Outcome] = deque()
+        self.timed: set[ClaimedJob] = set()
+        self.running = 0
+        self.closed = False
+        self.paused = False
+        """Set while stopping: handler threads take no new job."""
+        self.claimable = False
+        """Whether a claim may find jobs: handler threads wake the producer for room only then."""
+
+    # -- the producer's side -------------------------------------------------------------------
+
+    def put(self, jobs: list[ClaimedJob]) -> None:
+        """Hold newly claimed jobs and hand them to handler threads, the batch at once."""
+        with self.lock:
+            for job in jobs:
+                self.held[job.key] = job
+            self.ready.extend(jobs)
+            self.lock.notify(len(jobs))
+
+    def room(self, batch: int) -> int:
+        """How many more jobs the worker may claim: it holds concurrency + batch - 1 at most."""
+        return min(batch, self.concurrency + batch - 1 - len(self.ready) - self.running)
+
+    def take_unstarted(self) -> list[ClaimedJob]:
+        """Stop handing out jobs and return those not yet started (shutdown)."""
+        with self.lock:
+            self.paused = True
+            unstarted = list(self.ready)
+            self.ready.clear()
+            return unstarted
+
+    def find(self, job_id: int) -> list[ClaimedJob]:
+        with self.lock:
+            return [job for key, job in self.held.items() if key[0] == job_id]
+
+    def snapshot(self) -> list[ClaimedJob]:
+        """Held jobs not yet settled, for heartbeats."""
+        with self.lock:
+            return [job for job in self.held.values() if not job.settled]
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+
+    # -- handler threads ----------------------------------------------------------------------
+
+    def next_job(
+        self, previous: ClaimedJob | None, outcome: Outcome | None, owned: bool
+    ) -> ClaimedJob | None:
+        """Settle `previous` with `outcome` if this thread `owned` it, then wait for the
+        next job; None tells the thread to exit. One lock round per job. A thread whose job
+        was taken by someone else (timed out, abandoned) exits: a replacement thread has
+        already taken its place.
+        """
+        with self.lock:
+            if previous is not None:
+                if not owned:
+                    return None
+                self._settle(previous, outcome)
+            # Once stopping, held jobs that have not started are released, not run.
+            while not self.ready or self.running >= self.concurrency or self.paused:
+                if self.closed:
+                    return None
+                self.lock.wait()
+            self.running += 1  # first: an unlocked reader may count it twice, never zero times
+            job = self.ready.popleft()
+            if not self.ready and self.claimable and self.running < self.concurrency:
+                self._wake()  # room to claim the next batch while this one runs
+            return job
+
+    def watch_deadline(self, job: ClaimedJob, deadline: float) -> None:
+        with self.lock:
+            job.deadline = deadline
+            self.timed.add(job)
+        self._wake()  # the producer times it out
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def settle(self, job: ClaimedJob, outcome: Outcome | None) -> None:
+        """Record the outcome of a running job the caller has taken (`job.take()`)."""
+        with self.lock:
+            self._settle(job, outcome)
+
+    def _settle(self, job: ClaimedJob, outcome: Outcome | None, running: bool = True) -> None:
+        # Outcome first: a producer that sees nothing running must also see it to flush.
+        if outcome is not None:
+            self.outcomes.append(outcome)
+        if running:
+            self.running -= 1
+            self.lock.notify()  # its slot is free for a handler thread
+        pending = len(self.outcomes)
+        # Wake the producer only when it has something to do, not once per job: to start
+        # the flush delay, to flush a full batch, to claim, or to exit in burst mode.
+        if (
+            pending == 1
+            or pending >= self.flush_size
+            or (not self.ready and (self.running == 0 or self.claimable))
+        ):
+            self._wake()
+
+    def expired(self, now: float) -> tuple[list[ClaimedJob], float | None]:
+        """Jobs past their deadline (now marked settled by the caller's outcome), and the
+        nearest deadline still ahead."""
+        nearest: float | None = None
+        expired: list[ClaimedJob] = []
+        with self.lock:
+            for job in list(self.timed):
+                assert job.deadline is not None
+                if job.settled:
+                    self.timed.discard(job)
+                elif job.deadline <= now:
+                    self.timed.discard(job)
+                    expired.append(job)
+                elif nearest is None or job.deadline < nearest:
+                    nearest = job.deadline
+        return expired, nearest
+
+    # -- the completer's side -----------------------------------------------------------------
+
+    def take_outcomes(self) -> list[Outcome]:
+        with self.lock:
+            taken = list(self.outcomes)
+            self.outcomes.clear()
+            return taken
+
+    def peek_outcomes(self) -> list[Outcome]:
+        with self.lock:
+            return list(self.outcomes)
+
+    def drop_outcomes(self, count: int) -> None:
+        """Remove the `count` oldest outcomes (those a `peek_outcomes` returned)."""
+        with self.lock:
+            for _ in range(count):
+                self.outcomes.popleft()
+
+    def forget(self, jobs: Iterable[ClaimedJob]) -> None:
+        with self.lock:
+            for job in jobs:
+                if self.held.get(job.key) is job:
+                    del self.held[job.key]

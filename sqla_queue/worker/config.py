@@ -1,0 +1,107 @@
+"""How a worker runs (`WorkerConfig`) and what it did (`WorkerStats`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqla_queue.errors import ConfigurationError
+from sqla_queue.registry import MIN_LEASE
+
+BURST_GIVE_UP_AFTER = 30.0
+"""Seconds a `--burst` worker waits for an unreachable database before it gives up."""
+
+
+@dataclass
+class WorkerConfig:
+    """How a worker runs. Most fields are a `sqla-queue worker` option of the same name,
+    whose default is the field's default here."""
+
+    queues: Sequence[str] | None = None
+    """Queues to claim from; None claims from every queue that is not paused."""
+    concurrency: int = 4
+    """Handlers running at once."""
+    batch: int = 10
+    """Jobs claimed per statement at most; the worker holds at most concurrency + batch - 1."""
+    lease: float = 60.0
+    """Seconds a claimed job may go without a heartbeat before any worker requeues it (at
+    least 1). Stored on each job at its claim; a task's own `lease` overrides it."""
+    poll_interval: float = 2.0
+    """Longest sleep between polls when idle (polls back off exponentially up to it)."""
+    poll_only: bool = False
+    """Never LISTEN (for PgBouncer in transaction pooling mode): poll with backoff only."""
+    burst: bool = False
+    """Exit once no job is due and none is running."""
+    shutdown_timeout: float = 30.0
+    """Seconds in-flight handlers get to finish after SIGTERM before their jobs are requeued."""
+    heartbeat: float = 2.0
+    """Seconds between the worker's own heartbeats (its row in the workers table)."""
+    dead_after: float = 6.0
+    """Seconds without a worker heartbeat after which other workers requeue all its jobs."""
+    give_up_after: float | None = None
+    """Seconds to wait for an unreachable database before giving up with an error; None
+    waits forever (a `burst` worker gives up after 30 s unless told otherwise)."""
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    """Handed to every job as `ctx.resources`, over the registry's own of the same name."""
+    worker_id: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    )
+
+    def __post_init__(self) -> None:
+        finite = all(
+            math.isfinite(n)
+            for n in (self.lease, self.poll_interval, self.shutdown_timeout, self.heartbeat)
+        )
+        checks = (
+            (finite, "lease, poll interval, shutdown timeout and heartbeat must be finite"),
+            (self.concurrency >= 1, f"concurrency must be at least 1, got {self.concurrency}"),
+            (self.batch >= 1, f"batch must be at least 1, got {self.batch}"),
+            (
+                self.lease >= MIN_LEASE,
+                f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
+                f"got {self.lease}",
+            ),
+            (self.poll_interval > 0, f"poll interval must be positive, got {self.poll_interval}"),
+            (self.shutdown_timeout >= 0, "shutdown timeout must not be negative"),
+            (self.heartbeat > 0, f"heartbeat must be positive, got {self.heartbeat}"),
+            (
+                self.dead_after >= 2 * self.heartbeat,
+                f"dead_after ({self.dead_after}) must be at least twice the heartbeat "
+                f"({self.heartbeat})",
+            ),
+            (
+                self.give_up_after is None or self.give_up_after >= 0,
+                "give_up_after must not be negative",
+            ),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ConfigurationError(detail=message)
+        if isinstance(self.queues, str):  # one name, not a sequence of one-letter queues
+            self.queues = [self.queues]
+        if self.queues is not None:
+            self.queues = [q for q in self.queues if q]
+            if not self.queues:
+                raise ConfigurationError(detail="the queue list is empty; omit -q for all queues")
+        if self.burst and self.give_up_after is None:
+            self.give_up_after = BURST_GIVE_UP_AFTER
+
+
+@dataclass
+class WorkerStats:
+    """Counts of what a worker did; `run()` returns them."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    lost: int = 0
+    cancelled: int = 0
+    timed_out: int = 0
+    reaped: int = 0

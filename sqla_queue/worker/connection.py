@@ -1,0 +1,194 @@
+"""The dispatcher's database connection: reconnects fast, waits out errors, logs tersely.
+
+During an outage the worker retries with a short backoff (50 ms doubling to 1 s, with
+jitter), so it is back within about a second of the database. It logs one warning per kind
+of failure until that kind recovers, never the SQL statement or its parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from sqla_queue.errors import DatabaseUnavailableError
+
+log = logging.getLogger("sqla_queue.worker")
+
+MAX_BACKOFF = 1.0
+"""Seconds between reconnection attempts at most: the worker is back within about this."""
+
+# Errors that retrying cannot fix; anything else (refused, starting up, "too many
+# connections for role") is waited out with backoff.
+FATAL_CONNECT_ERRORS = (
+    "password authentication failed",
+    "authentication failed",
+    "does not exist",  # the role or the database
+    "no pg_hba.conf entry",
+    "permission denied",  # e.g. no CONNECT privilege on the database
+    "invalid dsn",
+    "invalid connection option",
+)
+
+
+def describe(exc: BaseException) -> str:
+    """The first line of the driver's message: never the SQL statement or its parameters."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first[:300]
+
+
+def failure_kind(exc: BaseException) -> str:
+    """A short name for a kind of failure: the SQLSTATE, else the exception type."""
+    orig = getattr(exc, "orig", None)
+    state = getattr(orig, "sqlstate", None)
+    return str(state) if state else type(orig if orig is not None else exc).__name__
+
+
+def is_row_error(exc: BaseException) -> bool:
+    """Whether a failed statement failed because of its data (SQLSTATE class 22, a data
+    exception, or 23, an integrity violation): the other rows of a batch may still go in."""
+    state = getattr(getattr(exc, "orig", None), "sqlstate", None) or ""
+    return state[:2] in ("22", "23")
+
+
+def backoff_delays(first: float = 0.05, cap: float = MAX_BACKOFF) -> Any:
+    """Delays that double from `first` up to `cap`, each jittered to between half and all."""
+    delay = first
+    while True:
+        yield delay * random.uniform(0.5, 1.0)
+        delay = min(delay * 2, cap)
+
+
+class FailureLog:
+    """Logs the first failure of each kind, counts the rest, and says when they recover."""
+
+    def __init__(self, logger: logging.Logger = log) -> None:
+        self._log = logger
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._kinds: dict[str, int] = {}
+
+    def failed(self, kind: str, message: str, *args: Any) -> bool:
+        """Count one failure; log `message % args` only for a kind not seen in this outage."""
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+            seen = kind in self._kinds
+            self._kinds[kind] = self._kinds.get(kind, 0) + 1
+        if not seen:
+            self._log.warning(message + " (repeats are not logged until it recovers)", *args)
+        return not seen
+
+    @property
+    def failing_for(self) -> float:
+        """Seconds since the first failure of the current outage (0 when none)."""
+        return 0.0 if self._since is None else time.monotonic() - self._since
+
+    def recovered(self) -> None:
+        with self._lock:
+            if self._since is None:
+                return
+            took, count = time.monotonic() - self._since, sum(self._kinds.values())
+            self._since = None
+            self._kinds.clear()
+        self._log.warning("database reachable again after %.1f s (%d failed attempts)", took, count)
+
+
+class Stopped(Exception):
+    """Internal: the worker is stopping and the database is unreachable."""
+
+
+class DatabaseLink:
+    """One autocommit connection for the dispatcher thread, reopened whenever it is lost."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        stopping: threading.Event,
+        give_up_after: float | None,
+        failures: FailureLog,
+    ) -> None:
+        self.engine = engine
+        self._stopping = stopping
+        self._give_up_after = give_up_after
+        self.failures = failures
+        self.conn: Connection | None = None
+
+    def connect(self) -> Connection | None:
+        """Open the connection, waiting out the database; None if stopping meanwhile."""
+        delays = backoff_delays()
+        while not self._stopping.is_set():
+            try:
+                self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            except OperationalError as exc:
+                message = describe(exc)
+                if any(fatal in message for fatal in FATAL_CONNECT_ERRORS):
+                    raise
+                delay = next(delays)
+                self.failures.failed(
+                    "connect", "database unavailable (%s); retrying in %.2fs", message, delay
+                )
+                if (
+                    self._give_up_after is not None
+                    and self.failures.failing_for >= self._give_up_after
+                ):
+                    raise DatabaseUnavailableError(
+                        seconds=self._give_up_after, reason=message
+                    ) from None
+                self._stopping.wait(delay)
+            else:
+                self.failures.recovered()
+                return self.conn
+        return None
+
+    def execute(self, statement: Any, params: Any = None) -> Any:
+        """Run one autocommit statement, reconnecting on a lost connection and waiting out
+        other operational errors (a statement timeout, a server starting up) with backoff."""
+        delays = backoff_delays(0.1)
+        while True:
+            conn = self.conn
+            if conn is None:
+                conn = self.connect()
+                if conn is None:  # stopping while the database is away
+                    raise Stopped
+            try:
+                result = conn.execute(statement, params)
+            except DBAPIError as exc:
+                if exc.connection_invalidated:
+                    self.failures.failed(
+                        "connection lost",
+                        "database connection lost (%s); reconnecting",
+                        describe(exc),
+                    )
+                    self.close()
+                    continue
+                if not isinstance(exc, OperationalError):
+                    raise
+                delay = next(delays)
+                self.failures.failed(
+                    failure_kind(exc),
+                    "database error (%s); retrying in %.2fs",
+                    describe(exc),
+                    delay,
+                )
+                if self._stopping.wait(delay):
+                    raise Stopped from None
+            else:
+                if self.failures.failing_for:
+                    self.failures.recovered()
+                return result
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing a broken connection failed", exc_info=True)

@@ -1,0 +1,273 @@
+"""The executor: the one place a job's handler is called, inside its middleware.
+
+Handler threads (`serve`) take claimed jobs from the board, run each through `execute`,
+and settle it with the `Outcome`. Sync and async handlers take the same path: the
+middleware chain runs on the handler thread; a handler's awaitable result (an `async def`
+handler, or a sync decorator around one) is run on the worker's event loop while the
+thread waits for it. Timeouts are watched by the producer (`time_out`), which settles the
+job, tells its context, and cancels an async handler's task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import CancelledError as FutureCancelledError
+from typing import Any
+
+from sqlalchemy import Engine
+
+from sqla_queue import queries
+from sqla_queue.errors import JobTimeoutError, TaskNotFoundError
+from sqla_queue.middleware import compose
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+from sqla_queue.registry import JobContext, Registry, Task
+from sqla_queue.retry import DEFAULT_RETRY
+
+from .board import JobBoard
+from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text
+from .stormlog import FailureReporter
+
+log = logging.getLogger("sqla_queue.worker")
+
+RECHECK_AFTER = 1.0
+"""Seconds a claimed job may wait locally before the executor checks it is still ours."""
+
+
+class Executor:
+    """Runs jobs: builds each task's middleware chain once, calls handlers, makes outcomes."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        board: JobBoard,
+        engine: Engine,
+        on_finished: Callable[[Outcome], None],
+    ) -> None:
+        self.registry = registry
+        self.board = board
+        self.engine = engine
+        self._on_finished = on_finished
+        self._chains: dict[str, Callable[[JobContext], Any]] = {}
+        self._local = threading.local()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+        self.loop_seen = time.monotonic()
+        """When the event loop last ran a probe (the keeper's check for a blocked loop)."""
+        self._probe_sent = 0.0
+        self.reporter = FailureReporter()
+
+    # -- handler threads ----------------------------------------------------------------------
+
+    def start_thread(self) -> None:
+        threading.Thread(target=self.serve, name="sqla-queue-job", daemon=True).start()
+
+    def serve(self) -> None:
+        """A handler thread: run ready jobs while there is room, one lock round per job."""
+        job: ClaimedJob | None = None
+        outcome: Outcome | None = None
+        owned = False
+        while True:
+            job = self.board.next_job(job, outcome, owned)
+            if job is None:
+                return
+            outcome = self.execute(job)
+            owned = job.take()
+            if owned:  # before the outcome is visible: hooks run before the worker stops
+                self._on_finished(outcome)
+
+    def execute(self, job: ClaimedJob) -> Outcome:
+        """Run one job through its middleware and handler; always returns its outcome."""
+        try:
+            return self._execute(job)
+        except BaseException as exc:  # a bug in the worker itself must still settle the job
+            log.exception("job %s (%s): the worker failed to run it", job.id, job.task)
+            return Outcome(OutcomeKind.failed, job, error_text(exc), None, exc)
+
+    def _execute(self, job: ClaimedJob) -> Outcome:
+        ctx = job.ctx
+        skipped = self._skip_reason(job)
+        if skipped is not None:
+            return Outcome(skipped, job, f"job was {skipped.value} before it started")
+        task = self.registry.get(job.task)
+        if task is None:
+            return Outcome(OutcomeKind.failed, job, str(TaskNotFoundError(task=job.task)))
+        if job.decode_error is not None:
+            return Outcome(OutcomeKind.failed, job, job.decode_error)
+        chain = self._chains.get(task.name)
+        if chain is None:
+            chain = self._chains[task.name] = self._build_chain(task)
+        if task.timeout is not None:
+            self.board.watch_deadline(job, time.monotonic() + task.timeout)
+        job.started = True
+        self._local.job = job  # the innermost call of the chain reads it on this thread
+        try:
+            chain(ctx)
+        except (FutureCancelledError, asyncio.CancelledError) as exc:
+            if ctx.cancelled:  # timed out or given up on: the producer has settled it
+                return Outcome(_lost_kind(ctx), job, "", None, exc)
+            return self.failure(job, task, exc)
+        except BaseException as exc:
+            return self.failure(job, task, exc)
+        if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
+            return Outcome(_lost_kind(ctx), job)
+        return Outcome(OutcomeKind.succeeded, job)
+
+    def _skip_reason(self, job: ClaimedJob) -> OutcomeKind | None:
+        """Whether a job must not start: cancelled or lost while it waited here."""
+        if not job.ctx.cancelled and time.monotonic() - job.claimed_at >= RECHECK_AFTER:
+            self._recheck(job)
+        return _lost_kind(job.ctx) if job.ctx.cancelled else None
+
+    def _recheck(self, job: ClaimedJob) -> None:
+        """A job that waited locally: is it still ours? (A cancel may have come meanwhile.)"""
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(queries.job_status(), {"job_id": job.id}).mappings().first()
+        except Exception as exc:  # unknown: run it; the finishing statement is fenced
+            log.debug("could not re-check job %s before it started: %s", job.id, exc)
+            return
+        if row is None or row["status"] != JobStatus.running.value:
+            job.ctx.mark_lost("cancelled" if row and row["status"] == "cancelled" else "lost")
+        elif row["attempts"] != job.attempt:
+            job.ctx.mark_lost("lost")
+
+    def _build_chain(self, task: Task) -> Callable[[JobContext], Any]:
+        func = task.func
+        pass_context = task.pass_context
+
+        def call_handler(ctx: JobContext) -> Any:
+            job: ClaimedJob = self._local.job
+            result = func(ctx, **job.args) if pass_context else func(**job.args)
+            if inspect.isawaitable(result):
+                return self._await(result, job)
+            return result
+
+        return compose([*self.registry.middleware, *task.middleware], call_handler)
+
+    # -- async handlers -----------------------------------------------------------------------
+
+    def _await(self, awaitable: Awaitable[Any], job: ClaimedJob) -> Any:
+        """Run an awaitable on the event loop; this thread waits for its result."""
+        loop = self.loop()
+        future = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), loop)
+        job.future = future
+        if job.ctx.cancelled:  # timed out while the coroutine was being scheduled
+            future.cancel()
+        return future.result()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The worker's event loop, started on first use by an async handler."""
+        with self._loop_lock:
+            if self._loop is None:
+                self.loop_seen = time.monotonic()
+                self._loop = asyncio.new_event_loop()
+                self._loop_thread = threading.Thread(
+                    target=self._loop.run_forever, name="sqla-queue-async", daemon=True
+                )
+                self._loop_thread.start()
+            return self._loop
+
+    @property
+    def has_loop(self) -> bool:
+        return self._loop is not None
+
+    def probe_loop(self) -> float | None:
+        """How long the event loop has left a probe unrun (None without a loop, 0 when it
+        ran the last one); sends a new probe once the last one has run."""
+        loop = self._loop
+        if loop is None:
+            return None
+        lag = self.loop_lag()
+        if not lag:
+            self._probe_sent = time.monotonic()
+            loop.call_soon_threadsafe(self._loop_alive)
+        return lag
+
+    def loop_lag(self) -> float:
+        """Seconds the last probe has waited for the event loop (0 once it ran)."""
+        if self._loop is None or self._probe_sent <= self.loop_seen:
+            return 0.0
+        return time.monotonic() - self._probe_sent
+
+    def _loop_alive(self) -> None:
+        self.loop_seen = time.monotonic()
+
+    def stop_loop(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        # Abandoned async handlers get a CancelledError to clean up, not a silent drop.
+        cancelled = asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop)
+        try:
+            cancelled.result(2)
+        except Exception:
+            log.warning("async handlers did not finish cancelling within 2 s")
+        loop.call_soon_threadsafe(loop.stop)
+        if self._loop_thread is not None:
+            self._loop_thread.join(2)
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def failure(self, job: ClaimedJob, task: Task, exc: BaseException) -> Outcome:
+        """The outcome of an attempt that raised: retried, or failed on its last attempt."""
+        kind = OutcomeKind.timed_out if isinstance(exc, JobTimeoutError) else OutcomeKind.retried
+        error = error_text(exc)
+        max_attempts = job.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
+        if job.attempt >= max_attempts:
+            if kind is OutcomeKind.retried:
+                kind = OutcomeKind.failed
+            outcome = Outcome(kind, job, error, None, exc)
+        else:
+            outcome = Outcome(kind, job, error, self._retry_delay(job, task), exc)
+        self.reporter.report(outcome, max_attempts)
+        return outcome
+
+    def _retry_delay(self, job: ClaimedJob, task: Task) -> float:
+        try:
+            return float(task.retry.delay(job.attempt))
+        except Exception:  # a broken RetryPolicy must not wedge the job: use the default
+            log.exception("the retry policy of %s raised; using the default backoff", task.name)
+            return DEFAULT_RETRY.delay(job.attempt)
+
+    def time_out(self, job: ClaimedJob) -> Outcome:
+        """Called by the producer for a job past its deadline: its outcome, handler told."""
+        task = self.registry[job.task]
+        log.warning("job %s (%s) timed out after %ss", job.id, job.task, task.timeout)
+        outcome = self.failure(
+            job, task, JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout)
+        )
+        job.ctx.mark_lost("timed out")
+        if job.future is not None:
+            job.future.cancel()
+        return outcome
+
+
+def _lost_kind(ctx: JobContext) -> OutcomeKind:
+    if ctx.lost_reason == "cancelled":
+        return OutcomeKind.cancelled
+    if ctx.lost_reason == "timed out":
+        return OutcomeKind.timed_out
+    return OutcomeKind.lost
+
+
+async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def _cancel_other_tasks() -> None:
+    """Cancel every task on the running loop but this one, and wait for them to end."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def resources_of(registry: Registry, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The resources handed to jobs: the registry's, overridden by the worker config's."""
+    return {**registry.resources, **extra}

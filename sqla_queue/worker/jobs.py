@@ -1,0 +1,143 @@
+"""The typed values the worker's parts hand each other: a `ClaimedJob` and its `Outcome`."""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from sqla_queue.registry import JobContext
+
+MAX_ERROR_CHARS = 20_000
+
+
+class OutcomeKind(str, enum.Enum):
+    """How one claimed job ended for this worker."""
+
+    succeeded = "succeeded"
+    """The handler returned: the job is finished by its queue's retention."""
+    retried = "retried"
+    """The handler raised: the job is queued again after its retry delay."""
+    failed = "failed"
+    """The handler raised on its last attempt (or could not run at all): failed for good."""
+    timed_out = "timed out"
+    """The handler overran its task's timeout: retried or failed by the same rules."""
+    cancelled = "cancelled"
+    """The job was cancelled while this worker held it; nothing is written."""
+    lost = "lost"
+    """The job was no longer this worker's (reaped elsewhere); nothing is written."""
+    released = "released"
+    """The worker stopped: the job went back to the queue."""
+
+
+WRITES_NOTHING = frozenset({OutcomeKind.cancelled, OutcomeKind.lost, OutcomeKind.released})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One job's outcome, from the executor (or the timeout watch) to the completer."""
+
+    kind: OutcomeKind
+    job: ClaimedJob
+    error: str = ""
+    """The traceback (or reason) written to the job's last_error."""
+    retry_in: float | None = None
+    """Seconds until the next attempt, or None when this attempt is the last."""
+    exception: BaseException | None = None
+
+    @property
+    def requeues(self) -> bool:
+        """Whether the job is queued again (a retry, after an error or a timeout)."""
+        return self.retry_in is not None and self.kind in (
+            OutcomeKind.retried,
+            OutcomeKind.timed_out,
+        )
+
+
+def error_text(exc: BaseException) -> str:
+    """The traceback of `exc`, shortened, and storable: PostgreSQL text holds neither NUL
+    nor a lone surrogate, so they are escaped."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return storable(text[-MAX_ERROR_CHARS:])
+
+
+def storable(text: str) -> str:
+    """`text` with NUL characters and lone surrogates escaped, so PostgreSQL accepts it."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def decode_args(args_json: str) -> tuple[dict[str, Any], str | None]:
+    """A claimed row's args, decoded from its JSON text: (args, None), or ({}, why not)."""
+    try:
+        args = json.loads(args_json)
+    except (RecursionError, ValueError) as exc:
+        return {}, f"args cannot be decoded ({type(exc).__name__}: {exc})"[:500]
+    if not isinstance(args, dict):
+        return {}, f"args must be a JSON object, got {type(args).__name__}"
+    return args, None
+
+
+class ClaimedJob:
+    """A job this worker has claimed and not yet finished. Keyed by (id, attempt): a job
+    re-claimed by the same worker after a reap is a different `ClaimedJob`."""
+
+    __slots__ = (
+        "_owner",
+        "args",
+        "attempt",
+        "claimed_at",
+        "ctx",
+        "deadline",
+        "decode_error",
+        "future",
+        "id",
+        "max_attempts",
+        "queue",
+        "reported_started",
+        "started",
+        "task",
+    )
+
+    def __init__(
+        self,
+        row: Mapping[str, Any],
+        resources: Mapping[str, Any],
+        heartbeat: Any = None,
+    ) -> None:
+        self.id: int = row["id"]
+        self.task: str = row["task"]
+        self.attempt: int = row["attempts"]
+        self.max_attempts: int | None = row["max_attempts"]
+        self.queue: str = row["queue"]
+        # Decoded here, one job at a time: a row that cannot be decoded fails alone.
+        self.args, self.decode_error = decode_args(row["args_json"])
+        self.ctx = JobContext(self.id, self.task, self.queue, self.attempt, heartbeat, resources)
+        self.claimed_at = time.monotonic()
+        self.deadline: float | None = None
+        self.started = False
+        self.reported_started = False
+        self._owner = threading.Lock()
+        self.future: Future[Any] | None = None
+
+    def take(self) -> bool:
+        """Become the one who settles this job: True once, for the first caller only (the
+        handler thread, the timeout watch, or shutdown)."""
+        return self._owner.acquire(blocking=False)
+
+    @property
+    def settled(self) -> bool:
+        """Whether someone has taken the job to settle it."""
+        return self._owner.locked()
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.id, self.attempt)
+
+    def __repr__(self) -> str:
+        return f"ClaimedJob(id={self.id}, task={self.task!r}, attempt={self.attempt})"

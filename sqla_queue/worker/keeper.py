@@ -1,0 +1,225 @@
+"""The keeper: the worker's own heartbeat, its jobs' leases, the reaper, the loop watch.
+
+One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it):
+- registers the worker and extends its registration (the workers table), so other
+  workers' reapers requeue its jobs within `dead_after` seconds if it dies;
+- extends the lease of every held job every quarter of its lease, and reports which
+  jobs have started (the reaper refunds the attempt of one that had not);
+- reaps: requeues the jobs of expired workers and jobs past their own lease deadline;
+- watches the event loop: an async handler that blocks it is reported, and once the loop
+  has been stuck for half a lease its jobs' leases are no longer extended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from sqla_queue import queries
+from sqla_queue.registry import Registry
+
+from .board import JobBoard
+from .config import WorkerConfig, WorkerStats
+from .connection import FailureLog, describe, failure_kind
+from .executor import Executor
+from .jobs import ClaimedJob
+
+log = logging.getLogger("sqla_queue.worker")
+
+
+class Keeper:
+    """The keeper thread and the liveness statements it sends."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: WorkerConfig,
+        registry: Registry,
+        board: JobBoard,
+        executor: Executor,
+        stats: WorkerStats,
+        on_reaped: Callable[[], None],
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.registry = registry
+        self.board = board
+        self.executor = executor
+        self.stats = stats
+        self._on_reaped = on_reaped
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failures = FailureLog()
+        self.task_leases: dict[str, float] = {}
+        for name in registry:
+            lease = registry[name].lease
+            if lease is not None:
+                self.task_leases[name] = lease
+        self.task_max_attempts = {
+            name: registry[name].max_attempts
+            for name in registry
+            if registry[name].max_attempts is not None
+        }
+        shortest = min([config.lease, *self.task_leases.values()])
+        self.beat_jobs_every = max(0.25, shortest / 4)
+        self.tick = min(config.heartbeat, self.beat_jobs_every)
+        self.last_job_beat = time.monotonic()
+        self._loop_warned = False
+        self._registration = {
+            "worker_id": config.worker_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": list(config.queues) if config.queues is not None else None,
+            "concurrency": config.concurrency,
+            "stale_after": config.dead_after,
+        }
+
+    def register(self, conn: Connection) -> None:
+        """Register the worker (called once before its first claim)."""
+        conn.execute(queries.beat_worker(), self._registration)
+
+    def deregister(self, conn: Connection) -> None:
+        conn.execute(queries.deregister_worker(), {"worker_id": self.config.worker_id})
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sqla-queue-keeper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def behind(self) -> bool:
+        """Whether job heartbeats have failed for half the shortest lease: claim no more."""
+        return time.monotonic() - self.last_job_beat > 2 * self.beat_jobs_every
+
+    def _run(self) -> None:
+        now = time.monotonic()
+        next_worker_beat = now + self.config.heartbeat
+        next_job_beat = now + self.beat_jobs_every
+        next_reap = now + random.uniform(0, self.config.heartbeat)
+        beat_worker, reap = queries.beat_worker(), queries.reap_stale_jobs()
+        notify, expired = queries.notify_queues(), queries.delete_expired_workers()
+        while not self._stopping.wait(self.tick):
+            self._watch_loop()  # needs no database: watched even while it is away
+            try:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                    now = time.monotonic()
+                    if now >= next_worker_beat:
+                        next_worker_beat = now + self.config.heartbeat
+                        conn.execute(beat_worker, self._registration)
+                    jobs = self.board.snapshot()
+                    if now >= next_job_beat:
+                        next_job_beat = now + self.beat_jobs_every
+                        self._beat_jobs(conn, jobs)
+                    else:  # between full beats, only report newly started jobs
+                        self._beat_jobs(
+                            conn, [j for j in jobs if j.started and not j.reported_started]
+                        )
+                    if now >= next_reap:
+                        next_reap = now + self.config.heartbeat * random.uniform(0.75, 1.25)
+                        self._reap(conn, reap, notify)
+                        conn.execute(expired)
+                self.failures.recovered()
+            except Exception as exc:
+                self.failures.failed(
+                    failure_kind(exc),
+                    "heartbeat/reaper round failed (%s); will retry",
+                    describe(exc),
+                )
+
+    def _beat_jobs(self, conn: Connection, jobs: list[ClaimedJob]) -> None:
+        if self._loop_stuck():  # an async handler blocks the loop: let its jobs be reaped
+            jobs = [j for j in jobs if not (j.future is not None and not j.future.done())]
+        if not jobs:
+            self.last_job_beat = time.monotonic()
+            return
+        leases = [self.task_leases.get(j.task) or self.config.lease for j in jobs]
+        started = [j.started for j in jobs]
+        params: dict[str, Any] = {
+            "job_ids": [j.id for j in jobs],
+            "job_attempts": [j.attempt for j in jobs],
+        }
+        owned = set(
+            conn.execute(
+                queries.heartbeat_jobs(), {**params, "job_leases": leases, "job_started": started}
+            ).scalars()
+        )
+        missing = [j for j in jobs if j.id not in owned]
+        if missing:  # skipped because locked elsewhere, or no longer ours?
+            ids = {"job_ids": [j.id for j in missing], "job_attempts": [j.attempt for j in missing]}
+            still = set(conn.execute(queries.held_jobs(), ids).scalars())
+            for job in missing:
+                if job.id not in still and not job.settled:
+                    log.warning("job %s is no longer ours (reaped or cancelled)", job.id)
+                    job.ctx.mark_lost()
+        for job, was_started in zip(jobs, started, strict=True):
+            if was_started and job.id in owned:
+                job.reported_started = True
+        self.last_job_beat = time.monotonic()
+
+    def beat_one(self, job: ClaimedJob) -> bool:
+        """A handler's own `ctx.heartbeat()`: extend its lease now."""
+        if job.ctx.cancelled:
+            return False
+        lease = self.task_leases.get(job.task) or self.config.lease
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            params = {
+                "job_ids": [job.id],
+                "job_attempts": [job.attempt],
+                "job_leases": [lease],
+                "job_started": [True],
+            }
+            owned = conn.execute(queries.heartbeat_jobs(), params).all()
+        if not owned:
+            job.ctx.mark_lost()
+        return bool(owned)
+
+    def _reap(self, conn: Connection, reap: Any, notify: Any) -> None:
+        reaped = conn.execute(reap, {"task_max_attempts": self.task_max_attempts}).mappings().all()
+        if not reaped:
+            return
+        self.stats.reaped += len(reaped)
+        log.warning(
+            "requeued %d job(s) whose worker stopped heartbeating or whose lease expired: %s",
+            len(reaped),
+            [row["id"] for row in reaped][:20],
+        )
+        queued = sorted({row["queue"] for row in reaped if row["status"] == "queued"})
+        if queued:
+            conn.execute(notify, {"queues": queued})
+        self._on_reaped()
+
+    def _loop_stuck(self) -> bool:
+        return self.executor.loop_lag() > self.config.lease / 2
+
+    def _watch_loop(self) -> None:
+        lag = self.executor.probe_loop()
+        if lag is None:
+            return
+        if lag > max(1.0, 2 * self.config.heartbeat):
+            if not self._loop_warned:
+                running = [
+                    f"{j.id} ({j.task})"
+                    for j in self.board.snapshot()
+                    if j.future is not None and not j.future.done()
+                ]
+                log.error(
+                    "the event loop has not run for %.1f s: an async handler is calling "
+                    "blocking code (running: %s); its timeout is still enforced, and after "
+                    "half a lease its jobs are left to be reaped",
+                    lag,
+                    ", ".join(running[:10]) or "none",
+                )
+                self._loop_warned = True
+        else:
+            self._loop_warned = False

@@ -1,0 +1,212 @@
+"""The producer: the claim loop on the dispatcher thread.
+
+It claims batches when handler threads have room, folds pending successes into the claim,
+asks the completer to write other outcomes, times out overrunning handlers, and in burst
+mode returns once nothing is due and nothing runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError
+
+from sqla_queue import queries
+
+from .board import JobBoard
+from .completer import FLUSH_DELAY, Completer
+from .config import WorkerConfig, WorkerStats
+from .connection import DatabaseLink, Stopped, describe, is_row_error
+from .executor import Executor
+from .jobs import ClaimedJob, Outcome
+from .keeper import Keeper
+
+log = logging.getLogger("sqla_queue.worker")
+
+
+class Producer:
+    """Claims jobs and keeps the dispatcher's other duties (flushes, timeouts, burst exit)."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        db: DatabaseLink,
+        board: JobBoard,
+        executor: Executor,
+        completer: Completer,
+        keeper: Keeper,
+        stats: WorkerStats,
+        wake: threading.Event,
+        stopping: threading.Event,
+        make_job: Callable[[Any], ClaimedJob],
+        on_claimed: Callable[[ClaimedJob], None] | None,
+        on_finished: Callable[[Outcome], None],
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.board = board
+        self.executor = executor
+        self.completer = completer
+        self.keeper = keeper
+        self.stats = stats
+        self.wake = wake
+        self.stopping = stopping
+        self.notified = False
+        self._make_job = make_job
+        self._on_claimed = on_claimed
+        self._on_finished = on_finished
+        self._claim = queries.claim_jobs(config.queues)
+        self._complete_and_claim = queries.complete_and_claim(config.queues)
+        self._params: dict[str, Any] = {
+            "worker_id": config.worker_id,
+            "lease": config.lease,
+            "task_leases": keeper.task_leases,
+            "task_max_attempts": keeper.task_max_attempts,
+        }
+        if config.queues is not None:
+            self._params["queues"] = list(config.queues)
+        self._behind_warned = False
+
+    def on_notify(self) -> None:
+        self.notified = True
+        self.wake.set()
+
+    def run(self) -> None:
+        """The dispatch loop, until stopping (or, in burst mode, until nothing is due)."""
+        cfg, board = self.config, self.board
+        idle_backoff = 0.05
+        queue_empty = False
+        next_poll = 0.0
+        flush_after = 0.0
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                if self.notified or now >= next_poll:
+                    self.notified = False
+                    queue_empty = False
+                # Handlers wake us for room to claim only while a claim may find jobs.
+                board.claimable = not queue_empty
+                want = board.room(cfg.batch)
+                if board.outcomes and not flush_after:
+                    flush_after = now + FLUSH_DELAY
+                if (
+                    not queue_empty
+                    and not board.ready
+                    and want > 0
+                    and (want == cfg.batch or board.running == 0)
+                    and not self._keeper_behind()
+                ):
+                    claimed = self.claim(want)  # writes pending outcomes first
+                    flush_after = 0.0
+                    if claimed < want:
+                        queue_empty = True
+                        next_poll = time.monotonic() + idle_backoff
+                        idle_backoff = min(idle_backoff * 2, cfg.poll_interval)
+                    else:
+                        idle_backoff = 0.05
+                    continue
+                if board.outcomes and (
+                    len(board.outcomes) >= board.flush_size
+                    or board.running == 0
+                    or now >= flush_after
+                ):
+                    self.completer.flush()
+                    flush_after = 0.0
+                    continue
+                if (
+                    cfg.burst
+                    and queue_empty
+                    and board.running == 0
+                    and not board.ready
+                    and not board.outcomes
+                ):
+                    return
+                timeouts = [next_poll - now] if queue_empty else []
+                if flush_after:
+                    timeouts.append(flush_after - now)
+                if board.timed:
+                    deadline = self._time_out(now)
+                    if deadline is not None:
+                        timeouts.append(deadline - now)
+                if self._keeper_behind():
+                    timeouts.append(self.keeper.tick)
+                self.wake.wait(max(0.0, min(timeouts)) if timeouts else None)
+                self.wake.clear()
+        except Stopped:
+            return
+
+    def _keeper_behind(self) -> bool:
+        behind = self.keeper.behind()
+        if behind and not self._behind_warned:
+            log.warning("job heartbeats are failing: claiming no more jobs until they succeed")
+        self._behind_warned = behind
+        return behind
+
+    def claim(self, want: int) -> int:
+        """Write pending outcomes, then claim up to `want` jobs.
+
+        When every pending outcome is a success, finishing them and the claim are one
+        statement: one commit per cycle instead of two.
+        """
+        self._params["limit"] = want
+        successes = self.completer.take_successes()
+        if successes is None:
+            self.completer.flush()
+            rows = self.db.execute(self._claim, self._params).mappings().all()
+        else:
+            params = {
+                **self._params,
+                "job_ids": [j.id for j in successes],
+                "job_attempts": [j.attempt for j in successes],
+            }
+            try:
+                rows = self.db.execute(self._complete_and_claim, params).mappings().all()
+            except DBAPIError as exc:  # one bad row must not cost the batch: apart, one by one
+                if not is_row_error(exc):
+                    raise
+                log.warning("finishing and claiming at once failed (%s)", describe(exc))
+                self.completer.write_successes(successes)
+                rows = self.db.execute(self._claim, self._params).mappings().all()
+            self.stats.succeeded += len(successes)
+        if not rows:
+            return 0
+        jobs: list[ClaimedJob] = []
+        for row in rows:
+            if row["status"] != "running":  # exhausted its attempts: failed by the claim
+                log.error(
+                    "job %s (%s) failed: attempt %s exceeds its max_attempts",
+                    row["id"],
+                    row["task"],
+                    row["attempts"],
+                )
+                self.stats.failed += 1
+                continue
+            jobs.append(self._make_job(row))
+        if self._on_claimed is not None:
+            for job in jobs:
+                self._on_claimed(job)
+        self.board.put(jobs)
+        self.stats.claimed += len(rows)
+        return len(rows)
+
+    def _time_out(self, now: float) -> float | None:
+        """Time out overrunning handlers; return the nearest deadline still ahead.
+
+        A sync handler cannot be interrupted: its job is recorded as timed out (retried or
+        failed by the usual rules), its context reports `cancelled`, and whatever it returns
+        later is discarded; a new handler thread takes its place. An async handler's task
+        is cancelled.
+        """
+        expired, nearest = self.board.expired(now)
+        for job in expired:
+            if not job.take():  # its handler returned meanwhile
+                continue
+            outcome = self.executor.time_out(job)
+            self._on_finished(outcome)
+            self.board.settle(job, outcome)
+            self.executor.start_thread()
+        return nearest

@@ -1,0 +1,126 @@
+"""Shutdown: release jobs that have not started, let running ones finish within the
+shutdown timeout, requeue the rest; and the second signal's immediate exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Engine, create_engine, pool
+
+from sqla_queue import queries
+
+from .board import JobBoard
+from .completer import Completer
+from .config import WorkerConfig, WorkerStats
+from .connection import DatabaseLink, Stopped, describe
+from .jobs import ClaimedJob, Outcome, OutcomeKind
+
+log = logging.getLogger("sqla_queue.worker")
+
+EXIT_RELEASE_TIMEOUT = 3.0
+"""Seconds the second signal's release may take before the process exits regardless."""
+
+
+def release_params(jobs: list[ClaimedJob], refund: int) -> dict[str, list[int]]:
+    """Parameters of `queries.release_jobs` for `jobs`, each refunded `refund` attempts."""
+    return {
+        "job_ids": [j.id for j in jobs],
+        "job_attempts": [j.attempt for j in jobs],
+        "job_refunds": [refund] * len(jobs),
+    }
+
+
+class Shutdown:
+    """Ends a worker's claims in order, on the dispatcher thread."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        db: DatabaseLink,
+        board: JobBoard,
+        completer: Completer,
+        stats: WorkerStats,
+        wake: threading.Event,
+        on_finished: Callable[[Outcome], None],
+    ) -> None:
+        self._on_finished = on_finished
+        self.config = config
+        self.db = db
+        self.board = board
+        self.completer = completer
+        self.stats = stats
+        self.wake = wake
+
+    def drain(self) -> None:
+        """Release unstarted jobs now; give running ones the shutdown timeout, then release."""
+        try:
+            self._release(self.board.take_unstarted(), refund=1)
+            deadline = time.monotonic() + self.config.shutdown_timeout
+            while True:
+                self.completer.flush()
+                if self.board.running == 0 or time.monotonic() >= deadline:
+                    break
+                self.wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                self.wake.clear()
+            left = [job for job in self.board.snapshot() if job.take()]
+            for job in left:
+                job.ctx.mark_lost("lost")
+                self.board.settle(job, None)
+            if left:
+                log.warning(
+                    "%d job(s) still running after the %ss shutdown timeout; requeueing them",
+                    len(left),
+                    self.config.shutdown_timeout,
+                )
+            self._release(left, refund=0)
+            self.completer.flush()
+        except Stopped:
+            log.warning("database unavailable during shutdown; the reaper will requeue held jobs")
+
+    def _release(self, jobs: list[ClaimedJob], refund: int) -> None:
+        if not jobs:
+            return
+        self.db.execute(queries.release_jobs(), release_params(jobs, refund))
+        self.stats.released += len(jobs)
+        self.board.forget(jobs)
+        for job in jobs:
+            self._on_finished(Outcome(OutcomeKind.released, job, "the worker stopped"))
+
+
+def exit_now(engine: Engine, board: JobBoard) -> None:
+    """The second signal: requeue every held job on a fresh connection, within a few
+    seconds, then exit at once. Never the dispatcher's connection: a statement may be in
+    flight on it, and reusing it could deadlock."""
+    held = board.snapshot()
+    unstarted = [job for job in held if not job.started]
+    started = [job for job in held if job.started]
+
+    def release() -> None:
+        fresh = create_engine(
+            engine.url,
+            poolclass=pool.NullPool,
+            connect_args={"connect_timeout": 2, "options": "-c statement_timeout=2000"},
+        )
+        try:
+            with fresh.begin() as conn:
+                if unstarted:
+                    conn.execute(queries.release_jobs(), release_params(unstarted, 1))
+                if started:
+                    conn.execute(queries.release_jobs(), release_params(started, 0))
+        except Exception as exc:
+            log.warning("could not requeue held jobs on exit (%s); the reaper will", describe(exc))
+        finally:
+            fresh.dispose()
+
+    try:
+        if held:
+            releaser = threading.Thread(target=release, name="sqla-queue-exit", daemon=True)
+            releaser.start()
+            releaser.join(EXIT_RELEASE_TIMEOUT)
+    finally:
+        logging.shutdown()
+        os._exit(1)
