@@ -70,15 +70,33 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     return deleted
 
 
+def set_route(bind: Bind, name: str, route: str | None) -> None:
+    """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
+    None, back to table workers. Jobs already in the table follow the new setting."""
+    from .brokers.routes import parse_route
+
+    value = None if route is None else str(parse_route(route))
+    params = {"queue_name": name, "new_route": value}
+    if bind.execute(queries.set_queue_route(), params).first() is None:
+        raise UnknownQueueError(queue=name)
+
+
 @dataclass
 class QueueInfo:
     name: str
     paused: bool
     retention: str
+    route: str | None = None
 
 
 def list_queues(bind: Bind) -> list[QueueInfo]:
-    return [QueueInfo(*row) for row in bind.execute(queries.queue_settings())]
+    from .brokers.queries import queue_routes
+
+    routes: dict[str, str] = dict(bind.execute(queue_routes()).tuples())
+    rows = bind.execute(queries.queue_settings())
+    return [
+        QueueInfo(name, paused, retention, routes.get(name)) for name, paused, retention in rows
+    ]
 
 
 @dataclass

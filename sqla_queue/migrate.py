@@ -19,7 +19,7 @@ from .models import SCHEMA, Base
 BRANCH = "sqla_queue"
 VERSION_TABLE = "alembic_version_sqla_queue"
 """Where `sqla-queue migrate` and this repository's `alembic.ini` record our revisions."""
-SCHEMA_REVISION = "sqlaq_0001"
+SCHEMA_REVISION = "sqlaq_0004"
 """The revision of our schema this version of the code needs (or a later one)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
 """The opt-in branch that drops the jobs -> queues foreign key (`migrate --drop-queue-fk`)."""

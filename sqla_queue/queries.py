@@ -142,11 +142,13 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     """Claim up to `:limit` due jobs, lowest priority first, and mark them running.
 
     Parameters: `limit`, `worker_id`, and `queues` (a list) when `queue_names` is given;
-    `None` claims from every queue. Paused queues are skipped. The candidates CTE is
-    MATERIALIZED so the planner cannot re-run the locking subquery and lock more than
-    `limit` rows.
+    `None` claims from every queue. Paused queues are skipped, and so are routed ones (their
+    jobs are the relay's, see sqla_queue.brokers). The candidates CTE is MATERIALIZED so the
+    planner cannot re-run the locking subquery and lock more than `limit` rows.
     """
-    paused = exists().where(queues.c.name == jobs.c.queue, queues.c.paused)
+    paused = exists().where(
+        queues.c.name == jobs.c.queue, or_(queues.c.paused, queues.c.route.is_not(None))
+    )
     conditions = [
         _is(JobStatus.queued),
         jobs.c.run_at <= func.now(),
@@ -383,6 +385,16 @@ def set_queue_retention() -> Update:
         update(queues)
         .where(queues.c.name == bindparam("queue_name"))
         .values(retention=bindparam("new_retention"))
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_route() -> Update:
+    """Set (or clear, with NULL) the route of the queue `:queue_name` to `:new_route`."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(route=bindparam("new_route"))
         .returning(queues.c.name)
     )
 

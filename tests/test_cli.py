@@ -331,7 +331,7 @@ def test_without_a_url_the_cli_uses_an_embedded_postgres(tmp_path: Path) -> None
         result = cli("migrate", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert result.exit_code == 0, result.output
         assert "using the embedded PostgreSQL at" in result.stderr
-        assert "sqla_queue schema at revision sqlaq_0001" in result.stdout
+        assert "sqla_queue schema at revision sqlaq_0004" in result.stdout
         assert (data_dir / "PG_VERSION").exists()
         listed = cli("queues", "list", url=None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))
         assert listed.stdout.startswith("default\tactive")

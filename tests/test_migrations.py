@@ -59,7 +59,7 @@ def test_sqla_queue_migrate_creates_the_schema_without_the_repository(
 ) -> None:
     done = run([SQLA_QUEUE_BIN, "migrate"], tmp_path, empty_database_url)
     assert done.returncode == 0, done.stderr
-    assert "sqla_queue schema at revision sqlaq_0001" in done.stdout
+    assert "sqla_queue schema at revision sqlaq_0004" in done.stdout
     again = run([SQLA_QUEUE_BIN, "migrate"], tmp_path, empty_database_url)
     assert again.returncode == 0, again.stderr  # idempotent
     assert_usable(empty_engine)
@@ -74,7 +74,7 @@ def test_alembic_upgrade_heads_from_the_repository_root(
     assert_usable(empty_engine)
     with empty_engine.connect() as conn:
         versions = conn.scalars(text(f"SELECT version_num FROM {migrate.VERSION_TABLE}")).all()
-    assert versions == ["sqlaq_0001"]  # shared with `sqla-queue migrate`
+    assert versions == ["sqlaq_0004"]  # shared with `sqla-queue migrate`
 
     down = run([alembic, "downgrade", "sqla_queue@base"], REPO_ROOT, empty_database_url)
     assert down.returncode == 0, down.stderr
@@ -148,7 +148,7 @@ def test_user_alembic_environment_applies_our_revisions_beside_its_own(
     assert "widgets" in inspect(empty_engine).get_table_names()
     with empty_engine.connect() as conn:
         versions = set(conn.scalars(text("SELECT version_num FROM alembic_version")))
-    assert versions == {"app_0001", "sqlaq_0001"}
+    assert versions == {"app_0001", "sqlaq_0004"}
 
     # The application's autogenerate neither drops nor re-creates our tables.
     script = command.revision(user_alembic, message="nothing", autogenerate=True, head="app@head")

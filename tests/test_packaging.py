@@ -47,7 +47,7 @@ def test_wheel_installs_the_command_and_migrates_without_the_repository(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "sqlaq_0001" in result.stdout
+    assert "sqlaq_0004" in result.stdout
     engine = create_engine(empty_database_url)
     with engine.connect() as conn:
         queues = conn.execute(text("SELECT name FROM sqla_queue.queues")).scalars().all()

@@ -102,7 +102,7 @@ def test_migrate_keeps_working_after_the_fk_is_dropped(engine: Engine) -> None:
     upgrade(engine)
 
     with engine.connect() as conn:
-        assert schema_revision(conn) == "sqlaq_0001"
+        assert schema_revision(conn) == "sqlaq_0004"
     assert _queue_fks(engine) == []
 
 
