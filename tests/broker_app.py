@@ -56,3 +56,11 @@ def always_fails(ctx: JobContext) -> None:
     """Record the attempt, then fail."""
     _record(ctx.job_id, ctx.attempt)
     raise RuntimeError(f"always fails (attempt {ctx.attempt})")
+
+
+@registry.task(name="hang_first", pass_context=True)
+def hang_first(ctx: JobContext) -> None:
+    """Record the attempt; the first attempt then hangs (its worker is killed meanwhile)."""
+    _record(ctx.job_id, ctx.attempt)
+    if ctx.attempt == 1:
+        time.sleep(120)

@@ -100,6 +100,8 @@ class BrokerWorker:
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla-queue-job")
         self._stopping: asyncio.Event | None = None
         self._signals = 0
+        self._running_ids: set[int] = set()
+        """Jobs whose handler runs in this worker: a copy that arrives meanwhile is a duplicate."""
 
     def _read_route(self) -> Route:
         with self.engine.connect() as conn:
@@ -227,15 +229,19 @@ class BrokerWorker:
             )
             await self._give_up(delivery, job, attempt, limit, error)
             return
+        if self.dedup and job.id in self._running_ids:
+            await self._skip_duplicate(delivery, job)
+            return
+        self._running_ids.add(job.id)  # before any await: a copy arriving now sees it
         if self.dedup and await asyncio.to_thread(self._seen, job.id):
-            log.info("job %s already ran: a duplicate delivery, acked without running", job.id)
-            await delivery.ack()
-            self.stats.duplicates += 1
+            self._running_ids.discard(job.id)
+            await self._skip_duplicate(delivery, job)
             return
         ctx = JobContext(job.id, job.task, job.queue, attempt) if task.pass_context else None
         try:
             await self._run_keeping_alive(delivery, task, ctx, job)
         except Exception as exc:
+            self._running_ids.discard(job.id)
             error = "".join(traceback.format_exception(exc))[-MAX_ERROR_CHARS:]
             if attempt >= limit:
                 await self._give_up(delivery, job, attempt, limit, error)
@@ -247,10 +253,18 @@ class BrokerWorker:
             await delivery.retry(delay)
             self.stats.retried += 1
             return
-        if self.dedup:
-            await asyncio.to_thread(self._mark_done, job.id)
+        try:
+            if self.dedup:
+                await asyncio.to_thread(self._mark_done, job.id)
+        finally:
+            self._running_ids.discard(job.id)
         await delivery.ack()
         self.stats.succeeded += 1
+
+    async def _skip_duplicate(self, delivery: Delivery, job: JobMessage) -> None:
+        log.info("job %s already ran or runs here: a duplicate, acked without running", job.id)
+        await delivery.ack()
+        self.stats.duplicates += 1
 
     async def _run_keeping_alive(
         self, delivery: Delivery, task: Task, ctx: JobContext | None, job: JobMessage
