@@ -92,7 +92,7 @@ class QueueInfo:
 def list_queues(bind: Bind) -> list[QueueInfo]:
     from .brokers.queries import queue_routes
 
-    routes: dict[str, str] = dict(bind.execute(queue_routes()).tuples())
+    routes: dict[str, str] = dict(bind.execute(queue_routes()).all())
     rows = bind.execute(queries.queue_settings())
     return [
         QueueInfo(name, paused, retention, routes.get(name)) for name, paused, retention in rows

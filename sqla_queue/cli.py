@@ -318,7 +318,7 @@ def relay(
     from .brokers.cli import run_relay
 
     if (nats_url is None) == (amqp_url is None):
-        raise click.UsageError("pass exactly one of --nats URL or --amqp URL")
+        raise click.ClickException("pass exactly one of --nats URL or --amqp URL")
     _configure_logging(log_level)
     engine = _engine(database_url, application_name="sqla-queue relay")
     settings = (batch, poll_interval, publish_timeout, duplicate_window, burst, poll_only)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from sqlalchemy import Engine
 
+from sqla_queue.errors import ConfigurationError
 from sqla_queue.registry import Registry
 
 from .relay import Relay, RelayConfig, RelayStats
@@ -50,7 +51,7 @@ def run_broker_worker(
 ) -> None:
     names = [q.strip() for q in (queues or "").split(",") if q.strip()]
     if len(names) != 1:
-        raise click.UsageError("--from runs one routed queue: pass it as -q NAME")
+        raise ConfigurationError(detail="--from runs one routed queue: pass it as -q NAME")
     config = BrokerWorkerConfig(
         broker_url=broker_url,
         queue=names[0],
