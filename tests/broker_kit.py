@@ -4,7 +4,6 @@ names per test and their deletion, relay and broker-worker processes, reading a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ import pytest
 from broker_app import EFFECTS_TABLE
 from sqlalchemy.engine import make_url
 
+from sqla_queue.brokers.cleanup import delete_route
 from sqla_queue.brokers.routes import Route, parse_route
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -143,37 +143,7 @@ class Broker:
     # -- cleanup ----------------------------------------------------------------------------
 
     def delete_all(self) -> None:
-        self.run(self._nats_delete() if self.kind == "nats" else self._amqp_delete())
-
-    async def _nats_delete(self) -> None:
-        import nats
-
-        nc = await nats.connect(self.url)
-        js = nc.jetstream()
-        for stream in (self.route.stream, self.route.dead_stream):
-            with contextlib.suppress(Exception):  # never created by this test
-                await js.delete_stream(stream)
-        await nc.close()
-
-    async def _amqp_delete(self) -> None:
-        import aio_pika
-
-        from sqla_queue.brokers.amqp import RETRY_LADDER
-
-        connection = await aio_pika.connect(self.url)
-        names = [
-            self.route.amqp_queue,
-            self.route.amqp_dead_queue,
-            *(self.route.amqp_retry_queue(step) for step in RETRY_LADDER),
-        ]
-        for name in names:
-            channel = await connection.channel()
-            with contextlib.suppress(Exception):  # never created by this test
-                await channel.queue_delete(name)
-        channel = await connection.channel()
-        with contextlib.suppress(Exception):
-            await channel.exchange_delete(self.route.exchange)
-        await connection.close()
+        self.run(delete_route(self.url, self.route))
 
 
 def broker_fixture(request: pytest.FixtureRequest) -> Iterator[Broker]:

@@ -79,6 +79,8 @@ class Relay:
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = False
 
     def _publisher(self) -> Publisher:
         if self.kind == NATS:
@@ -98,11 +100,16 @@ class Relay:
         return self.stats
 
     def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+        """Ask `run` to finish; safe from any thread, also before `run` started."""
+        self._stop_requested = True
+        if self._stopping is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
 
     async def _main(self, install_signal_handlers: bool) -> None:
         self._stopping = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._stop_requested:
+            self._stopping.set()
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:

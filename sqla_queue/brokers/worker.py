@@ -100,6 +100,8 @@ class BrokerWorker:
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla-queue-job")
         self._stopping: asyncio.Event | None = None
         self._signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = False
         self._running_ids: set[int] = set()
         """Jobs whose handler runs in this worker: a copy that arrives meanwhile is a duplicate."""
 
@@ -143,11 +145,16 @@ class BrokerWorker:
         return self.stats
 
     def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+        """Ask `run` to finish; safe from any thread, also before `run` started."""
+        self._stop_requested = True
+        if self._stopping is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
 
     async def _main(self, install_signal_handlers: bool) -> None:
         self._stopping = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._stop_requested:
+            self._stopping.set()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
