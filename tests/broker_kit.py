@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -30,10 +31,10 @@ AMQP_URL = os.environ.get("SQLA_QUEUE_TEST_AMQP_URL", "amqp://guest:guest@127.0.
 
 def answers(url: str) -> bool:
     """Whether something listens at the URL's host and port."""
-    parsed = make_url(url.replace("nats://", "nats://x@", 1) if "@" not in url else url)
-    default = 4222 if url.startswith("nats") else 5672
+    parts = urlsplit(url)
+    default = 4222 if parts.scheme == "nats" else 5672
     try:
-        socket.create_connection((parsed.host or "127.0.0.1", parsed.port or default), 3).close()
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default), 3).close()
     except OSError:
         return False
     return True

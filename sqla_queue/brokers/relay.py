@@ -31,6 +31,10 @@ from .routes import NATS, Route, broker_kind, parse_route
 from .transport import Publisher
 
 log = logging.getLogger("sqla_queue.brokers.relay")
+# Built once: constructing a Core statement costs more than a small round trip.
+_ROUTED = queries.routed_queues()
+_CLAIM = queries.claim_for_relay()
+_DELETE = queries.delete_relayed()
 
 
 @dataclass
@@ -220,18 +224,18 @@ class Relay:
     def _routes(self) -> list[tuple[str, Route]]:
         conn = self._connection()
         with conn.begin():
-            rows = conn.execute(queries.routed_queues(), {"prefix": f"{self.kind}:"}).all()
+            rows = conn.execute(_ROUTED, {"prefix": f"{self.kind}:"}).all()
         return [(str(name), parse_route(str(route))) for name, route in rows]
 
     def _claim(self, queue: str) -> tuple[RootTransaction, list[Any]]:
         conn = self._connection()
         transaction = conn.begin()
         params = {"queue_name": queue, "limit": self.config.batch}
-        return transaction, list(conn.execute(queries.claim_for_relay(), params))
+        return transaction, list(conn.execute(_CLAIM, params))
 
     def _delete(self, job_ids: list[int]) -> None:
         if job_ids:
-            self._connection().execute(queries.delete_relayed(), {"job_ids": job_ids})
+            self._connection().execute(_DELETE, {"job_ids": job_ids})
 
     # -- signals ---------------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ from .transport import Delivery, Source
 log = logging.getLogger("sqla_queue.brokers.worker")
 
 MAX_ERROR_CHARS = 20_000
+_ALREADY_DONE = queries.already_done()
+_MARK_DONE = queries.mark_done()
 DEDUP_PRUNE_EVERY = 600.0
 """Seconds between deletions of de-duplication records older than `dedup_retention`."""
 
@@ -318,11 +320,11 @@ class BrokerWorker:
 
     def _seen(self, job_id: int) -> bool:
         with self.engine.connect() as conn:
-            return bool(conn.execute(queries.already_done(), {"job_id": job_id}).scalar())
+            return bool(conn.execute(_ALREADY_DONE, {"job_id": job_id}).scalar())
 
     def _mark_done(self, job_id: int) -> None:
         with self.engine.begin() as conn:
-            conn.execute(queries.mark_done(), {"job_id": job_id})
+            conn.execute(_MARK_DONE, {"job_id": job_id})
 
     def _record_failed(self, job: JobMessage, attempt: int, limit: int, error: str) -> None:
         params = {
