@@ -183,3 +183,21 @@ def test_relay_needs_exactly_one_broker(database_url: str) -> None:
     assert "exactly one of --nats" in one_line_error(cli("relay", url=database_url))
     both = cli("relay", "--nats", "nats://x:1", "--amqp", "amqp://x:1/", url=database_url)
     assert "exactly one of --nats" in one_line_error(both)
+
+
+@pytest.mark.parametrize(
+    ("option", "url"),
+    [("--nats", "nats://127.0.0.1:9"), ("--amqp", "amqp://guest:secret@127.0.0.1:9/")],
+)
+def test_relay_to_a_broker_that_does_not_answer_says_which_in_one_line(
+    database_url: str, engine: Engine, option: str, url: str
+) -> None:
+    with engine.begin() as conn:  # a routed queue, so the relay has a reason to connect
+        admin.create_queue(conn, "out")
+        admin.set_route(conn, "out", "nats:jobs.out" if option == "--nats" else "amqp:a/b")
+
+    line = one_line_error(cli("relay", option, url, url=database_url))
+
+    assert "Cannot reach the broker at" in line
+    assert "127.0.0.1:9" in line
+    assert "secret" not in line  # the password is not printed

@@ -21,8 +21,8 @@ from typing import Any
 from sqla_queue.errors import ConfigurationError
 
 from .messages import CONTENT_TYPE, JobMessage
-from .routes import Route
-from .transport import Delivery, PublishOutcome
+from .routes import Route, redact
+from .transport import BrokerUnavailableError, Delivery, PublishOutcome
 
 log = logging.getLogger("sqla_queue.brokers.amqp")
 
@@ -45,10 +45,19 @@ async def connect(url: str) -> Any:
     """A robust (reconnecting) AMQP connection, or a one-line error naming the URL."""
     aio_pika = _import()
     try:
+        # A quiet plain connection first: the robust one logs and retries where we want one
+        # error line; it is used once this one worked.
+        transport_log = logging.getLogger("aiormq.connection")
+        level = transport_log.level
+        transport_log.setLevel(logging.CRITICAL)
+        try:
+            await (await aio_pika.connect(url, timeout=10)).close()
+        finally:
+            transport_log.setLevel(level)
         return await aio_pika.connect_robust(url, timeout=10)
     except Exception as exc:
-        raise ConfigurationError(
-            detail=f"cannot connect to RabbitMQ at {url}: {exc or type(exc).__name__}"
+        raise BrokerUnavailableError(
+            url=redact(url), detail=str(exc) or type(exc).__name__
         ) from None
 
 

@@ -17,8 +17,8 @@ from typing import Any
 from sqla_queue.errors import ConfigurationError
 
 from .messages import JobMessage
-from .routes import NATS_CONSUMER, Route
-from .transport import Delivery, PublishOutcome
+from .routes import NATS_CONSUMER, Route, redact
+from .transport import BrokerUnavailableError, Delivery, PublishOutcome
 
 log = logging.getLogger("sqla_queue.brokers.nats")
 
@@ -36,17 +36,37 @@ def _import() -> Any:
     return nats
 
 
+async def _log_error(exc: Exception) -> None:
+    log.debug("NATS: %r", exc)
+
+
+async def _log_disconnected() -> None:
+    log.warning("NATS connection lost; reconnecting")
+
+
+async def _log_reconnected() -> None:
+    log.info("NATS connection back")
+
+
 async def connect(url: str) -> Any:
     """A NATS connection, or a one-line error naming the URL."""
     nats = _import()
     try:
-        return await nats.connect(
-            url, connect_timeout=5, max_reconnect_attempts=-1, allow_reconnect=True
+        nc = await nats.connect(
+            url,
+            connect_timeout=5,
+            max_reconnect_attempts=2,
+            error_cb=_log_error,
+            disconnected_cb=_log_disconnected,
+            reconnected_cb=_log_reconnected,
         )
     except Exception as exc:
-        raise ConfigurationError(
-            detail=f"cannot connect to NATS at {url}: {exc or type(exc).__name__}"
+        raise BrokerUnavailableError(
+            url=redact(url), detail=str(exc) or type(exc).__name__
         ) from None
+    # Fail fast on the first connect, but once connected ride out any outage.
+    nc.options["max_reconnect_attempts"] = -1
+    return nc
 
 
 async def ensure_streams(js: Any, route: Route, duplicate_window: float) -> None:

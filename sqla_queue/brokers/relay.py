@@ -27,7 +27,7 @@ from sqla_queue.notify import Listener
 
 from . import queries
 from .messages import JobMessage
-from .routes import NATS, Route, broker_kind, parse_route
+from .routes import NATS, Route, broker_kind, parse_route, redact
 from .transport import Publisher
 
 log = logging.getLogger("sqla_queue.brokers.relay")
@@ -129,7 +129,7 @@ class Relay:
         log.info(
             "relay %s started: routed queues to %s (batch %d)",
             os.getpid(),
-            self.config.broker_url.rpartition("@")[2],
+            redact(self.config.broker_url),
             self.config.batch,
         )
         backoff = 0.1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from sqla_queue.errors import ConfigurationError
 
@@ -118,3 +119,12 @@ def broker_kind(url: str) -> Literal["nats", "amqp"]:
         detail=f"broker URL {url!r} is neither nats:// nor amqp://; pass e.g. "
         "nats://127.0.0.1:4222 or amqp://guest:guest@127.0.0.1:5672/"
     )
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

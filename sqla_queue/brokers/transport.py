@@ -6,8 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sqla_queue.errors import SqlaQueueError
+
 from .messages import JobMessage
 from .routes import Route
+
+
+class BrokerUnavailableError(SqlaQueueError):
+    """Cannot reach the broker at {url}: {detail}. Check that it runs and the URL (nats://HOST:4222 or amqp://USER:PASSWORD@HOST:5672/)."""  # noqa: E501
 
 
 @dataclass

@@ -35,7 +35,7 @@ from sqla_queue.registry import JobContext, Registry, Task
 
 from . import queries
 from .messages import JobMessage
-from .routes import AMQP, NATS, Route, broker_kind, parse_route
+from .routes import AMQP, NATS, Route, broker_kind, parse_route, redact
 from .transport import Delivery, Source
 
 log = logging.getLogger("sqla_queue.brokers.worker")
@@ -168,7 +168,7 @@ class BrokerWorker:
             os.getpid(),
             self.config.queue,
             self.route,
-            self.config.broker_url.rpartition("@")[2],
+            redact(self.config.broker_url),
             self.config.concurrency,
         )
         prune = asyncio.ensure_future(self._prune_dedup()) if self.dedup else None
