@@ -23,7 +23,7 @@ from broker_kit import (
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import admin, enqueue_many
+from sqla_queue import admin, enqueue, enqueue_many
 
 BROKERS = ["nats", "amqp"]
 
@@ -267,3 +267,25 @@ async def _publish_twice(broker: Broker, message: object) -> None:
             assert outcome.errors == []
     finally:
         await publisher.close()
+
+
+def test_relay_moves_a_delayed_job_only_once_it_is_due_and_skips_paused_queues(
+    broker: Broker, engine: Engine, database_url: str, processes: Callable[..., Process]
+) -> None:
+    route_queue(engine, broker)
+    with Session(engine) as session, session.begin():
+        enqueue(session, "effect", {"n": 1}, queue="out", delay=3)
+    assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
+    assert left_in_table(engine) == 1  # not due yet
+
+    with engine.begin() as conn:
+        admin.set_paused(conn, "out", True)
+    time.sleep(3)
+    assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
+    assert left_in_table(engine) == 1  # due, but its queue is paused
+
+    with engine.begin() as conn:
+        admin.set_paused(conn, "out", False)
+    assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
+    assert left_in_table(engine) == 0
+    assert broker.waiting() == 1
