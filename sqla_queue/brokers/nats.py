@@ -40,10 +40,6 @@ async def _log_error(exc: Exception) -> None:
     log.debug("NATS: %r", exc)
 
 
-async def _log_disconnected() -> None:
-    log.warning("NATS connection lost; reconnecting")
-
-
 async def _log_reconnected() -> None:
     log.info("NATS connection back")
 
@@ -51,13 +47,19 @@ async def _log_reconnected() -> None:
 async def connect(url: str) -> Any:
     """A NATS connection, or a one-line error naming the URL."""
     nats = _import()
+    holder: list[Any] = []
+
+    async def disconnected() -> None:
+        if holder and not holder[0].is_closed:  # a close() of ours is no outage
+            log.warning("NATS connection lost; reconnecting")
+
     try:
         nc = await nats.connect(
             url,
             connect_timeout=5,
             max_reconnect_attempts=2,
             error_cb=_log_error,
-            disconnected_cb=_log_disconnected,
+            disconnected_cb=disconnected,
             reconnected_cb=_log_reconnected,
         )
     except Exception as exc:
@@ -66,6 +68,7 @@ async def connect(url: str) -> Any:
         ) from None
     # Fail fast on the first connect, but once connected ride out any outage.
     nc.options["max_reconnect_attempts"] = -1
+    holder.append(nc)
     return nc
 
 
