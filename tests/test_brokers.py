@@ -289,3 +289,31 @@ def test_relay_moves_a_delayed_job_only_once_it_is_due_and_skips_paused_queues(
     assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
     assert left_in_table(engine) == 0
     assert broker.waiting() == 1
+
+
+def test_two_relays_at_once_publish_each_job_once(
+    broker: Broker, engine: Engine, database_url: str, processes: Callable[..., Process]
+) -> None:
+    """SKIP LOCKED splits the rows: on RabbitMQ, which keeps every copy, any job published
+    by both relays would show up twice."""
+    route_queue(engine, broker)
+    with Session(engine) as session, session.begin():
+        rows = [{"task": "effect", "args": {"n": i}, "queue": "out"} for i in range(5_000)]
+        expected = set(enqueue_many(session, rows))
+    with engine.begin() as conn:  # hold the jobs back until both relays are up
+        admin.set_paused(conn, "out", True)
+    relays = [processes(database_url, *relay_args(broker, "--batch", "50")) for _ in range(2)]
+    wait_until(lambda: all(r.started() for r in relays), 60, "both relays to start")
+    with engine.begin() as conn:
+        admin.set_paused(conn, "out", False)
+
+    wait_until(lambda: left_in_table(engine) == 0, 120, "the relays to empty the table")
+    for relay in relays:
+        relay.stop()
+
+    ids = broker.ids_in_route()
+    assert len(ids) == len(expected)
+    assert set(ids) == expected
+    shares = [int(r.log().rpartition("relay stopped: ")[2].split(" ")[0]) for r in relays]
+    print(f"\n{broker.kind}: published per relay {shares}")
+    assert sum(shares) == len(expected)
