@@ -162,14 +162,14 @@ def test_relay_killed_every_half_second_loses_no_job(
     kills = 0
     deadline = time.monotonic() + 600
     while left_in_table(engine) and time.monotonic() < deadline:
-        relay = processes(database_url, *relay_args(broker, "--batch", "500"))
+        relay = processes(database_url, *relay_args(broker, "--batch", "200"))
         wait_until(lambda r=relay: r.started() or not r.alive(), 60, "the relay to start")
         time.sleep(0.5)
         if relay.alive():
             relay.kill()
             kills += 1
     assert left_in_table(engine) == 0, "the relay did not finish in 10 minutes"
-    assert kills >= 3, "the relay was not killed while it moved jobs"
+    assert kills >= 2, "the relay was not killed while it moved jobs"
 
     ids = broker.ids_in_route()
     duplicates = len(ids) - len(set(ids))
