@@ -70,15 +70,28 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     return deleted
 
 
+def set_route(bind: Bind, name: str, route: str | None) -> None:
+    """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
+    None, back to table workers. Jobs already in the table follow the new setting."""
+    from .brokers.routes import parse_route
+
+    value = None if route is None else str(parse_route(route))
+    params = {"queue_name": name, "new_route": value}
+    if bind.execute(queries.set_queue_route(), params).first() is None:
+        raise UnknownQueueError(queue=name)
+
+
 @dataclass
 class QueueInfo:
     name: str
     paused: bool
     retention: str
+    route: str | None = None
 
 
 def list_queues(bind: Bind) -> list[QueueInfo]:
-    return [QueueInfo(*row) for row in bind.execute(queries.queue_settings())]
+    rows = bind.execute(queries.queue_settings()).mappings()
+    return [QueueInfo(r["name"], r["paused"], r["retention"], r["route"]) for r in rows]
 
 
 @dataclass

@@ -75,6 +75,7 @@ from .queues import (
     queue_stats,
     set_queue_paused,
     set_queue_retention,
+    set_queue_route,
 )
 from .workers import (
     beat_worker,
@@ -139,6 +140,7 @@ __all__ = [
     "server_settings",
     "set_queue_paused",
     "set_queue_retention",
+    "set_queue_route",
     "stuck_condition",
     "stuck_jobs",
     "subtransaction_writers",
