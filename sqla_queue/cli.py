@@ -616,6 +616,170 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
         sys.exit(1)
 
 
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2))
+
+
+@jobs.command("list")
+@_database_option
+@click.option("--queue", default=None, help="Only jobs of this queue.")
+@click.option("--task", default=None, help="Only jobs of this task (its registered name).")
+@click.option(
+    "--status", type=click.Choice([s.value for s in JobStatus]), default=None, help="Only these."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+    default=50,
+    show_default=True,
+    help="Most jobs shown.",
+)
+@click.option("--before", type=click.IntRange(min=1), default=None, help="Ids below this only.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
+@_friendly_errors
+def jobs_list(
+    database_url: str | None,
+    queue: str | None,
+    task: str | None,
+    status: str | None,
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """List jobs newest first; page on with --before <the last id shown>."""
+    with _transaction(database_url) as conn:
+        found = admin.list_jobs(
+            conn, queue=queue, task=task, status=status, limit=limit, before=before
+        )
+    if as_json:
+        _echo_json([job.as_dict() for job in found])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "task", "queue", "status", "attempts", "run_at")
+    for job in found:
+        attempts = f"{job.attempts}/{job.max_attempts or '-'}"
+        table.add_row(str(job.id), job.task, job.queue, job.status, attempts, str(job.run_at))
+    Console().print(table)
+
+
+@jobs.command("show")
+@_database_option
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@_friendly_errors
+def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
+    """Show one job: args, attempts, the last error with its traceback, timings."""
+    with _transaction(database_url) as conn:
+        job = admin.get_job(conn, job_id)
+    if job is None:
+        raise click.ClickException(
+            f"no job {job_id} (never enqueued, or deleted once finished by its queue's "
+            "retention or by prune)"
+        )
+    if as_json:
+        _echo_json(job.as_dict())
+        return
+    for key, value in job.as_dict().items():
+        if key in ("args", "last_error"):
+            continue
+        click.echo(f"{key}: {'' if value is None else value}")
+    click.echo(f"args: {json.dumps(job.args)}")
+    if job.last_error:
+        click.echo("last_error:")
+        click.echo(job.last_error)
+
+
+@jobs.command("retry")
+@_database_option
+@click.argument("job_ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--failed", "all_failed", is_flag=True, help="Retry every failed job.")
+@click.option("--queue", default=None, help="With --failed: only this queue's.")
+@click.option(
+    "--attempts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Attempts each job gets again (default: its own max_attempts).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {id: previous status} as JSON.")
+@_friendly_errors
+def jobs_retry(
+    database_url: str | None,
+    job_ids: tuple[int, ...],
+    all_failed: bool,
+    queue: str | None,
+    attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Put failed or cancelled jobs (by id, or all failed with --failed) back to queued.
+
+    Exit status 1 if an id names no job or one that is not failed or cancelled."""
+    if bool(job_ids) == all_failed:
+        raise click.UsageError("pass job ids or --failed, not both (and not neither)")
+    if queue is not None and not all_failed:
+        raise click.UsageError("--queue goes with --failed; ids name their jobs already")
+    with _transaction(database_url) as conn:
+        retried = admin.retry_jobs(
+            conn,
+            list(job_ids) if job_ids else None,
+            all_failed=all_failed,
+            queue=queue,
+            attempts=attempts,
+        )
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in retried])
+    if as_json:
+        _echo_json({str(job_id): status for job_id, status in retried.items()})
+    elif all_failed:
+        click.echo(f"retried {len(retried)} failed job(s)")
+    refused = _report_each(
+        job_ids, retried, others, "retried", "it is not failed or cancelled", err=as_json
+    )
+    if refused:
+        sys.exit(1)
+
+
+def _report_each(
+    job_ids: tuple[int, ...],
+    done: dict[int, str],
+    others: dict[int, str],
+    verb: str,
+    why: str,
+    err: bool,
+) -> bool:
+    """One line per id (on stderr when stdout carries JSON); True if any id was refused."""
+    refused = False
+    for job_id in job_ids:
+        if job_id in done:
+            click.echo(f"job {job_id}: {verb} (was {done[job_id]})", err=err)
+        elif job_id in others:
+            refused = True
+            click.echo(f"job {job_id}: not {verb}, {why} ({others[job_id]})", err=err)
+        else:
+            refused = True
+            click.echo(f"job {job_id}: not {verb}, no such job", err=err)
+    return refused
+
+
+@jobs.command("delete")
+@_database_option
+@click.argument("job_ids", nargs=-1, type=click.IntRange(min=1), required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {id: status it had} as JSON.")
+@_friendly_errors
+def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
+    """Delete jobs by id (also archived ones); a running job is refused: cancel it first.
+
+    Exit status 1 if an id names no job or a running one."""
+    with _transaction(database_url) as conn:
+        deleted = admin.delete_jobs(conn, job_ids)
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in deleted])
+    if as_json:
+        _echo_json({str(job_id): status for job_id, status in deleted.items()})
+    why = "it is running; cancel it first"
+    if _report_each(job_ids, deleted, others, "deleted", why, err=as_json):
+        sys.exit(1)
+
+
 @main.command()
 @_database_option
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
