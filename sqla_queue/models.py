@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -151,6 +152,25 @@ def _args_problem(args: object, max_depth: int) -> str | None:
     return None
 
 
+def _jsonb_growth(args: object) -> int:
+    """How much longer `args` are as jsonb text than as JSON text: floats in exponent form.
+
+    jsonb stores numbers as `numeric`, which writes them out in full: `1e+300` (6 characters)
+    is 301 digits as jsonb text, which the schema's size CHECK measures. Nothing else grows.
+    """
+    growth = 0
+    stack = [args]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, float) and "e" in (short := repr(value)):
+            growth += len(format(Decimal(short), "f")) - len(short)
+    return growth
+
+
 def validate_job(
     task: object,
     args: object,
@@ -195,11 +215,16 @@ def validate_job(
         problem = _args_problem(args, limits.max_args_depth)
         if problem is not None:
             raise InvalidJobError(task=name, detail=problem)
-    if len(encoded) > limits.max_args_bytes:
+    size = len(encoded)
+    if "e+" in encoded or "e-" in encoded:  # a float in exponent form, perhaps: see _jsonb_growth
+        size += _jsonb_growth(args)
+    if size > limits.max_args_bytes:
+        stored = "" if size == len(encoded) else f" as jsonb ({len(encoded)} as JSON text)"
         raise InvalidJobError(
             task=name,
-            detail=f"args are {len(encoded)} bytes as JSON; the limit is {limits.max_args_bytes} "
-            "(sqla_queue.limits.max_args_bytes). Store large payloads elsewhere and pass a key.",
+            detail=f"args are {size} bytes{stored if stored else ' as JSON'}; the limit is "
+            f"{limits.max_args_bytes} (sqla_queue.limits.max_args_bytes). Store large payloads "
+            "elsewhere and pass a key.",
         )
     if _NUL_ESCAPE.search(encoded):
         raise InvalidJobError(
@@ -308,7 +333,8 @@ class Queue(Base):
 
 
 HOOKS_DUE = "_sqla_queue_hooks_due"
-"""Instance key of a constructed Job not yet through the insert hooks: the fields not given."""
+"""Instance key of a constructed Job: the fields not given while its insert hooks are due,
+None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
 _TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
 
 
