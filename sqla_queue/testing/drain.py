@@ -9,6 +9,7 @@ back leaves nothing behind. `run_until_empty` runs a real burst-mode `Worker` in
 from __future__ import annotations
 
 import asyncio
+import threading
 import traceback
 from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,21 @@ from sqla_queue.worker import MAX_ERROR_CHARS, Worker, WorkerConfig, WorkerStats
 DRAIN_WORKER_ID = "sqla_queue.testing.drain"
 """The `locked_by` of jobs claimed by `drain`."""
 _JOBS: Table = Job.__table__  # type: ignore[assignment]
+_handler = threading.local()
+
+
+def in_handler() -> bool:
+    """True while this thread runs a handler for `drain` (on an async handler's thread too)."""
+    return bool(getattr(_handler, "active", False))
+
+
+@contextmanager
+def _handler_running() -> Iterator[None]:
+    previous, _handler.active = in_handler(), True
+    try:
+        yield
+    finally:
+        _handler.active = previous
 
 
 @dataclass
@@ -70,7 +86,9 @@ def drain(
 
     A handler that fails is retried by its policy (later: see `include_scheduled`) or
     failed once out of attempts, exactly as the worker would; a job of an unknown task
-    fails. Jobs a handler enqueues and commits are run in the same call.
+    fails. A handler's `BaseException` (`pytest.fail`, `KeyboardInterrupt`) is written as a
+    failed attempt too, then always raised. Jobs a handler enqueues and commits are run in
+    the same call.
     """
     if not isinstance(target, Session | Connection | Engine):
         raise ConfigurationError(
@@ -169,7 +187,7 @@ def _run_job(
     context = JobContext(row.id, row.task, row.queue, row.attempts)
     try:
         _call_handler(task, context, row.args)
-    except Exception as exc:
+    except BaseException as exc:  # pytest.fail, KeyboardInterrupt: never leave the job running
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         text = text[-MAX_ERROR_CHARS:]
         result.errors.append((row.id, text))
@@ -181,6 +199,8 @@ def _run_job(
             delay = task.retry.delay(row.attempts)
             run(queries.retry_jobs(), {**fence, "job_delays": [delay], "job_errors": [text]})
             result.retried += 1
+        if not isinstance(exc, Exception):
+            raise  # its outcome is written; a test failure or an interrupt goes on up
         return exc
     kind = retention.get(row.queue, Retention.delete.value)
     finish = {
@@ -199,9 +219,10 @@ def _call_handler(task: Task, context: JobContext, args: dict[str, Any]) -> None
     Kept apart so that it can go through the worker's executor (and its middleware) once
     that exists. A sync handler's timeout is not enforced here; an async one's is.
     """
-    call = task.func(context, **args) if task.pass_context else task.func(**args)
-    if task.is_async:
-        _run_coroutine(call, task, context)
+    with _handler_running():
+        call = task.func(context, **args) if task.pass_context else task.func(**args)
+        if task.is_async:
+            _run_coroutine(call, task, context)
 
 
 def _run_coroutine(call: Coroutine[Any, Any, Any], task: Task, context: JobContext) -> None:
@@ -218,9 +239,14 @@ def _run_coroutine(call: Coroutine[Any, Any, Any], task: Task, context: JobConte
     except RuntimeError:
         asyncio.run(bounded())
         return
+
     # Called from async code (through run_sync): this thread's loop is busy, use another.
+    def run_there() -> None:
+        with _handler_running():  # a commit of the handler's own, there, is still inside it
+            asyncio.run(bounded())
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, bounded()).result()
+        pool.submit(run_there).result()
 
 
 def run_until_empty(

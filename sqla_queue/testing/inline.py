@@ -23,7 +23,6 @@ A handler's exception is raised from `commit()` (after its outcome is written) u
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,9 +32,7 @@ from sqlalchemy.orm import Session
 from sqla_queue.models import Job
 from sqla_queue.registry import Registry
 
-from .drain import DrainResult, drain
-
-_draining = threading.local()
+from .drain import DrainResult, drain, in_handler
 
 
 @contextmanager
@@ -49,16 +46,12 @@ def inline(
     totals = DrainResult()
 
     def run_at_commit(session: Session) -> None:
-        if getattr(_draining, "active", False):  # a handler committed: the outer round runs it
+        if in_handler():  # a handler committed (on any thread): the outer round runs its jobs
             return
         bind = session.get_bind(mapper=Job)
         if not isinstance(bind, Connection | Engine):
             return
-        _draining.active = True
-        try:
-            drain(bind, registry, include_scheduled=include_scheduled, reraise=reraise, into=totals)
-        finally:
-            _draining.active = False
+        drain(bind, registry, include_scheduled=include_scheduled, reraise=reraise, into=totals)
 
     event.listen(Session, "after_commit", run_at_commit)
     try:
