@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -84,3 +84,24 @@ def test_a_test_failure_inside_a_handler_fails_its_job_instead_of_leaving_it_run
     with pytest.raises(pytest.fail.Exception, match="saw something wrong"):
         drain(sqla_queue_engine, registry)
     assert _statuses(sqla_queue_engine) == {"asserts": ("failed", 1)}
+
+
+def test_inline_leaves_commits_on_the_applications_other_databases_alone(
+    sqla_queue_engine: Engine, empty_database_url: str
+) -> None:
+    registry = Registry()
+    ran: list[str] = []
+    registry.task(name="ok")(lambda: ran.append("ok"))
+    others = [create_engine(empty_database_url), create_engine("sqlite://")]
+    try:
+        with inline(registry) as runs:
+            for other in others:  # no sqla-queue schema there: nothing to run, nothing to fail
+                with Session(other) as session, session.begin():
+                    session.execute(text("CREATE TABLE analytics (id int)"))
+            with Session(sqla_queue_engine) as session, session.begin():
+                enqueue(session, "ok", {})
+    finally:
+        for other in others:
+            other.dispose()
+    assert runs == DrainResult(succeeded=1)
+    assert ran == ["ok"]

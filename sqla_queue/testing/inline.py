@@ -14,7 +14,8 @@ and finished by the real statements. What it does not model:
 - jobs scheduled for later (`delay`, `run_at`, retries waiting on backoff) do not run at
   the commit that enqueued them, unless `include_scheduled=True`;
 - isolation between tests: each commit runs every due job of that database, not only its
-  own (give each test its own database, as the plugin's fixtures do);
+  own (give each test its own database, as the plugin's fixtures do); a commit on a
+  database without sqla-queue's schema (another of the application's) runs nothing;
 - a rolled-back transaction runs nothing (as in production: its jobs never existed).
 
 A handler's exception is raised from `commit()` (after its outcome is written) unless
@@ -29,10 +30,21 @@ from contextlib import contextmanager
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
+from sqla_queue import queries
 from sqla_queue.models import Job
 from sqla_queue.registry import Registry
 
 from .drain import DrainResult, drain, in_handler
+
+
+def _holds_the_queue(bind: Connection | Engine) -> bool:
+    """False for a database without sqla-queue's schema: another database of the application."""
+    if bind.dialect.name != "postgresql":
+        return False
+    if isinstance(bind, Engine):
+        with bind.connect() as connection:
+            return _holds_the_queue(connection)
+    return bind.execute(queries.schema_revision()).scalar() is not None
 
 
 @contextmanager
@@ -49,7 +61,7 @@ def inline(
         if in_handler():  # a handler committed (on any thread): the outer round runs its jobs
             return
         bind = session.get_bind(mapper=Job)
-        if not isinstance(bind, Connection | Engine):
+        if not isinstance(bind, Connection | Engine) or not _holds_the_queue(bind):
             return
         drain(bind, registry, include_scheduled=include_scheduled, reraise=reraise, into=totals)
 
