@@ -99,6 +99,7 @@ PRIORITY_MAX = 32767
 _HUGE_INT = 10**MAX_INT_DIGITS
 # Fast pre-checks on the JSON text; only a hit costs a walk of the args.
 _LONG_DIGIT_RUN = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
+_EXPONENT = re.compile(r"\de[-+]\d")
 
 
 # A \u0000 escape in json.dumps output (not an escaped backslash followed by "u0000").
@@ -216,7 +217,7 @@ def validate_job(
         if problem is not None:
             raise InvalidJobError(task=name, detail=problem)
     size = len(encoded)
-    if "e+" in encoded or "e-" in encoded:  # a float in exponent form, perhaps: see _jsonb_growth
+    if _EXPONENT.search(encoded):  # a float in exponent form, perhaps: see _jsonb_growth
         size += _jsonb_growth(args)
     if size > limits.max_args_bytes:
         stored = "" if size == len(encoded) else f" as jsonb ({len(encoded)} as JSON text)"
