@@ -9,7 +9,6 @@ back leaves nothing behind. `run_until_empty` runs a real burst-mode `Worker` in
 from __future__ import annotations
 
 import asyncio
-import threading
 import traceback
 from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,21 +28,6 @@ from sqla_queue.worker import MAX_ERROR_CHARS, Worker, WorkerConfig, WorkerStats
 DRAIN_WORKER_ID = "sqla_queue.testing.drain"
 """The `locked_by` of jobs claimed by `drain`."""
 _JOBS: Table = Job.__table__  # type: ignore[assignment]
-_handler = threading.local()
-
-
-def in_handler() -> bool:
-    """True while this thread runs a handler for `drain` (on an async handler's thread too)."""
-    return bool(getattr(_handler, "active", False))
-
-
-@contextmanager
-def _handler_running() -> Iterator[None]:
-    previous, _handler.active = in_handler(), True
-    try:
-        yield
-    finally:
-        _handler.active = previous
 
 
 @dataclass
@@ -219,10 +203,9 @@ def _call_handler(task: Task, context: JobContext, args: dict[str, Any]) -> None
     Kept apart so that it can go through the worker's executor (and its middleware) once
     that exists. A sync handler's timeout is not enforced here; an async one's is.
     """
-    with _handler_running():
-        call = task.func(context, **args) if task.pass_context else task.func(**args)
-        if task.is_async:
-            _run_coroutine(call, task, context)
+    call = task.func(context, **args) if task.pass_context else task.func(**args)
+    if task.is_async:
+        _run_coroutine(call, task, context)
 
 
 def _run_coroutine(call: Coroutine[Any, Any, Any], task: Task, context: JobContext) -> None:
@@ -239,14 +222,9 @@ def _run_coroutine(call: Coroutine[Any, Any, Any], task: Task, context: JobConte
     except RuntimeError:
         asyncio.run(bounded())
         return
-
     # Called from async code (through run_sync): this thread's loop is busy, use another.
-    def run_there() -> None:
-        with _handler_running():  # a commit of the handler's own, there, is still inside it
-            asyncio.run(bounded())
-
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(run_there).result()
+        pool.submit(asyncio.run, bounded()).result()
 
 
 def run_until_empty(

@@ -19,11 +19,13 @@ and finished by the real statements. What it does not model:
 - a rolled-back transaction runs nothing (as in production: its jobs never existed).
 
 A handler's exception is raised from `commit()` (after its outcome is written) unless
-`reraise=False`. Jobs the handlers enqueue run in the same round, not by a nested one.
+`reraise=False`. Jobs the handlers enqueue run in the same round, not by a nested one; so do
+the jobs of a commit made on another thread while a round runs (one round at a time).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,7 +36,11 @@ from sqla_queue import queries
 from sqla_queue.models import Job
 from sqla_queue.registry import Registry
 
-from .drain import DrainResult, drain, in_handler
+from .drain import DrainResult, drain
+
+_round = threading.Lock()
+"""Held while a round runs, on any thread: a commit made meanwhile (a handler's own, also on
+the thread an async handler runs on) leaves its jobs to that round."""
 
 
 def _holds_the_queue(bind: Connection | Engine) -> bool:
@@ -58,12 +64,20 @@ def inline(
     totals = DrainResult()
 
     def run_at_commit(session: Session) -> None:
-        if in_handler():  # a handler committed (on any thread): the outer round runs its jobs
+        if not _round.acquire(blocking=False):
             return
-        bind = session.get_bind(mapper=Job)
-        if not isinstance(bind, Connection | Engine) or not _holds_the_queue(bind):
-            return
-        drain(bind, registry, include_scheduled=include_scheduled, reraise=reraise, into=totals)
+        try:
+            bind = session.get_bind(mapper=Job)
+            if isinstance(bind, Connection | Engine) and _holds_the_queue(bind):
+                drain(
+                    bind,
+                    registry,
+                    include_scheduled=include_scheduled,
+                    reraise=reraise,
+                    into=totals,
+                )
+        finally:
+            _round.release()
 
     event.listen(Session, "after_commit", run_at_commit)
     try:
