@@ -37,11 +37,11 @@ class JobContext:
     __slots__ = (
         "_heartbeat",
         "_lost",
+        "_state",
         "attempt",
         "job_id",
         "queue",
         "resources",
-        "state",
         "task",
     )
 
@@ -59,10 +59,16 @@ class JobContext:
         self.queue = queue
         self.attempt = attempt
         self.resources: Mapping[str, Any] = resources if resources is not None else {}
-        self.state: dict[str, Any] = {}
-        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
+        self._state: dict[str, Any] | None = None
         self._heartbeat = heartbeat
         self._lost: str | None = None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
+        if self._state is None:
+            self._state = {}
+        return self._state
 
     @property
     def cancelled(self) -> bool:
