@@ -15,6 +15,7 @@ from .lifecycle import LifecycleHooks
 from .middleware import Middleware
 from .models import PRIORITY_MAX
 from .retry import DEFAULT_RETRY, RetryPolicy
+from .unique import Unique, UniqueOption, resolve_unique
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
@@ -145,6 +146,8 @@ class Task:
     middleware: Sequence[Middleware] = ()
     lease: float | None = None
     """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
+    unique: Unique | None = None
+    """Its jobs' uniqueness by default (`enqueue(..., unique=False)` opts one job out)."""
     is_async: bool = field(init=False)
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
@@ -170,6 +173,7 @@ class Task:
         max_attempts: int | None = None,
         tags: Iterable[str] | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique: UniqueOption = None,
         flush: bool = False,
     ) -> Job:
         """`enqueue(session, self.name, args, ...)` with this task's registry and defaults.
@@ -190,6 +194,7 @@ class Task:
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             tags=tags,
             meta=meta,
+            unique=self.unique if unique is None else unique,
             flush=flush,
             registry=self.registry,
         )
@@ -274,6 +279,7 @@ class Registry:
         pass_context: bool = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
+        unique: UniqueOption = None,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -290,6 +296,7 @@ class Registry:
         pass_context: bool = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
+        unique: UniqueOption = None,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
@@ -298,7 +305,8 @@ class Registry:
         default registry), `max_attempts` (used when the job row does not set it),
         `retry` (a `RetryPolicy`), `timeout` in seconds, `pass_context` to receive a
         `JobContext` as the first argument, `middleware` of its own (inside the registry's),
-        and `lease`: its own seconds without a heartbeat before it is reaped (at least 1).
+        `lease`: its own seconds without a heartbeat before it is reaped (at least 1), and
+        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`).
         """
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
@@ -315,6 +323,7 @@ class Registry:
             )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(detail=f"retry must be a RetryPolicy, got {retry!r}")
+        unique_default = resolve_unique(unique)
 
         def register(f: Callable[..., Any]) -> Task:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
@@ -332,6 +341,7 @@ class Registry:
                 registry=self,
                 middleware=tuple(middleware),
                 lease=lease,
+                unique=unique_default,
             )
             self._tasks[task_name] = task
             return task

@@ -63,6 +63,7 @@ from .jobs import (
     heartbeat_jobs,
     held_jobs,
     insert_jobs,
+    insert_unique_jobs,
     job_by_id,
     job_status,
     may_reserve_job_ids,
@@ -73,6 +74,7 @@ from .jobs import (
     reserve_job_ids,
     retry_jobs,
     stuck_condition,
+    unique_holders,
 )
 from .queues import (
     count_unfinished_in_queue,
@@ -124,6 +126,7 @@ __all__ = [
     "heartbeat_jobs",
     "held_jobs",
     "insert_jobs",
+    "insert_unique_jobs",
     "job_by_id",
     "job_detail",
     "job_status",
@@ -161,5 +164,6 @@ __all__ = [
     "subtransaction_writers",
     "table_health",
     "table_multixact_ages",
+    "unique_holders",
     "version_table_exists",
 ]

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Interval,
+    LargeBinary,
     Select,
     SmallInteger,
     Text,
@@ -43,6 +44,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     NOTIFY_CHANNEL,
+    UNIQUE_PREDICATE,
     JobStatus,
     Retention,
 )
@@ -88,6 +90,32 @@ def insert_jobs() -> Insert:
     """
     return (
         insert(jobs).values(**_inserted_values()).returning(jobs.c.id, sort_by_parameter_order=True)
+    )
+
+
+def insert_unique_jobs(with_ids: bool) -> Insert:
+    """Insert unique jobs, skipping each whose key a blocking row holds; returns the ids
+    written (a skipped row returns none).
+
+    Parameters: those of `insert_jobs`, `job_unique_key`, `job_unique_states`, and with
+    `with_ids` the `job_id` reserved for each row (so a batch's skipped rows are known by
+    the ids missing from the result). `ON CONFLICT DO NOTHING` without a target: the unique
+    partial index is the only one a fresh id can meet, and it waits for (never locks) a
+    conflicting row of an open transaction.
+    """
+    values = _inserted_values()
+    values["unique_key"] = bindparam("job_unique_key", type_=LargeBinary)
+    values["unique_states"] = bindparam("job_unique_states", type_=SmallInteger)
+    if with_ids:
+        values["id"] = bindparam("job_id", type_=BigInteger)
+    return pg_insert(jobs).values(**values).on_conflict_do_nothing().returning(jobs.c.id)
+
+
+def unique_holders() -> Select[Any]:
+    """(unique_key, id) of the rows that now block `:keys`, by the unique index."""
+    return select(jobs.c.unique_key, jobs.c.id).where(
+        jobs.c.unique_key == any_(bindparam("keys", type_=ARRAY(LargeBinary))),
+        text(UNIQUE_PREDICATE),
     )
 
 
