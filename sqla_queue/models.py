@@ -551,3 +551,16 @@ class WorkerRegistration(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class PeriodicSlot(Base):
+    """A slot a periodic job was enqueued for: the primary key lets exactly one worker win."""
+
+    __tablename__ = "periodic_slots"
+
+    task: Mapped[str] = mapped_column(Text, primary_key=True)
+    slot: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    enqueued_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )

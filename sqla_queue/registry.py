@@ -14,6 +14,8 @@ from .errors import AppLoadError, ConfigurationError, JobCancelledError, JobLost
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
 from .models import PRIORITY_MAX
+from .periodic import Schedule
+from .periodic import install as install_scheduler
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .unique import Unique, UniqueOption, resolve_unique
 
@@ -229,6 +231,8 @@ class Registry:
         self.middleware: list[Middleware] = list(middleware)
         self.resources: dict[str, Any] = dict(resources or {})
         self.hooks = LifecycleHooks()
+        self.schedules: dict[str, Schedule] = {}
+        """The periodic tasks' schedules by task name (`@registry.periodic`)."""
 
     def on_job_claimed(self, hook: H) -> H:
         """Register `hook(ctx)`, called for every job this registry's worker claims."""
@@ -347,6 +351,50 @@ class Registry:
             return task
 
         return register(func) if func is not None else register
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | dt.timedelta | None = None,
+        timezone: str = "UTC",
+        args: Mapping[str, Any] | None = None,
+        catch_up: int | dt.timedelta = 1,
+        **task_options: Any,
+    ) -> Callable[[Callable[..., Any]], Task]:
+        """Register a task (as `@registry.task(**task_options)`) that is enqueued on a schedule.
+
+        `cron` (read by cronsim, in `timezone`) or `every` (seconds or a timedelta, aligned to
+        the epoch) says when; `args` are the jobs' arguments. Every worker of this registry
+        enqueues each due slot and the database keeps one (`sqla_queue.periodic`); of the
+        slots missed while no worker ran, `catch_up` are enqueued when one starts (a count,
+        newest first: 1, the default, is the last missed slot only; 0 none; a timedelta:
+        those within that long).
+        """
+        seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float)
+        ):
+            raise ConfigurationError(detail=f"every is seconds or a timedelta, got {every!r}")
+        register = self.task(**task_options)
+
+        def schedule(f: Callable[..., Any]) -> Task:
+            task_name = task_options.get("name") or f"{f.__module__}.{f.__qualname__}"
+            plan = Schedule(
+                task_name,
+                cron=cron,
+                every=None if seconds is None else float(seconds),
+                timezone=timezone,
+                args=dict(args or {}),
+                catch_up=catch_up,
+            )
+            task = register(f)
+            if not self.schedules:
+                install_scheduler(self)
+            self.schedules[task.name] = plan
+            return task
+
+        return schedule
 
     def get(self, name: str) -> Task | None:
         """The task registered under `name`, or None."""

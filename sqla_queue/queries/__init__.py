@@ -1,7 +1,8 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
 Split by subject, one module each: `jobs` (the job lifecycle), `queues` (administration),
-`admin` (finding, retrying and deleting jobs), `workers` (live worker registrations),
+`admin` (finding, retrying and deleting jobs), `periodic` (the slots periodic jobs were
+enqueued for), `workers` (live worker registrations),
 `catalog` (PostgreSQL catalogs: schema revision,
 doctor, migrations); `common` holds what they share. A reader who wants to know what
 hits the database reads only this folder.
@@ -76,6 +77,13 @@ from .jobs import (
     stuck_condition,
     unique_holders,
 )
+from .periodic import (
+    claim_periodic_slots,
+    last_periodic_jobs,
+    last_periodic_slots,
+    prune_periodic_slots,
+    record_periodic_jobs,
+)
 from .queues import (
     count_unfinished_in_queue,
     create_queue,
@@ -109,6 +117,7 @@ __all__ = [
     "beat_worker",
     "cancel_jobs",
     "claim_jobs",
+    "claim_periodic_slots",
     "complete_and_claim",
     "complete_archive",
     "complete_delete",
@@ -130,6 +139,8 @@ __all__ = [
     "job_by_id",
     "job_detail",
     "job_status",
+    "last_periodic_jobs",
+    "last_periodic_slots",
     "list_jobs",
     "live_workers",
     "lock_queue",
@@ -144,12 +155,14 @@ __all__ = [
     "prepared_transactions",
     "prune_archive",
     "prune_jobs",
+    "prune_periodic_slots",
     "queue_depth",
     "queue_foreign_keys",
     "queue_settings",
     "queue_stats",
     "reap_stale_jobs",
     "recent_enqueuers",
+    "record_periodic_jobs",
     "release_jobs",
     "replication_slot_horizons",
     "reserve_job_ids",
