@@ -720,6 +720,8 @@ def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> Non
     from .periodic import schedule_states
     from .registry import load_registry
 
+    if "." not in sys.path and "" not in sys.path:  # as `worker --app` finds the app
+        sys.path.insert(0, "")
     registry = load_registry(app_path)
     with _transaction(database_url) as conn:
         states = schedule_states(conn, registry)
