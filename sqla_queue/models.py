@@ -330,11 +330,19 @@ CHECK_ARGS_OBJECT = "jsonb_typeof(args) = 'object'"
 CHECK_ARGS_SIZE = f"octet_length(args::text) <= {SCHEMA_MAX_ARGS_BYTES}"
 CHECK_PRIORITY = f"priority BETWEEN 0 AND {PRIORITY_MAX}"
 NO_TAGS = text("'{}'::text[]")
-UNIQUE_PREDICATE = (
-    "unique_key IS NOT NULL AND (unique_states & CASE status WHEN 'queued' THEN 1 "
-    "WHEN 'running' THEN 2 WHEN 'done' THEN 4 WHEN 'failed' THEN 8 WHEN 'cancelled' THEN 16 "
-    "ELSE 0 END) <> 0"
-)
+
+
+def unique_predicate(table: str = "") -> str:
+    """`UNIQUE_PREDICATE` over the columns of `table` (an alias name), or unqualified."""
+    of = f"{table}." if table else ""
+    return (
+        f"{of}unique_key IS NOT NULL AND ({of}unique_states & CASE {of}status "
+        "WHEN 'queued' THEN 1 WHEN 'running' THEN 2 WHEN 'done' THEN 4 WHEN 'failed' THEN 8 "
+        "WHEN 'cancelled' THEN 16 ELSE 0 END) <> 0"
+    )
+
+
+UNIQUE_PREDICATE = unique_predicate()
 """Rows that block their duplicates: a key, and a status among the row's own unique states
 (bits in JobStatus order: sqla_queue.unique.STATE_BITS)."""
 NO_META = text("'{}'::jsonb")

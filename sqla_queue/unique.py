@@ -39,7 +39,8 @@ class Unique:
     args lack counts as null). `by_queue`: whether the same job in another queue is another
     job. `key`: your own text, added to the key. `period`: seconds (or a timedelta): at most
     one job per key per period, by UTC time slots of that length from the epoch. `states`:
-    the statuses in which a job blocks its duplicates; the default is queued and running.
+    the statuses in which a job blocks its duplicates: queued and running (the default)
+    and any of done, failed, cancelled.
     A done job stays in the table only under retention `keep`: "once ever" (adding done,
     failed and cancelled) holds as long as the row does.
     """
@@ -63,6 +64,14 @@ class Unique:
             raise ConfigurationError(
                 detail=f"Unique(states=...) takes statuses among {sorted(EVERY_STATE)}, "
                 f"got {self.states!r}"
+            )
+        if not states >= DEFAULT_STATES:
+            # The worker moves jobs between queued and running (claim, retry, release,
+            # reap): a key that blocked in one and not the other could refuse that move.
+            raise ConfigurationError(
+                detail=f"Unique(states=...) must include 'queued' and 'running' (a job "
+                f"moves between them), got {sorted(states)}; add finished statuses for "
+                "'once ever'"
             )
         object.__setattr__(self, "states", states)
         seconds = self.period_seconds

@@ -227,6 +227,7 @@ def test_a_rolled_back_holder_lets_the_waiting_duplicate_be_written(engine: Engi
     [
         (lambda: Unique(states=["queued", "finished"]), "statuses among"),
         (lambda: Unique(states="queued"), "statuses among"),
+        (lambda: Unique(states=["queued"]), "must include 'queued' and 'running'"),
         (lambda: Unique(args="order_id"), "a list of arg names"),
         (lambda: Unique(period=0.5), "at least 1 second"),
         (lambda: Registry().task(name="x", unique="yes")(lambda: None), "unique= takes True"),
@@ -285,3 +286,17 @@ def test_eight_processes_enqueueing_one_unique_job_1000_times_leave_one_and_mint
         admin.dispose()
     assert sum(written) == 1
     assert minted == 0
+
+
+def test_retrying_a_failed_unique_job_whose_key_is_taken_leaves_it_failed(engine: Engine) -> None:
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        failed = enqueue(session, "r", unique=True)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE sqla_queue.jobs SET status = 'failed', attempts = 5"))
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        live = enqueue(session, "r", unique=True)  # failed does not block by default
+    assert live.duplicate is False
+    with engine.begin() as conn:
+        assert admin.retry_jobs(conn, [failed.id]) == {}  # no index violation, no abort
+        conn.execute(text("DELETE FROM sqla_queue.jobs WHERE id = :id"), {"id": live.id})
+        assert admin.retry_jobs(conn, [failed.id]) == {failed.id: "failed"}
