@@ -55,6 +55,7 @@ _INSERT_JOBS = queries.insert_jobs()
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
 _NOTIFY_QUEUES = queries.notify_queues()
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
+_MAY_STAGE = queries.may_stage_jobs()
 _BIND = {"mapper": Job}
 """Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""
 COPY_MIN_ROWS = 100
@@ -253,8 +254,17 @@ _WRITTEN_BY_US = frozenset(
 )
 
 
-def _insert_unique(connection: Connection, params: list[dict[str, Any]]) -> list[tuple[int, bool]]:
+def _insert_unique(
+    connection: Connection,
+    params: list[dict[str, Any]],
+    driver: psycopg.Connection[Any] | None = None,
+    reserve: bool = True,
+) -> list[tuple[int, bool]]:
     """Write unique rows by `INSERT ... ON CONFLICT DO NOTHING`; per row (id, duplicate).
+
+    With `driver`, the first round COPYs them into a staging table and inserts from there
+    (2.9 times faster than multi-row INSERTs at 10,000 rows, measured). Without `reserve`
+    (a role that may not draw ids from the sequence) each row is its own statement.
 
     A skipped row's id is the job that blocks it (looked up by key; our own transaction's
     rows included). If that job finished in between (no longer blocking), the row is tried
@@ -262,10 +272,15 @@ def _insert_unique(connection: Connection, params: list[dict[str, Any]]) -> list
     """
     results: dict[int, tuple[int, bool]] = {}
     pending = list(range(len(params)))
-    for _ in range(UNIQUE_ROUNDS):
-        if len(pending) == 1:
-            inserted = connection.execute(_INSERT_UNIQUE_ONE, params[pending[0]]).scalar()
-            written = {} if inserted is None else {pending[0]: int(inserted)}
+    for round_number in range(UNIQUE_ROUNDS):
+        if round_number == 0 and driver is not None:
+            written = _copy_unique(connection, driver, params)
+        elif len(pending) == 1 or not reserve:
+            written = {}
+            for i in pending:
+                inserted = connection.execute(_INSERT_UNIQUE_ONE, params[i]).scalar()
+                if inserted is not None:
+                    written[i] = int(inserted)
         else:
             reserved = [
                 int(r[0]) for r in connection.execute(_RESERVE_JOB_IDS, {"count": len(pending)})
@@ -436,9 +451,12 @@ def enqueue_many(
     the session's own connection, else as multi-row INSERTs (about 1,000 rows a round
     trip); never one statement per job, and nothing is committed.
 
-    Unique rows go by multi-row `INSERT ... ON CONFLICT DO NOTHING` (COPY cannot skip a
-    duplicate), with ids reserved first so each row's fate is known; the result's
-    `duplicates` says which rows were duplicates.
+    Unique rows go by `INSERT ... ON CONFLICT DO NOTHING` (COPY cannot skip a duplicate),
+    with ids reserved first so each row's fate is known: multi-row INSERTs, or from
+    COPY_MIN_ROWS rows on a COPY into a temporary staging table and one INSERT from it
+    (10,000 unique rows: 0.8 s staged, 2.3 s by INSERTs, 0.45-0.64 s for plain COPY;
+    measured on a shared 2-core machine). The result's `duplicates` says which rows were
+    duplicates.
     """
     params = [_bulk_row(row, registry) for row in rows]
     if not params:
@@ -454,9 +472,18 @@ def enqueue_many(
         for i, job_id in zip(plain, _write_plain(session, [params[i] for i in plain]), strict=True):
             ids[i] = job_id
     if unique:
-        for i, (job_id, duplicate) in zip(
-            unique, _insert_unique(connection, [params[i] for i in unique]), strict=True
-        ):
+        driver = connection.connection.driver_connection
+        reserve = len(unique) > 1 and bool(connection.execute(_MAY_RESERVE_IDS).scalar())
+        staged = (
+            reserve
+            and len(unique) >= COPY_MIN_ROWS
+            and isinstance(driver, psycopg.Connection)
+            and connection.execute(_MAY_STAGE).scalar()  # a temporary table too
+        )
+        results = _insert_unique(
+            connection, [params[i] for i in unique], driver if staged else None, reserve
+        )
+        for i, (job_id, duplicate) in zip(unique, results, strict=True):
             ids[i], duplicates[i] = job_id, duplicate
     written = {
         p["job_queue"] for p, duplicate in zip(params, duplicates, strict=True) if not duplicate
@@ -480,40 +507,58 @@ def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
 
 
 def _copy_jobs(
-    connection: Connection, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
+    connection: Connection,
+    driver: psycopg.Connection[Any],
+    params: list[dict[str, Any]],
+    statement: str = queries.COPY_JOBS,
 ) -> list[int]:
-    """COPY the rows in the session's transaction, with ids reserved from the id sequence."""
+    """COPY the rows in the session's transaction, with ids reserved from the id sequence
+    (into the staging table, unique columns included, with `COPY_STAGED_JOBS`)."""
+    staged = statement == queries.COPY_STAGED_JOBS
     reserved = connection.execute(_RESERVE_JOB_IDS, {"count": len(params)})
     ids: list[int] = []
     try:
-        with driver.cursor() as cursor, cursor.copy(queries.COPY_JOBS) as copy:
+        with driver.cursor() as cursor, cursor.copy(statement) as copy:
             for (job_id, now), p in zip(reserved, params, strict=True):
                 # now() is fixed for the transaction: the same run_at the INSERT would compute.
                 try:
                     run_at = p["job_run_at"] or now + (p["job_delay"] or _NO_DELAY)
                 except OverflowError:  # the server's clock is past ours near the year 9999
                     raise _too_far(p["job_task"], p["job_delay"]) from None
-                copy.write_row(
-                    (
-                        job_id,
-                        p["job_task"],
-                        p["job_args_json"],
-                        p["job_queue"],
-                        p["job_priority"],
-                        run_at,
-                        p["job_max_attempts"],
-                        p["job_tags"],
-                        p["job_meta_json"],
-                    )
+                row: tuple[Any, ...] = (
+                    job_id,
+                    p["job_task"],
+                    p["job_args_json"],
+                    p["job_queue"],
+                    p["job_priority"],
+                    run_at,
+                    p["job_max_attempts"],
+                    p["job_tags"],
+                    p["job_meta_json"],
                 )
+                if staged:
+                    row = (*row, p["job_unique_key"], p["job_unique_states"])
+                copy.write_row(row)
                 ids.append(job_id)
     except psycopg.Error as exc:
-        wrapped = DBAPIError.instance(queries.COPY_JOBS, None, exc, psycopg.Error)
+        wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
         explained = _unknown_queue(exc) or _refused_by_check(exc, None)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped
     return ids
+
+
+def _copy_unique(
+    connection: Connection, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
+) -> dict[int, int]:
+    """COPY unique rows to the staging table, insert them from there skipping duplicates;
+    returns {row index: id} of the rows written."""
+    connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
+    reserved = _copy_jobs(connection, driver, params, queries.COPY_STAGED_JOBS)
+    # An unknown queue or a refused row is explained by the engine's handle_error hook.
+    got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
+    return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}
 
 
 async def enqueue_async(session: AsyncSession, task: str, *args: Any, **kwargs: Any) -> Job:

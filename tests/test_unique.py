@@ -300,3 +300,47 @@ def test_retrying_a_failed_unique_job_whose_key_is_taken_leaves_it_failed(engine
         assert admin.retry_jobs(conn, [failed.id]) == {}  # no index violation, no abort
         conn.execute(text("DELETE FROM sqla_queue.jobs WHERE id = :id"), {"id": live.id})
         assert admin.retry_jobs(conn, [failed.id]) == {failed.id: "failed"}
+
+
+def test_a_large_batch_of_unique_rows_is_staged_by_copy_with_one_result_per_row(
+    engine: Engine,
+) -> None:
+    with Session(engine) as session, session.begin():
+        held = enqueue(session, "r", {"n": 0}, unique=True).id
+    rows: list[dict[str, Any]] = [
+        {"task": "r", "args": {"n": n % (COPY_MIN_ROWS // 2)}, "unique": True}
+        for n in range(COPY_MIN_ROWS)
+    ]  # every key twice, key 0 held by the committed job
+    with Session(engine) as session, session.begin():
+        ids = enqueue_many(session, rows)
+        staged = session.execute(text("SELECT to_regclass('pg_temp.sqla_queue_staged_jobs')"))
+        assert staged.scalar() is not None  # went through the staging table
+        leftover = session.execute(text("SELECT count(*) FROM pg_temp.sqla_queue_staged_jobs"))
+        assert leftover.scalar() == 0
+    half = COPY_MIN_ROWS // 2
+    assert ids.duplicates == [True] + [False] * (half - 1) + [True] * half
+    assert ids[0] == held
+    assert ids[half:] == ids[:half]
+    assert count_jobs(engine) == half
+
+
+def test_a_role_that_may_not_draw_ids_writes_unique_rows_one_statement_each(
+    engine: Engine,
+) -> None:
+    role = f"sqlaq_enqueuer_{time.time_ns() % 10**9}"
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE ROLE "{role}"'))
+        conn.execute(text(f'GRANT USAGE ON SCHEMA sqla_queue TO "{role}"'))
+        conn.execute(text(f'GRANT SELECT, INSERT ON sqla_queue.jobs TO "{role}"'))
+    try:
+        with Session(engine) as session, session.begin():
+            session.execute(text(f'SET LOCAL ROLE "{role}"'))
+            ids = enqueue_many(
+                session, [{"task": "r", "args": {"n": n % 2}, "unique": True} for n in range(4)]
+            )
+        assert ids.duplicates == [False, False, True, True]
+        assert ids[2:] == ids[:2]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP OWNED BY "{role}"'))
+            conn.execute(text(f'DROP ROLE "{role}"'))
