@@ -25,6 +25,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     Text,
@@ -354,6 +355,21 @@ CHECK_ARGS_OBJECT = "jsonb_typeof(args) = 'object'"
 CHECK_ARGS_SIZE = f"octet_length(args::text) <= {SCHEMA_MAX_ARGS_BYTES}"
 CHECK_PRIORITY = f"priority BETWEEN 0 AND {PRIORITY_MAX}"
 NO_TAGS = text("'{}'::text[]")
+
+
+def unique_predicate(table: str = "") -> str:
+    """`UNIQUE_PREDICATE` over the columns of `table` (an alias name), or unqualified."""
+    of = f"{table}." if table else ""
+    return (
+        f"{of}unique_key IS NOT NULL AND ({of}unique_states & CASE {of}status "
+        "WHEN 'queued' THEN 1 WHEN 'running' THEN 2 WHEN 'done' THEN 4 WHEN 'failed' THEN 8 "
+        "WHEN 'cancelled' THEN 16 ELSE 0 END) <> 0"
+    )
+
+
+UNIQUE_PREDICATE = unique_predicate()
+"""Rows that block their duplicates: a key, and a status among the row's own unique states
+(bits in JobStatus order: sqla_queue.unique.STATE_BITS)."""
 NO_META = text("'{}'::jsonb")
 
 
@@ -389,6 +405,8 @@ class Queue(Base):
 HOOKS_DUE = "_sqla_queue_hooks_due"
 """Instance key of a constructed Job: the fields not given while its insert hooks are due,
 None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
+UNIQUE_DUE = "_sqla_queue_unique"
+"""Instance key of a constructed Job's `unique=` option (None: the task's default)."""
 _TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
 
 
@@ -436,6 +454,12 @@ class Job(Base):
         ),
         CheckConstraint("jsonb_typeof(meta) = 'object'", name="meta_object"),
         Index("ix_jobs_tags", "tags", postgresql_using="gin"),
+        Index(
+            "ux_jobs_unique_key",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(UNIQUE_PREDICATE),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
@@ -469,6 +493,14 @@ class Job(Base):
     """Names to find the job by (`sqla-queue jobs list --tag`); GIN-indexed."""
     meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
     """Context that is not the handler's arguments (trace ids, who enqueued it)."""
+    unique_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """A unique job's key (SHA-256, see `sqla_queue.unique`); NULL for other jobs."""
+    unique_states: Mapped[int | None] = mapped_column(SmallInteger)
+    """The statuses (as bits) in which this job blocks its duplicates."""
+
+    duplicate = False
+    """Set True on the job `enqueue(..., unique=...)` returns when one with the same key was
+    there already (the returned job is that one); not a column."""
 
     queue_row: Mapped[Queue | None] = relationship(
         back_populates="jobs",
@@ -488,6 +520,7 @@ class Job(Base):
             kwargs.get("task"), kwargs.get("tags"), kwargs.get("meta")
         )
         kwargs["meta"] = {} if kwargs.get("meta") is None else kwargs["meta"]
+        unique = kwargs.pop("unique", None)
         validate_job(
             kwargs.get("task"),
             kwargs["args"],
@@ -499,6 +532,7 @@ class Job(Base):
         super().__init__(**kwargs)
         # The flush hook (sqla_queue.enqueue) pops it: task defaults and insert hooks are due.
         self.__dict__[HOOKS_DUE] = not_given
+        self.__dict__[UNIQUE_DUE] = unique
 
     def __repr__(self) -> str:
         return (
@@ -564,5 +598,18 @@ class BrokerDone(Base):
 
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     done_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+
+class PeriodicSlot(Base):
+    """A slot a periodic job was enqueued for: the primary key lets exactly one worker win."""
+
+    __tablename__ = "periodic_slots"
+
+    task: Mapped[str] = mapped_column(Text, primary_key=True)
+    slot: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    enqueued_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Interval,
+    LargeBinary,
     Select,
     SmallInteger,
     Text,
@@ -42,6 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     NOTIFY_CHANNEL,
+    UNIQUE_PREDICATE,
     JobStatus,
     Retention,
 )
@@ -87,6 +89,32 @@ def insert_jobs() -> Insert:
     """
     return (
         insert(jobs).values(**_inserted_values()).returning(jobs.c.id, sort_by_parameter_order=True)
+    )
+
+
+def insert_unique_jobs(with_ids: bool) -> Insert:
+    """Insert unique jobs, skipping each whose key a blocking row holds; returns the ids
+    written (a skipped row returns none).
+
+    Parameters: those of `insert_jobs`, `job_unique_key`, `job_unique_states`, and with
+    `with_ids` the `job_id` reserved for each row (so a batch's skipped rows are known by
+    the ids missing from the result). `ON CONFLICT DO NOTHING` without a target: the unique
+    partial index is the only one a fresh id can meet, and it waits for (never locks) a
+    conflicting row of an open transaction.
+    """
+    values = _inserted_values()
+    values["unique_key"] = bindparam("job_unique_key", type_=LargeBinary)
+    values["unique_states"] = bindparam("job_unique_states", type_=SmallInteger)
+    if with_ids:
+        values["id"] = bindparam("job_id", type_=BigInteger)
+    return pg_insert(jobs).values(**values).on_conflict_do_nothing().returning(jobs.c.id)
+
+
+def unique_holders() -> Select[Any]:
+    """(unique_key, id) of the rows that now block `:keys`, by the unique index."""
+    return select(jobs.c.unique_key, jobs.c.id).where(
+        jobs.c.unique_key == any_(bindparam("keys", type_=ARRAY(LargeBinary))),
+        text(UNIQUE_PREDICATE),
     )
 
 
@@ -580,6 +608,36 @@ COPY_JOB_COLUMNS = (
 )
 COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
 """Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
+
+STAGED_JOBS = "sqla_queue_staged_jobs"
+"""A temporary table of this session, emptied at each commit: unique rows COPYed for
+`insert_staged_jobs` (COPY cannot skip a duplicate; an INSERT from the staging table can)."""
+STAGED_JOB_COLUMNS = (*COPY_JOB_COLUMNS, "unique_key", "unique_states")
+CREATE_STAGED_JOBS = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGED_JOBS} (id bigint, task text, args jsonb, "
+    "queue text, priority smallint, run_at timestamptz, max_attempts integer, tags text[], "
+    "meta jsonb, unique_key bytea, unique_states smallint) ON COMMIT DELETE ROWS"
+)
+"""Not expressible in Core: created once per session (IF NOT EXISTS), rows gone at commit."""
+COPY_STAGED_JOBS = f"COPY {STAGED_JOBS} ({', '.join(STAGED_JOB_COLUMNS)}) FROM STDIN"
+_STAGED = ", ".join(STAGED_JOB_COLUMNS)
+INSERT_STAGED_JOBS = (
+    f"WITH staged AS (DELETE FROM {STAGED_JOBS} RETURNING {_STAGED}) "
+    f"INSERT INTO {jobs.fullname} ({_STAGED}) SELECT {_STAGED} FROM staged ORDER BY id "
+    "ON CONFLICT DO NOTHING RETURNING id"
+)
+"""Not expressible in Core on a temporary table: the staged rows into jobs, duplicates
+skipped by the unique index; returns the ids written."""
+
+
+def may_stage_jobs() -> Select[Any]:
+    """Whether this role may draw job ids and create a temporary table (the staged COPY)."""
+    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
+    return select(
+        func.has_sequence_privilege(sequence, "USAGE")
+        & func.has_database_privilege(func.current_database(), "TEMPORARY")
+    )
+
 
 CANCEL_CHANNEL = f"{NOTIFY_CHANNEL}_cancel"
 """The channel on which a cancel names the running jobs it cancelled (comma-separated ids)."""
