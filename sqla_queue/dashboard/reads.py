@@ -1,0 +1,113 @@
+"""What the dashboard reads and does, as calls on a `Connection` (no HTTP here).
+
+The job list, retry and delete are the dashboard's own until `sqla_queue.admin` has them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from sqla_queue import admin, queries
+from sqla_queue.models import JobStatus
+from sqla_queue.queries import dashboard as statements
+
+PAGE_SIZE = 50
+MINUTES = 60
+
+
+@dataclass
+class QueueRow:
+    """One queue on the queues page: counts, oldest due job, last hour per minute."""
+
+    name: str
+    paused: bool | None
+    retention: str | None
+    counts: dict[str, int]
+    oldest_due_age: float | None
+    per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
+    failed_per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
+
+    @property
+    def finished_last_hour(self) -> int:
+        return sum(self.per_minute)
+
+
+def queue_rows(conn: Connection) -> list[QueueRow]:
+    """Every queue with its counts by status and its last hour of finished jobs."""
+    retention = {q.name: q.retention for q in admin.list_queues(conn)}
+    rows = {
+        s.queue: QueueRow(s.queue, s.paused, retention.get(s.queue), s.counts, s.oldest_due_age)
+        for s in admin.stats(conn)
+    }
+    for queue, ago, status, count in conn.execute(statements.throughput()):
+        row = rows.get(queue)
+        if row is None or not 0 <= ago < MINUTES:
+            continue
+        # Index 0 is the oldest minute, so the chart reads left to right.
+        row.per_minute[MINUTES - 1 - ago] += int(count)
+        if status == JobStatus.failed.value:
+            row.failed_per_minute[MINUTES - 1 - ago] += int(count)
+    return list(rows.values())
+
+
+@dataclass
+class JobFilter:
+    queue: str | None = None
+    task: str | None = None
+    status: JobStatus | None = None
+
+
+@dataclass
+class JobPage:
+    jobs: list[dict[str, Any]]
+    next_before: int | None
+    """The `before` of the next (older) page, or None on the last page."""
+
+
+def list_jobs(
+    conn: Connection, where: JobFilter, before: int | None = None, limit: int = PAGE_SIZE
+) -> JobPage:
+    """A page of jobs newest first, older than job `before` if given (keyset pagination)."""
+    statement = statements.job_page(where.queue, where.task, where.status, before is not None)
+    params: dict[str, Any] = {"limit": limit + 1, "queue": where.queue, "task": where.task}
+    if before is not None:
+        params["before_id"] = before
+    rows = [dict(row) for row in conn.execute(statement, params).mappings()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return JobPage(rows, int(rows[-1]["id"]) if more else None)
+
+
+def get_job(conn: Connection, job_id: int) -> dict[str, Any] | None:
+    row = conn.execute(queries.job_by_id(), {"job_id": job_id}).mappings().first()
+    return dict(row) if row is not None else None
+
+
+def retry_jobs(conn: Connection, job_ids: Iterable[int]) -> list[int]:
+    """Requeue failed or cancelled jobs, due now; returns the ids requeued."""
+    rows = conn.execute(statements.retry_jobs_now(), {"job_ids": [int(i) for i in job_ids]})
+    requeued = rows.all()
+    if requeued:
+        conn.execute(queries.notify_queues(), {"queues": sorted({q for _, q in requeued})})
+    return [int(job_id) for job_id, _ in requeued]
+
+
+def delete_jobs(conn: Connection, job_ids: Iterable[int]) -> list[int]:
+    """Delete jobs that are not running; returns the ids deleted."""
+    rows = conn.execute(statements.delete_jobs(), {"job_ids": [int(i) for i in job_ids]})
+    return [int(job_id) for (job_id,) in rows]
+
+
+def live_workers(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(row) for row in conn.execute(queries.live_workers()).mappings()]
+
+
+def seconds_between(start: dt.datetime | None, end: dt.datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()

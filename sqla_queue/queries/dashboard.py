@@ -1,0 +1,115 @@
+"""Reads and actions of the web dashboard (`sqla_queue.dashboard`) not covered elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Integer,
+    Select,
+    Text,
+    Update,
+    any_,
+    bindparam,
+    delete,
+    func,
+    literal_column,
+    select,
+    union_all,
+    update,
+)
+from sqlalchemy.sql.dml import ReturningDelete
+
+from sqla_queue.models import JobStatus
+
+from .common import FINISHED_STATUSES, _is, archive, jobs
+
+_FINISHED = literal_column(
+    "status IN (" + ", ".join(f"'{s}'" for s in FINISHED_STATUSES) + ")", Text
+)
+"""The predicate of ix_jobs_finished, as a literal so the partial index is usable."""
+
+_IDS = bindparam("job_ids", type_=ARRAY(BigInteger))
+
+
+def throughput() -> Select[Any]:
+    """(queue, minutes ago 0-59, status, count) of jobs finished in the last hour, from
+    the jobs table (retention `keep`, and failed or cancelled ones) and the archive."""
+    since = func.now() - literal_column("interval '1 hour'")
+    live = select(jobs.c.queue, jobs.c.status, jobs.c.finished_at.label("finished_at")).where(
+        _FINISHED, jobs.c.finished_at > since
+    )
+    archived = select(archive.c.queue, archive.c.status, archive.c.finished_at).where(
+        archive.c.finished_at > since
+    )
+    finished = union_all(live, archived).subquery("finished")
+    ago = func.floor(func.extract("epoch", func.now() - finished.c.finished_at) / 60)
+    return (
+        select(finished.c.queue, ago.cast(Integer), finished.c.status, func.count())
+        .group_by(finished.c.queue, ago, finished.c.status)
+        .order_by(finished.c.queue)
+    )
+
+
+LIST_COLUMNS = (
+    jobs.c.id,
+    jobs.c.queue,
+    jobs.c.task,
+    jobs.c.status,
+    jobs.c.priority,
+    jobs.c.attempts,
+    jobs.c.max_attempts,
+    jobs.c.run_at,
+    jobs.c.created_at,
+    jobs.c.finished_at,
+    func.right(func.rtrim(jobs.c.last_error), 300).label("error_tail"),
+)
+
+
+def job_page(
+    queue: str | None, task: str | None, status: JobStatus | None, before: bool
+) -> Select[Any]:
+    """One page of jobs, newest first: `:limit` rows, with `id < :before_id` if `before`.
+
+    Only the filters given become conditions (no `:x IS NULL OR ...`, which spoils plans);
+    the status is a literal so the partial indexes on status stay usable.
+    """
+    statement = select(*LIST_COLUMNS).order_by(jobs.c.id.desc()).limit(bindparam("limit"))
+    if queue is not None:
+        statement = statement.where(jobs.c.queue == bindparam("queue", type_=Text))
+    if task is not None:
+        statement = statement.where(jobs.c.task == bindparam("task", type_=Text))
+    if status is not None:
+        statement = statement.where(_is(status))
+    if before:
+        statement = statement.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
+    return statement
+
+
+def retry_jobs_now() -> Update:
+    """Put failed or cancelled jobs `:job_ids` back to `queued`, due now, with their
+    attempts counted afresh; returns their ids. `last_error` stays for the record."""
+    return (
+        update(jobs)
+        .where(jobs.c.id == any_(_IDS))
+        .where(jobs.c.status.in_([JobStatus.failed.value, JobStatus.cancelled.value]))
+        .values(
+            status=JobStatus.queued.value,
+            run_at=func.now(),
+            attempts=0,
+            finished_at=None,
+            locked_at=None,
+            locked_by=None,
+            heartbeat_at=None,
+            lease_expires_at=None,
+            started_at=None,
+        )
+        .returning(jobs.c.id, jobs.c.queue)
+    )
+
+
+def delete_jobs() -> ReturningDelete[Any]:
+    """Delete jobs `:job_ids` that are not running (a running one is cancelled first)."""
+    return delete(jobs).where(jobs.c.id == any_(_IDS), ~_is(JobStatus.running)).returning(jobs.c.id)

@@ -1,0 +1,371 @@
+"""The web dashboard over HTTP: pages, escaping, CSRF, auth, read-only, actions, mounting."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+import pytest
+from apps.support import enqueue_jobs, jobs_by_id
+from click.testing import CliRunner
+from sqlalchemy import Engine, text
+from starlette.testclient import TestClient
+
+from sqla_queue import Registry, admin, queries
+from sqla_queue.cli import main
+from sqla_queue.dashboard import create_app, wsgi_app
+from sqla_queue.testing import run_until_empty
+from sqla_queue.worker import WorkerConfig
+
+SCRIPT = "<script>alert('owned')</script>"
+
+
+def client(engine: Engine, **options: Any) -> TestClient:
+    return TestClient(create_app(engine, **options))
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
+
+
+def failing_registry(message: str = "boom") -> Registry:
+    registry = Registry()
+
+    @registry.task(name="fails", max_attempts=1)
+    def fails(**_: Any) -> None:
+        raise RuntimeError(message)
+
+    return registry
+
+
+def make_failed(engine: Engine, count: int = 1, message: str = "boom", **args: Any) -> list[int]:
+    """Jobs that really failed in a worker (their last_error is the handler's traceback)."""
+    ids = enqueue_jobs(engine, "fails", count, args=args, max_attempts=1)
+    run_until_empty(engine, failing_registry(message), WorkerConfig(poll_only=True))
+    assert {job.status for job in jobs_by_id(engine, ids).values()} == {"failed"}
+    return ids
+
+
+def new_queue(engine: Engine, name: str) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, name)
+
+
+def statuses(engine: Engine, ids: list[int]) -> dict[int, str]:
+    return {job_id: job.status for job_id, job in jobs_by_id(engine, ids).items()}
+
+
+# -- pages ----------------------------------------------------------------------------------
+
+
+def test_queues_page_shows_counts_per_status_and_the_paused_flag(engine: Engine) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "mail", retention="keep")
+        admin.set_paused(conn, "mail", True)
+    enqueue_jobs(engine, "send", 3, queue="mail")
+    page = client(engine).get("/")
+    assert page.status_code == 200
+    row = re.search(r'<tr data-queue="mail">(.*?)</tr>', page.text, re.S)
+    assert row, page.text
+    assert "paused" in row.group(1)
+    assert re.search(r'count-queued">\s*<a[^>]*>3</a>', row.group(1))
+    assert "keep" in row.group(1)
+    assert "<svg" in row.group(1)  # the last hour's chart
+    # The polled fragment carries the same counts, for the live refresh.
+    fragment = client(engine).get("/partials/queues").text
+    assert fragment.startswith("<table")
+    assert 'hx-trigger="every' in fragment
+    assert "count-queued" in fragment
+
+
+def test_failed_job_page_shows_args_attempts_and_the_traceback(engine: Engine) -> None:
+    (job_id,) = make_failed(engine, message="the mail server said no", to="a@example.com")
+    page = client(engine).get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert "Traceback (most recent call last)" in page.text
+    assert "RuntimeError: the mail server said no" in page.text
+    assert "a@example.com" in page.text
+    assert re.search(r"<dt>attempts</dt><dd>1 of 1</dd>", page.text)
+    assert "Retry" in page.text
+
+
+def test_args_and_errors_are_escaped_so_a_script_payload_stays_text(engine: Engine) -> None:
+    (job_id,) = make_failed(engine, message=SCRIPT, note=SCRIPT)
+    web = client(engine)
+    for path in (f"/jobs/{job_id}", "/jobs", "/jobs?task=fails"):
+        body = web.get(path).text
+        assert "<script>alert" not in body, path
+        assert "&lt;script&gt;alert(" in body, path
+    # And the page forbids inline scripts anyway.
+    assert "script-src 'self'" in web.get("/").headers["content-security-policy"]
+
+
+def test_a_queue_name_with_markup_is_escaped(engine: Engine) -> None:
+    new_queue(engine, 'q"><img src=x onerror=alert(1)>')
+    enqueue_jobs(engine, "t", 1, queue='q"><img src=x onerror=alert(1)>')
+    body = client(engine).get("/").text
+    assert "<img src=x" not in body
+    assert "&lt;img src=x onerror=alert(1)&gt;" in body
+
+
+def test_unknown_job_is_404_with_a_reason(engine: Engine) -> None:
+    page = client(engine).get("/jobs/999999")
+    assert page.status_code == 404
+    assert "no job 999999" in page.text
+
+
+def test_a_bad_status_filter_is_a_400_naming_the_choices(engine: Engine) -> None:
+    page = client(engine).get("/jobs?status=exploded")
+    assert page.status_code == 400
+    assert "queued, running, done, failed, cancelled" in page.text
+
+
+def test_job_list_filters_by_queue_task_and_status(engine: Engine) -> None:
+    failed = make_failed(engine)  # first: its worker would run (and fail) every due job
+    new_queue(engine, "mail")
+    new_queue(engine, "images")
+    mail = enqueue_jobs(engine, "send", 2, queue="mail")
+    enqueue_jobs(engine, "resize", 2, queue="images")
+    web = client(engine)
+
+    def listed(query: str) -> set[int]:
+        return {int(i) for i in re.findall(r'<tr data-job="(\d+)">', web.get(query).text)}
+
+    assert listed("/jobs?queue=mail") == set(mail)
+    assert listed("/jobs?task=fails") == set(failed)
+    assert listed("/jobs?status=failed") == set(failed)
+    assert listed("/jobs?queue=mail&status=failed") == set()
+    assert len(listed("/jobs")) == 5
+
+
+def test_keyset_pagination_lists_every_job_once_newest_first(engine: Engine) -> None:
+    ids = enqueue_jobs(engine, "t", 120)
+    web = client(engine)
+    seen: list[int] = []
+    path: str | None = "/jobs"
+    pages = 0
+    while path is not None:
+        body = web.get(path).text
+        seen += [int(i) for i in re.findall(r'<tr data-job="(\d+)">', body)]
+        found = re.search(r'rel="next" href="([^"]+)"', body)
+        path = found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+    assert seen == sorted(ids, reverse=True)
+    assert pages == 3  # 50 + 50 + 20
+
+
+def test_workers_page_lists_live_registrations(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            queries.beat_worker(),
+            {
+                "worker_id": "w-<b>1</b>",
+                "hostname": "box",
+                "pid": 42,
+                "queues": ["mail"],
+                "concurrency": 4,
+                "stale_after": 30,
+            },
+        )
+    body = client(engine).get("/workers").text
+    assert "w-&lt;b&gt;1&lt;/b&gt;" in body
+    assert "box" in body
+    assert "mail" in body
+
+
+def test_doctor_page_shows_the_findings(engine: Engine) -> None:
+    body = client(engine).get("/doctor").text
+    for check in ("schema", "stuck_jobs", "backlog", "failed_jobs"):
+        assert f"<td>{check}</td>" in body
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+def test_an_action_without_the_csrf_token_is_refused_and_changes_nothing(engine: Engine) -> None:
+    (job_id,) = make_failed(engine)
+    web = client(engine)
+    web.get("/")  # has the cookie, but the form below omits the token
+    refused = web.post("/jobs/action", data={"action": "delete", "job_id": str(job_id)})
+    assert refused.status_code == 403
+    assert "CSRF" in refused.text
+    forged = web.post(
+        "/jobs/action", data={"action": "delete", "job_id": str(job_id), "csrf_token": "guess"}
+    )
+    assert forged.status_code == 403
+    refused_pause = web.post("/queues/default/pause")
+    assert refused_pause.status_code == 403
+    assert statuses(engine, [job_id]) == {job_id: "failed"}
+
+
+def test_retry_selected_requeues_failed_jobs_and_leaves_others(engine: Engine) -> None:
+    failed = make_failed(engine, 2)
+    (queued,) = enqueue_jobs(engine, "t", 1)  # after: make_failed's worker would run it
+    web = client(engine)
+    token = csrf_of(web.get("/jobs").text)
+    answer = web.post(
+        "/jobs/action",
+        data={"action": "retry", "job_id": [*map(str, failed), str(queued)], "csrf_token": token},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303
+    notice = web.get(answer.headers["location"]).text
+    assert "2 job(s) retried; 1 left alone" in notice
+    rows = jobs_by_id(engine, [*failed, queued])
+    assert {rows[i].status for i in failed} == {"queued"}
+    assert {rows[i].attempts for i in failed} == {0}
+    assert rows[failed[0]].last_error is not None  # kept for the record
+
+
+def test_cancel_and_delete_from_the_job_page(engine: Engine) -> None:
+    (queued,) = enqueue_jobs(engine, "t", 1)
+    web = client(engine)
+    page = web.get(f"/jobs/{queued}").text
+    assert 'value="cancel"' in page
+    web.post(
+        "/jobs/action",
+        data={"action": "cancel", "job_id": str(queued), "csrf_token": csrf_of(page)},
+    )
+    assert statuses(engine, [queued]) == {queued: "cancelled"}
+    page = web.get(f"/jobs/{queued}").text
+    web.post(
+        "/jobs/action",
+        data={"action": "delete", "job_id": str(queued), "csrf_token": csrf_of(page)},
+    )
+    assert statuses(engine, [queued]) == {}
+
+
+def test_delete_leaves_running_jobs_alone(engine: Engine) -> None:
+    (job_id,) = enqueue_jobs(engine, "t", 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET status = 'running', attempts = 1 WHERE id = :i"),
+            {"i": job_id},
+        )
+    web = client(engine)
+    token = csrf_of(web.get("/jobs").text)
+    web.post("/jobs/action", data={"action": "delete", "job_id": str(job_id), "csrf_token": token})
+    assert statuses(engine, [job_id]) == {job_id: "running"}
+
+
+def test_pause_and_resume_a_queue_from_the_page(engine: Engine) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "mail")
+    web = client(engine)
+    token = csrf_of(web.get("/").text)
+    web.post("/queues/mail/pause", data={"csrf_token": token})
+    with engine.connect() as conn:
+        assert {q.name: q.paused for q in admin.list_queues(conn)}["mail"] is True
+    assert "Resume" in web.get("/").text
+    web.post("/queues/mail/resume", data={"csrf_token": token})
+    with engine.connect() as conn:
+        assert {q.name: q.paused for q in admin.list_queues(conn)}["mail"] is False
+
+
+def test_read_only_hides_the_actions_and_refuses_them(engine: Engine) -> None:
+    (job_id,) = make_failed(engine)
+    web = client(engine, read_only=True)
+    for path in ("/", "/jobs", f"/jobs/{job_id}"):
+        body = web.get(path).text
+        assert 'method="post"' not in body, path
+        assert "read-only" in body
+    # A hand-made POST with a valid token is refused too.
+    token = web.cookies.get("sqla_queue_csrf")
+    assert token
+    answer = web.post(
+        "/jobs/action", data={"action": "delete", "job_id": str(job_id), "csrf_token": token}
+    )
+    assert answer.status_code == 403
+    assert statuses(engine, [job_id]) == {job_id: "failed"}
+
+
+# -- auth -----------------------------------------------------------------------------------
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {encoded}"}
+
+
+def test_basic_auth_is_required_when_configured(engine: Engine) -> None:
+    web = client(engine, auth="admin:s3cret")
+    refused = web.get("/")
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"].startswith("Basic")
+    assert web.get("/", headers=basic("admin", "wrong")).status_code == 401
+    assert web.get("/static/htmx.min.js").status_code == 401
+    assert web.get("/", headers=basic("admin", "s3cret")).status_code == 200
+
+
+def test_a_token_works_as_bearer_or_as_the_basic_password(engine: Engine) -> None:
+    web = client(engine, auth="tok3n")
+    assert web.get("/").status_code == 401
+    assert web.get("/", headers={"Authorization": "Bearer tok3n"}).status_code == 200
+    assert web.get("/", headers=basic("anyone", "tok3n")).status_code == 200
+    assert web.get("/", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.com"])
+def test_cli_refuses_a_non_loopback_host_without_auth(database_url: str, host: str) -> None:
+    result = CliRunner().invoke(main, ["dashboard", "--database-url", database_url, "--host", host])
+    assert result.exit_code == 1
+    assert f"refusing to serve the dashboard on {host} without --auth" in result.output
+    assert "--auth user:password" in result.output
+
+
+def test_cli_rejects_malformed_auth(database_url: str) -> None:
+    result = CliRunner().invoke(main, ["dashboard", "--database-url", database_url, "--auth", ":x"])
+    assert result.exit_code == 1
+    assert "--auth must be user:password" in result.output
+
+
+# -- mounting -------------------------------------------------------------------------------
+
+
+def test_mounted_in_fastapi_under_a_prefix(engine: Engine) -> None:
+    from fastapi import FastAPI
+
+    (job_id,) = make_failed(engine)
+    app = FastAPI()
+    app.mount("/admin/queue", create_app(engine))
+    web = TestClient(app)
+    page = web.get("/admin/queue/")
+    assert page.status_code == 200
+    assert 'href="/admin/queue/jobs"' in page.text
+    assert 'src="/admin/queue/static/htmx.min.js"' in page.text
+    assert web.get("/admin/queue/static/htmx.min.js").status_code == 200
+    token = csrf_of(web.get(f"/admin/queue/jobs/{job_id}").text)
+    answer = web.post(
+        "/admin/queue/jobs/action",
+        data={"action": "retry", "job_id": str(job_id), "csrf_token": token, "back": "/jobs"},
+        follow_redirects=False,
+    )
+    assert answer.headers["location"].startswith("/admin/queue/jobs?notice=")
+    assert statuses(engine, [job_id]) == {job_id: "queued"}
+
+
+def test_mounted_in_flask_under_a_prefix(engine: Engine) -> None:
+    from flask import Flask
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    (job_id,) = make_failed(engine)
+    flask_app = Flask(__name__)
+    flask_app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+        flask_app.wsgi_app, {"/queue": wsgi_app(engine)}
+    )
+    web = flask_app.test_client()
+    page = web.get(f"/queue/jobs/{job_id}")
+    assert page.status_code == 200
+    body = page.get_data(as_text=True)
+    assert "RuntimeError: boom" in body
+    assert 'href="/queue/jobs"' in body
+    answer = web.post(
+        "/queue/jobs/action",
+        data={"action": "delete", "job_id": str(job_id), "csrf_token": csrf_of(body)},
+    )
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/queue/jobs?notice=")
+    assert statuses(engine, [job_id]) == {}
