@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from sqla_queue import Registry, admin, queries
 from sqla_queue.cli import main
-from sqla_queue.dashboard import create_app, wsgi_app
+from sqla_queue.dashboard import create_app, reads, wsgi_app
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
 
@@ -155,6 +155,28 @@ def test_keyset_pagination_lists_every_job_once_newest_first(engine: Engine) -> 
         pages += 1
     assert seen == sorted(ids, reverse=True)
     assert pages == 3  # 50 + 50 + 20
+
+
+def test_a_rare_filter_pages_through_bounded_windows_and_misses_nothing(engine: Engine) -> None:
+    new_queue(engine, "rare")
+    rare: list[int] = []
+    for _ in range(5):
+        enqueue_jobs(engine, "t", 17)
+        rare += enqueue_jobs(engine, "t", 1, queue="rare")
+    where = reads.JobFilter(queue="rare")
+    seen: list[int] = []
+    before: int | None = None
+    short_pages = 0
+    with engine.connect() as conn:
+        while True:
+            page = reads.list_jobs(conn, where, before, limit=2, window=10)
+            seen += [row["id"] for row in page.jobs]
+            short_pages += page.searched == 10
+            if page.next_before is None:
+                break
+            before = page.next_before
+    assert seen == sorted(rare, reverse=True)
+    assert short_pages > 0  # some pages stopped at the window, not at the limit
 
 
 def test_workers_page_lists_live_registrations(engine: Engine) -> None:

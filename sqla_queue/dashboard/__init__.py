@@ -16,6 +16,8 @@ import hmac
 import ipaddress
 import json
 import secrets
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +206,8 @@ class Dashboard:
         self.read_only = read_only
         self.poll_seconds = poll_seconds
         self.auth = Auth.parse(auth) if isinstance(auth, str) else auth
+        self._counts_lock = threading.Lock()
+        self._counts: tuple[float, list[reads.QueueRow] | None, float] = (0.0, None, 0.0)
         self.templates = Environment(
             loader=FileSystemLoader(HERE / "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -248,11 +252,35 @@ class Dashboard:
             f"{base}{path}{separator}{urlencode({'notice': notice})}", status_code=303
         )
 
+    def _queue_rows(self) -> tuple[list[reads.QueueRow], float, float]:
+        """The queues' counts, shared by every viewer: (rows, seconds since counted, ms
+        the count took). Counting reads every job, so it runs at most once per poll and
+        never more than a tenth of the time: on a big table the counts age a little."""
+        with self._counts_lock:
+            now = time.monotonic()
+            counted_at, rows, took = self._counts
+            if rows is None or now - counted_at >= max(self.poll_seconds * 0.9, took * 10):
+                with self.engine.connect() as conn:
+                    rows = reads.queue_rows(conn)
+                took = time.monotonic() - now
+                counted_at = time.monotonic()
+                self._counts = (counted_at, rows, took)
+            return rows, time.monotonic() - counted_at, took * 1000
+
+    def _forget_counts(self) -> None:
+        with self._counts_lock:
+            self._counts = (0.0, None, 0.0)
+
     def _queues_context(self) -> dict[str, Any]:
-        with self.engine.connect() as conn:
-            rows = reads.queue_rows(conn)
+        rows, age, took_ms = self._queue_rows()
         charts = {row.name: _bars(row.per_minute, row.failed_per_minute) for row in rows}
-        return {"queues": rows, "charts": charts, "statuses": [s.value for s in JobStatus]}
+        return {
+            "queues": rows,
+            "charts": charts,
+            "statuses": [s.value for s in JobStatus],
+            "counted_ago": age,
+            "count_ms": took_ms,
+        }
 
     # -- pages -------------------------------------------------------------------------------
 
@@ -370,10 +398,13 @@ class Dashboard:
     def _act(self, action: str, ids: list[int]) -> int:
         with self.engine.begin() as conn:
             if action == "retry":
-                return len(reads.retry_jobs(conn, ids))
-            if action == "cancel":
-                return len(admin.cancel_jobs(conn, ids))
-            return len(reads.delete_jobs(conn, ids))
+                done = len(reads.retry_jobs(conn, ids))
+            elif action == "cancel":
+                done = len(admin.cancel_jobs(conn, ids))
+            else:
+                done = len(reads.delete_jobs(conn, ids))
+        self._forget_counts()
+        return done
 
     async def _set_paused(self, request: Request, paused: bool) -> Response:
         form = await self._checked_form(request)
@@ -389,6 +420,7 @@ class Dashboard:
     def _pause(self, name: str, paused: bool) -> None:
         with self.engine.begin() as conn:
             admin.set_paused(conn, name, paused)
+        self._forget_counts()
 
     async def pause(self, request: Request) -> Response:
         return await self._set_paused(request, True)

@@ -67,20 +67,41 @@ class JobPage:
     jobs: list[dict[str, Any]]
     next_before: int | None
     """The `before` of the next (older) page, or None on the last page."""
+    searched: int = 0
+    """When the page is short: how many jobs were searched for it (the window), else 0."""
+
+
+SEARCH_WINDOW = 20_000
+"""Jobs one page searches at most: a filter matching few jobs costs a bounded read."""
 
 
 def list_jobs(
-    conn: Connection, where: JobFilter, before: int | None = None, limit: int = PAGE_SIZE
+    conn: Connection,
+    where: JobFilter,
+    before: int | None = None,
+    limit: int = PAGE_SIZE,
+    window: int = SEARCH_WINDOW,
 ) -> JobPage:
-    """A page of jobs newest first, older than job `before` if given (keyset pagination)."""
+    """A page of jobs newest first, older than job `before` if given (keyset pagination).
+
+    A page searches at most `window` jobs; when fewer than `limit` of them match, the page
+    is short and `next_before` continues the search below them.
+    """
     statement = statements.job_page(where.queue, where.task, where.status, before is not None)
-    params: dict[str, Any] = {"limit": limit + 1, "queue": where.queue, "task": where.task}
+    params: dict[str, Any] = {
+        "limit": limit + 1,
+        "window": window,
+        "queue": where.queue,
+        "task": where.task,
+    }
     if before is not None:
         params["before_id"] = before
     rows = [dict(row) for row in conn.execute(statement, params).mappings()]
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return JobPage(rows, int(rows[-1]["id"]) if more else None)
+    if len(rows) > limit:
+        return JobPage(rows[:limit], int(rows[limit - 1]["id"]))
+    oldest, searched = conn.execute(statements.window_end(before is not None), params).one()
+    more = searched >= window
+    return JobPage(rows, int(oldest) if more else None, int(searched) if more else 0)
 
 
 def get_job(conn: Connection, job_id: int) -> dict[str, Any] | None:

@@ -53,39 +53,65 @@ def throughput() -> Select[Any]:
     )
 
 
-LIST_COLUMNS = (
-    jobs.c.id,
-    jobs.c.queue,
-    jobs.c.task,
-    jobs.c.status,
-    jobs.c.priority,
-    jobs.c.attempts,
-    jobs.c.max_attempts,
-    jobs.c.run_at,
-    jobs.c.created_at,
-    jobs.c.finished_at,
-    func.right(func.rtrim(jobs.c.last_error), 300).label("error_tail"),
+LISTED = (
+    "id",
+    "queue",
+    "task",
+    "status",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "created_at",
+    "finished_at",
 )
+
+
+def _newest(before: bool) -> Any:
+    """The newest `:window` jobs (older than `:before_id` if `before`), newest first."""
+    columns = [jobs.c[name] for name in (*LISTED, "last_error")]
+    statement = select(*columns).order_by(jobs.c.id.desc()).limit(bindparam("window"))
+    if before:
+        statement = statement.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
+    return statement.subquery("window")
 
 
 def job_page(
     queue: str | None, task: str | None, status: JobStatus | None, before: bool
 ) -> Select[Any]:
-    """One page of jobs, newest first: `:limit` rows, with `id < :before_id` if `before`.
+    """One page of jobs, newest first: `:limit` rows matching the filters given among the
+    `:window` newest jobs (older than `:before_id` if `before`).
 
-    Only the filters given become conditions (no `:x IS NULL OR ...`, which spoils plans);
-    the status is a literal so the partial indexes on status stay usable.
+    The window bounds the rows one page reads whatever the filters' selectivity (a filter
+    that matches nothing would otherwise read the whole table): the primary key is walked
+    backwards and stops at `:limit` matches or `:window` rows, whichever comes first.
+    Only the filters given become conditions (no `:x IS NULL OR ...`, which spoils plans).
     """
-    statement = select(*LIST_COLUMNS).order_by(jobs.c.id.desc()).limit(bindparam("limit"))
+    window = _newest(before)
+    statement = (
+        select(
+            *(window.c[name] for name in LISTED),
+            func.right(func.rtrim(window.c.last_error), 300).label("error_tail"),
+        )
+        .order_by(window.c.id.desc())
+        .limit(bindparam("limit"))
+    )
     if queue is not None:
-        statement = statement.where(jobs.c.queue == bindparam("queue", type_=Text))
+        statement = statement.where(window.c.queue == bindparam("queue", type_=Text))
     if task is not None:
-        statement = statement.where(jobs.c.task == bindparam("task", type_=Text))
+        statement = statement.where(window.c.task == bindparam("task", type_=Text))
     if status is not None:
-        statement = statement.where(_is(status))
-    if before:
-        statement = statement.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
+        statement = statement.where(window.c.status == literal_column(f"'{status.value}'", Text))
     return statement
+
+
+def window_end(before: bool) -> Select[Any]:
+    """(oldest id, rows) of the window `job_page` searched: where the next page starts."""
+    ids = select(jobs.c.id).order_by(jobs.c.id.desc()).limit(bindparam("window"))
+    if before:
+        ids = ids.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
+    searched = ids.subquery("searched")
+    return select(func.min(searched.c.id), func.count())
 
 
 def retry_jobs_now() -> Update:
