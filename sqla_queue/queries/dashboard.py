@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     ARRAY,
@@ -111,7 +111,8 @@ def window_end(before: bool) -> Select[Any]:
     if before:
         ids = ids.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
     searched = ids.subquery("searched")
-    return select(func.min(searched.c.id), func.count())
+    # A cast: SQLAlchemy 2.0 and 2.1 type a two-column Select differently.
+    return cast("Select[Any]", select(func.min(searched.c.id), func.count()))
 
 
 def retry_jobs_now() -> Update:
