@@ -288,11 +288,14 @@ class Queue(Base):
     __table_args__ = (
         CheckConstraint(_check_in("retention", Retention), name="retention"),
         CheckConstraint(check_name("name"), name="name"),
+        CheckConstraint("route IS NULL OR route ~ '^(nats|amqp):.'", name="route"),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     retention: Mapped[str] = mapped_column(Text, server_default=text("'delete'"))
+    route: Mapped[str | None] = mapped_column(Text)
+    """`nats:SUBJECT` or `amqp:EXCHANGE/ROUTING_KEY`: its jobs go to a broker (brokers package)."""
     created_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )
@@ -462,3 +465,15 @@ class WorkerRegistration(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BrokerDone(Base):
+    """Ids of relayed jobs a broker worker finished: its consumer-side de-duplication record."""
+
+    __tablename__ = "broker_done"
+    __table_args__ = (Index("ix_broker_done_done_at", "done_at"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    done_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )

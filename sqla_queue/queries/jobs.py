@@ -104,14 +104,17 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     Parameters: `limit`, `worker_id`, `lease` (seconds), `task_leases` and
     `task_max_attempts` (JSON objects of the registered tasks' own settings), and `queues`
     (a list) when `queue_names` is given; `None` claims from every queue. Paused queues are
-    skipped. The candidates CTE is MATERIALIZED so the planner cannot re-run the locking
+    skipped, and so are routed ones (their jobs are the relay's, see sqla_queue.brokers). The
+    candidates CTE is MATERIALIZED so the planner cannot re-run the locking
     subquery and lock more than `limit` rows.
 
     Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
     """
-    paused = exists().where(queues.c.name == jobs.c.queue, queues.c.paused)
+    paused = exists().where(
+        queues.c.name == jobs.c.queue, or_(queues.c.paused, queues.c.route.is_not(None))
+    )
     conditions = [
         _is(JobStatus.queued),
         jobs.c.run_at <= func.now(),
