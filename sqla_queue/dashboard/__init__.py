@@ -327,7 +327,7 @@ class Dashboard:
     def job_page(self, request: Request) -> Response:
         job_id = int(request.path_params["job_id"])
         with self.engine.connect() as conn:
-            job = reads.get_job(conn, job_id)
+            job = admin.get_job(conn, job_id)
         if job is None:
             return self._render(
                 request,
@@ -336,14 +336,13 @@ class Dashboard:
                 message=f"no job {job_id}: never enqueued, or deleted once finished "
                 "(by its queue's retention, prune, or from this page)",
             )
+        began = job.started_at or job.locked_at
         timings = {
-            "waited": reads.seconds_between(
-                job["created_at"], job["started_at"] or job["locked_at"]
-            ),
-            "ran": reads.seconds_between(job["started_at"] or job["locked_at"], job["finished_at"]),
-            "total": reads.seconds_between(job["created_at"], job["finished_at"]),
+            "waited": reads.seconds_between(job.created_at, began),
+            "ran": reads.seconds_between(began, job.finished_at),
+            "total": reads.seconds_between(job.created_at, job.finished_at),
         }
-        args = json.dumps(job["args"], indent=2, ensure_ascii=False, sort_keys=True)
+        args = json.dumps(job.args, indent=2, ensure_ascii=False, sort_keys=True)
         return self._render(request, "job.html", job=job, args=args, timings=timings)
 
     def workers_page(self, request: Request) -> Response:
@@ -398,11 +397,11 @@ class Dashboard:
     def _act(self, action: str, ids: list[int]) -> int:
         with self.engine.begin() as conn:
             if action == "retry":
-                done = len(reads.retry_jobs(conn, ids))
+                done = len(admin.retry_jobs(conn, ids))
             elif action == "cancel":
                 done = len(admin.cancel_jobs(conn, ids))
             else:
-                done = len(reads.delete_jobs(conn, ids))
+                done = len(admin.delete_jobs(conn, ids))
         self._forget_counts()
         return done
 

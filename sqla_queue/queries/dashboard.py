@@ -10,21 +10,16 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    Update,
-    any_,
     bindparam,
-    delete,
     func,
     literal_column,
     select,
     union_all,
-    update,
 )
-from sqlalchemy.sql.dml import ReturningDelete
 
 from sqla_queue.models import JobStatus
 
-from .common import FINISHED_STATUSES, _is, archive, jobs
+from .common import FINISHED_STATUSES, archive, jobs
 
 _FINISHED = literal_column(
     "status IN (" + ", ".join(f"'{s}'" for s in FINISHED_STATUSES) + ")", Text
@@ -113,30 +108,3 @@ def window_end(before: bool) -> Select[Any]:
     searched = ids.subquery("searched")
     # A cast: SQLAlchemy 2.0 and 2.1 type a two-column Select differently.
     return cast("Select[Any]", select(func.min(searched.c.id), func.count()))
-
-
-def retry_jobs_now() -> Update:
-    """Put failed or cancelled jobs `:job_ids` back to `queued`, due now, with their
-    attempts counted afresh; returns their ids. `last_error` stays for the record."""
-    return (
-        update(jobs)
-        .where(jobs.c.id == any_(_IDS))
-        .where(jobs.c.status.in_([JobStatus.failed.value, JobStatus.cancelled.value]))
-        .values(
-            status=JobStatus.queued.value,
-            run_at=func.now(),
-            attempts=0,
-            finished_at=None,
-            locked_at=None,
-            locked_by=None,
-            heartbeat_at=None,
-            lease_expires_at=None,
-            started_at=None,
-        )
-        .returning(jobs.c.id, jobs.c.queue)
-    )
-
-
-def delete_jobs() -> ReturningDelete[Any]:
-    """Delete jobs `:job_ids` that are not running (a running one is cancelled first)."""
-    return delete(jobs).where(jobs.c.id == any_(_IDS), ~_is(JobStatus.running)).returning(jobs.c.id)
