@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
-from apps.support import enqueue_jobs, jobs_by_id
+from apps.support import enqueue_jobs, jobs_by_id, wait_for
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
@@ -337,6 +343,40 @@ def test_cli_refuses_a_non_loopback_host_without_auth(database_url: str, host: s
     assert result.exit_code == 1
     assert f"refusing to serve the dashboard on {host} without --auth" in result.output
     assert "--auth user:password" in result.output
+
+
+def test_cli_serves_the_dashboard_and_asks_for_its_credentials(database_url: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [str(Path(sys.executable).parent / "sqla-queue"), "dashboard", "--port", str(port)]
+    server = subprocess.Popen(
+        [*command, "--database-url", database_url, "--auth", "admin:s3cret"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/"
+
+        def answers() -> int | None:
+            request = urllib.request.Request(url, headers=basic("admin", "s3cret"))
+            try:
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+            except OSError:
+                return None
+
+        assert wait_for(answers, timeout=30) == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=2)
+        assert refused.value.code == 401
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=20)
+    assert f"sqla-queue dashboard on http://127.0.0.1:{port}/" in output
 
 
 def test_cli_rejects_malformed_auth(database_url: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from apps.support import WorkerThread, enqueue_jobs, jobs_by_id, wait_for
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from sqla_queue import Registry, admin
 
@@ -126,7 +126,6 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
     page.goto("/")
     mail = page.locator('tr[data-queue="mail"]')
     expect(mail.locator(".count-failed")).to_have_text("1")
-    screenshot(page, "dashboard-queues.png")
     mail.locator(".count-failed a").click()
     page.locator(f'tr[data-job="{job_id}"] a').click()
     expect(page.locator("pre.traceback")).to_contain_text("Traceback (most recent call last)")
@@ -143,6 +142,42 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
         wait_for(lambda: jobs_by_id(engine, [job_id])[job_id].status == "done")
     page.reload()
     expect(page.locator("h1 .status")).to_have_text("done")
+
+
+def test_the_queues_page_charts_the_last_hour_per_minute(engine: Engine, page: Any) -> None:
+    expect = playwright_api.expect
+    make_queues(engine)
+    with engine.begin() as conn:
+        admin.create_queue(conn, "reports")
+        admin.set_paused(conn, "reports", True)
+    # Finished jobs spread over the last hour (done and failed), as workers would leave them
+    # in `keep` queues; 12 distinct minutes for mail, 30 for images, and a queued backlog.
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.jobs (queue, task, status, attempts, finished_at, "
+                "created_at, run_at, last_error) "
+                "SELECT q, t, CASE WHEN (m + g) % 6 = 0 THEN 'failed' ELSE 'done' END, 1, "
+                "now() - make_interval(mins => m) - interval '10 seconds', now() - interval "
+                "'2 hours', now() - interval '2 hours', "
+                "CASE WHEN (m + g) % 6 = 0 THEN 'boom' END "
+                "FROM (VALUES ('mail', 'send', 5), ('images', 'resize', 2)) AS s(q, t, every), "
+                "generate_series(0, 59) AS m, "
+                "LATERAL generate_series(1, 2 + (m * 7) % 9) AS g WHERE m % every = 0"
+            )
+        )
+    enqueue_jobs(engine, "resize", 40, queue="images", args={"size": 64})
+    enqueue_jobs(engine, "report", 7, queue="reports", args={})
+    page.goto("/")
+    for queue, minutes in (("mail", 12), ("images", 30)):
+        bars = page.locator(f'tr[data-queue="{queue}"] svg.chart rect.ok')
+        expect(bars).to_have_count(minutes)
+    failed = int(page.locator('tr[data-queue="images"] .count-failed').inner_text())
+    assert failed > 0
+    assert page.locator('tr[data-queue="images"] svg.chart rect.bad').count() > 0
+    expect(page.locator('tr[data-queue="images"] .count-queued')).to_have_text("40")
+    expect(page.locator('tr[data-queue="reports"] td').nth(1)).to_have_text("paused")
+    screenshot(page, "dashboard-queues.png")
 
 
 def test_pause_a_queue_from_the_page_and_the_worker_stops_claiming_from_it(

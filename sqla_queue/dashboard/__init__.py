@@ -128,7 +128,7 @@ def _when(value: dt.datetime | None) -> str:
     return "—" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _bars(values: list[int], failed: list[int], width: int = 180, height: int = 32) -> str:
+def _bars(values: list[int], failed: list[int], width: int = 240, height: int = 32) -> str:
     """An inline SVG bar chart, one bar per minute; numbers only, so nothing to escape."""
     top = max(values) or 1
     step = width / len(values)

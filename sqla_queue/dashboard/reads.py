@@ -30,6 +30,8 @@ class QueueRow:
     retention: str | None
     counts: dict[str, int]
     oldest_due_age: float | None
+    route: str | None = None
+    """The broker its jobs are routed to (`nats:...`, `amqp:...`), None for table workers."""
     per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
     failed_per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
 
@@ -40,11 +42,18 @@ class QueueRow:
 
 def queue_rows(conn: Connection) -> list[QueueRow]:
     """Every queue with its counts by status and its last hour of finished jobs."""
-    retention = {q.name: q.retention for q in admin.list_queues(conn)}
-    rows = {
-        s.queue: QueueRow(s.queue, s.paused, retention.get(s.queue), s.counts, s.oldest_due_age)
-        for s in admin.stats(conn)
-    }
+    settings = {q.name: q for q in admin.list_queues(conn)}
+    rows: dict[str, QueueRow] = {}
+    for s in admin.stats(conn):
+        info = settings.get(s.queue)
+        rows[s.queue] = QueueRow(
+            s.queue,
+            s.paused,
+            info.retention if info else None,
+            s.counts,
+            s.oldest_due_age,
+            route=info.route if info else None,
+        )
     for queue, ago, status, count in conn.execute(statements.throughput()):
         row = rows.get(queue)
         if row is None or not 0 <= ago < MINUTES:
