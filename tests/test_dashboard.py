@@ -267,6 +267,18 @@ def test_cancel_and_delete_from_the_job_page(engine: Engine) -> None:
     assert statuses(engine, [queued]) == {}
 
 
+@pytest.mark.parametrize("back", ["//evil.example/x", "/\\evil.example/x", "https://evil.example/"])
+def test_an_action_redirects_only_within_the_dashboard(engine: Engine, back: str) -> None:
+    web = client(engine)
+    token = csrf_of(web.get("/jobs").text)
+    answer = web.post(
+        "/jobs/action",
+        data={"action": "retry", "job_id": "1", "csrf_token": token, "back": back},
+        follow_redirects=False,
+    )
+    assert answer.headers["location"].startswith("/jobs?notice=")
+
+
 def test_delete_leaves_running_jobs_alone(engine: Engine) -> None:
     (job_id,) = enqueue_jobs(engine, "t", 1)
     with engine.begin() as conn:

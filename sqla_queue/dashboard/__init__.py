@@ -376,7 +376,8 @@ class Dashboard:
             return form
         action = form.get("action")
         back = str(form.get("back") or "/jobs")
-        if not back.startswith("/") or back.startswith("//"):
+        # Only a path of this app: never another site (`//host`, `/\host` in browsers).
+        if not back.startswith("/") or back[1:2] in ("/", "\\"):
             back = "/jobs"
         if action not in JOB_ACTIONS:
             return PlainTextResponse(f"action must be one of {', '.join(JOB_ACTIONS)}", 400)
