@@ -208,6 +208,7 @@ class JobSummary:
     run_at: dt.datetime
     created_at: dt.datetime
     finished_at: dt.datetime | None
+    tags: list[str]
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
@@ -219,6 +220,7 @@ class JobDetail(JobSummary):
     """One job in full, as `get_job` returns it: args, the last error, timings."""
 
     args: dict[str, Any]
+    meta: dict[str, Any]
     last_error: str | None
     locked_by: str | None
     locked_at: dt.datetime | None
@@ -261,10 +263,12 @@ def list_jobs(
     queue: str | None = None,
     task: str | None = None,
     status: str | JobStatus | None = None,
+    tag: str | Iterable[str] | None = None,
     limit: int = 50,
     before: int | None = None,
 ) -> list[JobSummary]:
-    """Jobs newest first, filtered by queue, task and status; at most `limit` (1 to 1000).
+    """Jobs newest first, filtered by queue, task, status and tag (a name, or several that
+    a job must all have); at most `limit` (1 to 1000).
 
     Page on with `before=` the last id of the previous page (keyset pagination: each page
     costs the same, however deep).
@@ -276,13 +280,17 @@ def list_jobs(
         )
     if before is not None:
         _job_ids([before])
+    tags = None if tag is None else ([tag] if isinstance(tag, str) else list(tag))
+    for name in tags or ():
+        validate_name("tag", name, task="(none)")
     statement = queries.list_jobs(
         queue=queue is not None,
         task=task is not None,
         status=_status(status),
+        tags=bool(tags),
         before=before is not None,
     )
-    params = {"queue": queue, "task": task, "before": before, "limit": limit}
+    params = {"queue": queue, "task": task, "tags": tags, "before": before, "limit": limit}
     return [JobSummary(**row) for row in bind.execute(statement, params).mappings()]
 
 

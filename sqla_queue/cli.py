@@ -397,6 +397,8 @@ def relay(
 @click.option("--priority", type=int, default=0, show_default=True, help="0 runs first.")
 @click.option("--delay", type=DURATION, default=None, help="Time until the job is due (60, 5m).")
 @click.option("--max-attempts", type=int, default=None)
+@click.option("--tag", "tags", multiple=True, help="A tag to find the job by (repeatable).")
+@click.option("--meta", "meta_json", default=None, help="The job's meta as a JSON object.")
 @_friendly_errors
 def enqueue(
     database_url: str | None,
@@ -406,6 +408,8 @@ def enqueue(
     priority: int,
     delay: float | None,
     max_attempts: int | None,
+    tags: tuple[str, ...],
+    meta_json: str | None,
 ) -> None:
     """Enqueue one job of TASK and print its id."""
     from sqlalchemy.orm import Session
@@ -416,6 +420,10 @@ def enqueue(
         args = json.loads(args_json, parse_constant=_reject_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--args") from None
+    try:
+        meta = None if meta_json is None else json.loads(meta_json, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--meta") from None
     with _transaction(database_url) as conn:
         session = Session(bind=conn)
         job = enqueue_job(
@@ -426,6 +434,8 @@ def enqueue(
             priority=priority,
             delay=delay,
             max_attempts=max_attempts,
+            tags=list(tags),
+            meta=meta,
         )
         session.flush()
         click.echo(job.id)
@@ -634,6 +644,7 @@ def _echo_json(value: Any) -> None:
     show_default=True,
     help="Most jobs shown.",
 )
+@click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all of them).")
 @click.option("--before", type=click.IntRange(min=1), default=None, help="Ids below this only.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 @_friendly_errors
@@ -642,6 +653,7 @@ def jobs_list(
     queue: str | None,
     task: str | None,
     status: str | None,
+    tags: tuple[str, ...],
     limit: int,
     before: int | None,
     as_json: bool,
@@ -649,7 +661,13 @@ def jobs_list(
     """List jobs newest first; page on with --before <the last id shown>."""
     with _transaction(database_url) as conn:
         found = admin.list_jobs(
-            conn, queue=queue, task=task, status=status, limit=limit, before=before
+            conn,
+            queue=queue,
+            task=task,
+            status=status,
+            tag=tags or None,
+            limit=limit,
+            before=before,
         )
     if as_json:
         _echo_json([job.as_dict() for job in found])
@@ -657,10 +675,18 @@ def jobs_list(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("id", "task", "queue", "status", "attempts", "run_at")
+    table = Table("id", "task", "queue", "status", "attempts", "run_at", "tags")
     for job in found:
         attempts = f"{job.attempts}/{job.max_attempts or '-'}"
-        table.add_row(str(job.id), job.task, job.queue, job.status, attempts, str(job.run_at))
+        table.add_row(
+            str(job.id),
+            job.task,
+            job.queue,
+            job.status,
+            attempts,
+            str(job.run_at),
+            ",".join(job.tags),
+        )
     Console().print(table)
 
 
@@ -682,10 +708,11 @@ def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
         _echo_json(job.as_dict())
         return
     for key, value in job.as_dict().items():
-        if key in ("args", "last_error"):
+        if key in ("args", "meta", "last_error"):
             continue
         click.echo(f"{key}: {'' if value is None else value}")
     click.echo(f"args: {json.dumps(job.args)}")
+    click.echo(f"meta: {json.dumps(job.meta)}")
     if job.last_error:
         click.echo("last_error:")
         click.echo(job.last_error)

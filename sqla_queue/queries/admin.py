@@ -38,6 +38,7 @@ LISTED_COLUMNS = (
     jobs.c.run_at,
     jobs.c.created_at,
     jobs.c.finished_at,
+    jobs.c.tags,
 )
 """What `jobs list` shows of each job: never its args, which may be large."""
 
@@ -47,11 +48,12 @@ def list_jobs(
     queue: bool = False,
     task: bool = False,
     status: JobStatus | None = None,
+    tags: bool = False,
     before: bool = False,
 ) -> Select[Any]:
     """Jobs newest first, up to `:limit`; each flag adds its filter (`:queue`, `:task`,
-    `:before`: ids below it, the keyset cursor). The status is a literal, as the partial
-    indexes need."""
+    `:tags`: jobs having all of them, by the GIN index; `:before`: ids below it, the keyset
+    cursor). The status is a literal, as the partial indexes need."""
     statement = select(*LISTED_COLUMNS)
     if queue:
         statement = statement.where(jobs.c.queue == bindparam("queue", type_=Text))
@@ -59,6 +61,8 @@ def list_jobs(
         statement = statement.where(jobs.c.task == bindparam("task", type_=Text))
     if status is not None:
         statement = statement.where(_is(status))
+    if tags:
+        statement = statement.where(jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))))
     if before:
         statement = statement.where(jobs.c.id < bindparam("before", type_=BigInteger))
     return statement.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
