@@ -147,6 +147,20 @@ def test_job_list_filters_by_queue_task_and_status(engine: Engine) -> None:
     assert len(listed("/jobs")) == 5
 
 
+def test_job_list_filters_by_tag_and_shows_tags_escaped(engine: Engine) -> None:
+    billing = enqueue_jobs(engine, "charge", 2, tags=["billing", "<b>vip</b>"])
+    enqueue_jobs(engine, "charge", 2, tags=["other"])
+    web = client(engine)
+    body = web.get("/jobs?tag=billing").text
+    assert {int(i) for i in re.findall(r'<tr data-job="(\d+)">', body)} == set(billing)
+    assert "&lt;b&gt;vip&lt;/b&gt;" in body
+    assert "<b>vip</b>" not in body
+    escaped = web.get("/jobs?tag=%3Cb%3Evip%3C%2Fb%3E").text
+    assert {int(i) for i in re.findall(r'<tr data-job="(\d+)">', escaped)} == set(billing)
+    job_page = web.get(f"/jobs/{billing[0]}").text
+    assert 'href="/jobs?tag=billing"' in job_page
+
+
 def test_keyset_pagination_lists_every_job_once_newest_first(engine: Engine) -> None:
     ids = enqueue_jobs(engine, "t", 120)
     web = client(engine)

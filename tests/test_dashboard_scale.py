@@ -57,6 +57,7 @@ CASES: list[tuple[dict[str, str], int | None]] = [
     ({"status": "cancelled"}, JOBS // 4),
     ({"queue": "rare", "status": "failed"}, None),  # matches nothing
     ({"queue": "nosuch"}, None),
+    ({"tag": "nosuch"}, None),
     ({"queue": "mail", "task": "task_2", "status": "done"}, JOBS // 5),
 ]
 
@@ -77,13 +78,14 @@ def million(engine: Engine) -> Engine:
 def explain(conn: Connection, filters: dict[str, str], before: int | None) -> dict[str, Any]:
     status = JobStatus(filters["status"]) if "status" in filters else None
     statement = statements.job_page(
-        filters.get("queue"), filters.get("task"), status, before is not None
+        filters.get("queue"), filters.get("task"), status, before is not None, filters.get("tag")
     )
     params: dict[str, Any] = {
         "limit": reads.PAGE_SIZE + 1,
         "window": reads.SEARCH_WINDOW,
         "queue": filters.get("queue"),
         "task": filters.get("task"),
+        "tags": [filters["tag"]] if "tag" in filters else None,
         "before_id": before,
     }
     compiled = statement.compile(dialect=conn.dialect)

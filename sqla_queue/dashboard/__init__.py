@@ -298,6 +298,7 @@ class Dashboard:
                 queue=params.get("queue") or None,
                 task=params.get("task") or None,
                 status=JobStatus(status) if status else None,
+                tag=params.get("tag") or None,
             )
             before = int(params["before"]) if params.get("before") else None
         except ValueError:
@@ -314,6 +315,7 @@ class Dashboard:
             "queue": where.queue or "",
             "task": where.task or "",
             "status": where.status.value if where.status else "",
+            "tag": where.tag or "",
         }
         return self._render(
             request,
@@ -343,7 +345,8 @@ class Dashboard:
             "total": reads.seconds_between(job.created_at, job.finished_at),
         }
         args = json.dumps(job.args, indent=2, ensure_ascii=False, sort_keys=True)
-        return self._render(request, "job.html", job=job, args=args, timings=timings)
+        meta = json.dumps(job.meta, indent=2, ensure_ascii=False, sort_keys=True)
+        return self._render(request, "job.html", job=job, args=args, meta=meta, timings=timings)
 
     def workers_page(self, request: Request) -> Response:
         with self.engine.connect() as conn:

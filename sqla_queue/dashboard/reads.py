@@ -70,6 +70,7 @@ class JobFilter:
     queue: str | None = None
     task: str | None = None
     status: JobStatus | None = None
+    tag: str | None = None
 
 
 @dataclass
@@ -97,8 +98,11 @@ def list_jobs(
     A page searches at most `window` jobs; when fewer than `limit` of them match, the page
     is short and `next_before` continues the search below them.
     """
-    statement = statements.job_page(where.queue, where.task, where.status, before is not None)
+    statement = statements.job_page(
+        where.queue, where.task, where.status, before is not None, where.tag
+    )
     params: dict[str, Any] = {
+        "tags": [where.tag] if where.tag is not None else None,
         "limit": limit + 1,
         "window": window,
         "queue": where.queue,

@@ -59,6 +59,7 @@ LISTED = (
     "run_at",
     "created_at",
     "finished_at",
+    "tags",
 )
 
 
@@ -72,7 +73,11 @@ def _newest(before: bool) -> Any:
 
 
 def job_page(
-    queue: str | None, task: str | None, status: JobStatus | None, before: bool
+    queue: str | None,
+    task: str | None,
+    status: JobStatus | None,
+    before: bool,
+    tag: str | None = None,
 ) -> Select[Any]:
     """One page of jobs, newest first: `:limit` rows matching the filters given among the
     `:window` newest jobs (older than `:before_id` if `before`).
@@ -97,6 +102,8 @@ def job_page(
         statement = statement.where(window.c.task == bindparam("task", type_=Text))
     if status is not None:
         statement = statement.where(window.c.status == literal_column(f"'{status.value}'", Text))
+    if tag is not None:
+        statement = statement.where(window.c.tags.contains(bindparam("tags", type_=ARRAY(Text))))
     return statement
 
 
