@@ -115,7 +115,9 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
     make_queues(engine)
     state = {"fixed": False}
     registry = flaky_registry(state)
-    (job_id,) = enqueue_jobs(engine, "send", 1, queue="mail", args={"to": "ada@example.com"})
+    (job_id,) = enqueue_jobs(
+        engine, "send", 1, queue="mail", args={"to": "ada@example.com"}, tags=["signup"]
+    )
     enqueue_jobs(engine, "resize", 3, queue="images", args={"size": 128})
     with WorkerThread(engine, registry, poll_interval=0.2):
         wait_for(lambda: jobs_by_id(engine, [job_id])[job_id].status == "failed")
@@ -127,8 +129,9 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
     mail = page.locator('tr[data-queue="mail"]')
     expect(mail.locator(".count-failed")).to_have_text("1")
     mail.locator(".count-failed a").click()
-    page.locator(f'tr[data-job="{job_id}"] a').click()
+    page.locator(f'tr[data-job="{job_id}"] a[href$="/jobs/{job_id}"]').click()
     expect(page.locator("pre.traceback")).to_contain_text("Traceback (most recent call last)")
+    expect(page.locator("dl.facts a.tag")).to_have_text("signup")
     expect(page.locator("pre.traceback")).to_contain_text(
         "ConnectionError: SMTP server refused ada@example.com"
     )
