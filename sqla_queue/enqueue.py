@@ -27,6 +27,7 @@ from .hooks import NewJob, default_registry, prepare_job
 from .models import (
     HOOKS_DUE,
     PRIORITY_MAX,
+    SCHEMA,
     SCHEMA_MAX_ARGS_BYTES,
     SCHEMA_MAX_NAME_LENGTH,
     Job,
@@ -148,7 +149,7 @@ def enqueue(
     elif new.run_at is not None:
         fields["run_at"] = new.run_at
     job = Job(**fields)
-    job.__dict__.pop(HOOKS_DUE)
+    job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
     session.add(job)
     if flush:
         session.flush()
@@ -156,8 +157,12 @@ def enqueue(
 
 
 def _run_due_hooks(job: Job) -> None:
-    """Task defaults and insert hooks for a `Job` constructed by the caller, at flush."""
-    not_given = job.__dict__.pop(HOOKS_DUE, None)
+    """Task defaults and insert hooks for a `Job` constructed by the caller, at flush.
+
+    A pending Job that never passed `Job.__init__` (the copy `session.merge` makes) has no
+    record of what was given: its hooks run with every field taken as given.
+    """
+    not_given = job.__dict__.get(HOOKS_DUE, frozenset())
     if not_given is None or default_registry() is None:  # nothing due, or no registry
         return
     given_run_at = job.run_at if isinstance(job.run_at, dt.datetime) else None
@@ -181,6 +186,7 @@ def _run_due_hooks(job: Job) -> None:
         job.run_at = func.now() + interval
     elif new.run_at is not given_run_at:
         job.run_at = new.run_at  # type: ignore[assignment]
+    job.__dict__[HOOKS_DUE] = None  # once: a flush that fails later does not run them again
 
 
 @event.listens_for(Session, "before_flush")
@@ -360,15 +366,31 @@ def _forget_notified(session: Session, transaction: SessionTransaction) -> None:
         session.info.pop(_NOTIFIED_KEY, None)
 
 
+_ABORTED = (
+    "; PostgreSQL has aborted this transaction, so nothing in it can commit: roll it back "
+    "and write it again without this job"
+)
+"""Said of every row the database refused: a caller who catches the error and commits
+would otherwise lose the whole transaction without a word (COMMIT of it rolls back)."""
+
+
+def _ours(exc: BaseException) -> str | None:
+    """The name of the constraint `exc` reports, if it is on one of the queue's own tables."""
+    diag = getattr(exc, "diag", None)
+    if diag is None or getattr(diag, "schema_name", None) != SCHEMA:
+        return None  # an application's own `jobs` table may use the same constraint names
+    return getattr(diag, "constraint_name", None)
+
+
 def _unknown_queue(exc: BaseException) -> UnknownQueueError | None:
     """The clear error for a job whose queue does not exist (under the queue FK), if it is one."""
-    diag = getattr(exc, "diag", None)
-    if diag is None or getattr(diag, "constraint_name", None) != _QUEUE_FK:
+    if _ours(exc) != _QUEUE_FK:
         return None
-    match = _MISSING_KEY.search(getattr(diag, "message_detail", None) or "")
+    match = _MISSING_KEY.search(getattr(exc.diag, "message_detail", None) or "")  # type: ignore[attr-defined]
     if match is None:  # the FK also fires when a queue with jobs is deleted
         return None
-    return UnknownQueueError(queue=match.group("queue"))
+    message = (UnknownQueueError.__doc__ or "").strip().rstrip(".") + _ABORTED + "."
+    return UnknownQueueError(message, queue=match.group("queue"))
 
 
 _CHECKS = {
@@ -385,7 +407,7 @@ _CHECKS = {
 
 def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError | None:
     """The clear error for a row one of our CHECK constraints refused, if it is one."""
-    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) or ""
+    constraint = _ours(exc) or ""
     rule = _CHECKS.get(constraint)
     if rule is None:
         return None
@@ -395,7 +417,7 @@ def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError
     return InvalidJobError(
         task=task if isinstance(task, str) else "(not known)",
         detail=f"the database refused the row: {rule} (CHECK constraint {constraint}, "
-        "which holds for every writer, also Core inserts and later attribute changes)",
+        f"which holds for every writer, also Core inserts and later attribute changes){_ABORTED}",
     )
 
 

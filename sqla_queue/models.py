@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -98,6 +99,7 @@ PRIORITY_MAX = 32767
 _HUGE_INT = 10**MAX_INT_DIGITS
 # Fast pre-checks on the JSON text; only a hit costs a walk of the args.
 _LONG_DIGIT_RUN = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
+_EXPONENT = re.compile(r"\de[-+]\d")
 
 
 # A \u0000 escape in json.dumps output (not an escaped backslash followed by "u0000").
@@ -183,10 +185,14 @@ def encode_json_object(
         problem = _args_problem(value, limits.max_args_depth, label)
         if problem is not None:
             raise InvalidJobError(task=name, detail=problem)
-    if len(encoded) > max_bytes:
+    size = len(encoded)
+    if _EXPONENT.search(encoded):  # a float in exponent form, perhaps: see _jsonb_growth
+        size += _jsonb_growth(value)
+    if size > max_bytes:
+        stored = f" as jsonb ({len(encoded)} as JSON text)" if size != len(encoded) else " as JSON"
         raise InvalidJobError(
             task=name,
-            detail=f"{label} are {len(encoded)} bytes as JSON; the limit is {max_bytes} "
+            detail=f"{label} are {size} bytes{stored}; the limit is {max_bytes} "
             f"({limit_name}). Store large payloads elsewhere and pass a key.",
         )
     if _NUL_ESCAPE.search(encoded):
@@ -202,6 +208,25 @@ def encode_json_object(
             "decoded with surrogateescape), which PostgreSQL's jsonb cannot store",
         )
     return encoded
+
+
+def _jsonb_growth(args: object) -> int:
+    """How much longer `args` are as jsonb text than as JSON text: floats in exponent form.
+
+    jsonb stores numbers as `numeric`, which writes them out in full: `1e+300` (6 characters)
+    is 301 digits as jsonb text, which the schema's size CHECK measures. Nothing else grows.
+    """
+    growth = 0
+    stack = [args]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, float) and "e" in (short := repr(value)):
+            growth += len(format(Decimal(short), "f")) - len(short)
+    return growth
 
 
 def validate_job(
@@ -362,7 +387,8 @@ class Queue(Base):
 
 
 HOOKS_DUE = "_sqla_queue_hooks_due"
-"""Instance key of a constructed Job not yet through the insert hooks: the fields not given."""
+"""Instance key of a constructed Job: the fields not given while its insert hooks are due,
+None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
 _TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
 
 

@@ -43,11 +43,11 @@ class JobContext:
         "_heartbeat",
         "_lost",
         "_meta",
+        "_state",
         "attempt",
         "job_id",
         "queue",
         "resources",
-        "state",
         "tags",
         "task",
     )
@@ -68,8 +68,7 @@ class JobContext:
         self.queue = queue
         self.attempt = attempt
         self.resources: Mapping[str, Any] = resources if resources is not None else {}
-        self.state: dict[str, Any] = {}
-        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
+        self._state: dict[str, Any] | None = None
         self._heartbeat = heartbeat
         self._lost: str | None = None
         self.tags: list[str] = list(tags or ())
@@ -85,6 +84,13 @@ class JobContext:
             decoded = json.loads(meta) if isinstance(meta, str) else meta
             meta = self._meta = dict(decoded) if isinstance(decoded, Mapping) else {}
         return meta
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
+        if self._state is None:
+            self._state = {}
+        return self._state
 
     @property
     def cancelled(self) -> bool:
