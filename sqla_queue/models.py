@@ -288,6 +288,13 @@ MAX_TAGS = 50
 def validate_tags_and_meta(task: object, tags: object, meta: object) -> tuple[list[str], str]:
     """A job's `tags` (a list of names; None is none) and `meta` (a dict; None is empty):
     returns the tags without repeats, in order, and meta as JSON text."""
+    if (
+        not tags
+        and not meta
+        and (tags is None or type(tags) is list)
+        and (meta is None or type(meta) is dict)
+    ):
+        return [], "{}"  # the common case, nothing to check: skip the encoder (bulk enqueue)
     name = task if isinstance(task, str) else repr(task)
     if tags is None:
         tags = []
