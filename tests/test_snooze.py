@@ -147,3 +147,18 @@ def test_a_bad_snooze_delay_is_a_clear_error_that_fails_the_attempt_visibly(
 def test_snooze_rejects_a_delay_that_is_not_a_number() -> None:
     with pytest.raises(TypeError, match="Snooze needs a number of seconds or a timedelta"):
         Snooze("60")  # type: ignore[arg-type]
+
+
+def test_an_async_handler_snoozes_like_a_sync_one(engine: Engine) -> None:
+    registry = Registry()
+
+    @registry.task(name="async_wait", max_attempts=1)
+    async def async_wait() -> None:
+        raise Snooze(90, reason="async upstream busy")
+
+    (job_id,) = enqueue_jobs(engine, "async_wait", 1, max_attempts=1)
+    stats = run_until_empty(engine, registry, BURST)
+    assert (stats.snoozed, stats.failed) == (1, 0)
+    job = jobs_by_id(engine)[job_id]
+    assert (job.status, job.attempts, job.max_attempts) == ("queued", 1, 2)
+    assert job.last_error == "snoozed for 90 s: async upstream busy"
