@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
 from typing import Any
 
 
@@ -66,6 +68,35 @@ class DatabaseUnavailableError(SqlaQueueError):
     """The database did not answer for {seconds:g} s ({reason}); check the URL and that the server runs, or wait longer with --give-up-after"""  # noqa: E501
 
 
+MAX_SNOOZE = timedelta(days=3650)
+"""The longest delay `Snooze` takes (further would leave PostgreSQL's timestamp range)."""
+
+
+class Snooze(Exception):
+    """Raised by a handler or a middleware: put the job back to queued, due after `seconds`
+    (a number or a timedelta), without spending an attempt; `reason` is recorded."""
+
+    def __init__(self, seconds: float | timedelta, reason: str = "") -> None:
+        value = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(
+                f"Snooze needs a number of seconds or a timedelta, got {type(seconds).__name__}"
+            )
+        if not math.isfinite(value) or not 0 <= value <= MAX_SNOOZE.total_seconds():
+            raise ValueError(
+                f"Snooze delay must be between 0 and {MAX_SNOOZE.total_seconds():.0f} seconds "
+                f"(10 years), got {seconds!r}; pass a finite, non-negative delay"
+            )
+        self.seconds = float(value)
+        self.reason = str(reason)
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """What the job's last_error records: the delay and the reason."""
+        text = f"snoozed for {self.seconds:g} s"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
 __all__ = [
     "AppLoadError",
     "ConfigurationError",
@@ -77,6 +108,7 @@ __all__ = [
     "OrphanJobsError",
     "SchemaElsewhereError",
     "SchemaMissingError",
+    "Snooze",
     "SqlaQueueError",
     "TaskNotFoundError",
     "UnknownQueueError",

@@ -78,6 +78,7 @@ from .jobs import (
     release_jobs,
     reserve_job_ids,
     retry_jobs,
+    snooze_jobs,
     stuck_condition,
     unique_holders,
 )
@@ -182,6 +183,7 @@ __all__ = [
     "set_queue_paused",
     "set_queue_retention",
     "set_queue_route",
+    "snooze_jobs",
     "stuck_condition",
     "stuck_jobs",
     "subtransaction_writers",

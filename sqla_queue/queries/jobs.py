@@ -371,6 +371,35 @@ def retry_jobs() -> Update:
     )
 
 
+def snooze_jobs() -> Update:
+    """Put snoozed jobs back to `queued`, due after their delay, without spending an attempt.
+
+    Parameters: `job_ids`, `job_attempts`, `job_delays` (seconds), `job_errors` (why),
+    `job_task_max_attempts` (the task's own max_attempts, or NULL). As the reaper's refund
+    does, max_attempts grows by one and the attempt number (the fencing token) keeps counting.
+    """
+    batch = _claimed_batch(
+        ("job_delays", "delay", Float),
+        ("job_errors", "error", Text),
+        ("job_task_max_attempts", "task_max", Integer),
+    )
+    budget = func.coalesce(
+        jobs.c.max_attempts, batch.c.task_max, literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer)
+    )
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(
+            status=JobStatus.queued.value,
+            max_attempts=budget + _ONE,
+            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, batch.c.delay),
+            last_error=batch.c.error,
+            locked_at=None,
+            **_ENDED,
+        )
+    )
+
+
 def fail_jobs() -> Update:
     """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`."""
     batch = _claimed_batch(("job_errors", "error", Text))

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, Table, func, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import queries
-from sqla_queue.errors import ConfigurationError, JobTimeoutError, TaskNotFoundError
+from sqla_queue.errors import ConfigurationError, JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job, JobStatus
 from sqla_queue.registry import JobContext, Registry, Task
@@ -43,12 +43,13 @@ class DrainResult:
     succeeded: int = 0
     retried: int = 0
     failed: int = 0
+    snoozed: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list, compare=False)
 
     @property
     def ran(self) -> int:
-        """Jobs claimed and finished, whatever their outcome."""
-        return self.succeeded + self.retried + self.failed
+        """Jobs claimed and finished, whatever their outcome (a snoozed attempt included)."""
+        return self.succeeded + self.retried + self.failed + self.snoozed
 
 
 def drain(
@@ -73,8 +74,10 @@ def drain(
 
     A handler that fails is retried by its policy (later: see `include_scheduled`) or
     failed once out of attempts, exactly as the worker would; a job of an unknown task
-    fails. A handler's `BaseException` (`pytest.fail`, `KeyboardInterrupt`) is written as a
-    failed attempt too, then always raised. Jobs a handler enqueues and commits are run in
+    fails. A job that raises `Snooze` is queued again after its delay without spending an
+    attempt (with `include_scheduled`, a job that always snoozes runs until `max_jobs`). A
+    handler's `BaseException` (`pytest.fail`, `KeyboardInterrupt`) is written as a failed
+    attempt too, then always raised. Jobs a handler enqueues and commits are run in
     the same call.
     """
     if not isinstance(target, Session | Connection | Engine):
@@ -185,7 +188,16 @@ def _run_job(
         meta=row.meta_json,
     )
     try:
-        _call_handler(registry, task, context, args)
+        returned = _call_handler(registry, task, context, args)
+        if isinstance(returned, Snooze):  # returning it works as raising it does
+            raise returned
+    except Snooze as snooze:
+        params = {"job_delays": [snooze.seconds], "job_errors": [snooze.describe()]}
+        run(
+            queries.snooze_jobs(), {**fence, **params, "job_task_max_attempts": [task.max_attempts]}
+        )
+        result.snoozed += 1
+        return None
     except BaseException as exc:  # pytest.fail, KeyboardInterrupt: never leave the job running
         text = error_text(exc)
         result.errors.append((row.id, text))
@@ -205,9 +217,7 @@ def _run_job(
     return None
 
 
-def _call_handler(
-    registry: Registry, task: Task, context: JobContext, args: dict[str, Any]
-) -> None:
+def _call_handler(registry: Registry, task: Task, context: JobContext, args: dict[str, Any]) -> Any:
     """Call one job's handler inside the registry's and the task's middleware, as the
     worker's executor does; the one place `drain` runs user code. A sync handler's timeout
     is not enforced here; an async one's is."""
@@ -218,7 +228,7 @@ def _call_handler(
             return _run_coroutine(call, task, ctx)
         return call
 
-    compose([*registry.middleware, *task.middleware], call_handler)(context)
+    return compose([*registry.middleware, *task.middleware], call_handler)(context)
 
 
 def _run_coroutine(call: Awaitable[Any], task: Task, context: JobContext) -> Any:

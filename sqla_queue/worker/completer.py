@@ -38,6 +38,7 @@ class Completer:
         self._complete = queries.complete_jobs()
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
+        self._snooze = queries.snooze_jobs()
 
     def take_successes(self) -> list[ClaimedJob] | None:
         """Pop the pending outcomes if all are successes (for the claim to finish); else
@@ -76,6 +77,9 @@ class Completer:
         self.stats.retried += len(retried)
         self._write(self._fail, failed, lambda o: {"job_errors": storable(o.error)})
         self.stats.failed += len(failed)
+        snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed]
+        self._write(self._snooze, snoozed, _snoozed)
+        self.stats.snoozed += len(snoozed)
         for outcome in outcomes:
             if outcome.kind is OutcomeKind.timed_out:
                 self.stats.timed_out += 1
@@ -119,6 +123,14 @@ class Completer:
 
 def _none(outcome: Outcome) -> dict[str, Any]:
     return {}
+
+
+def _snoozed(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "job_delays": outcome.retry_in,
+        "job_errors": storable(outcome.error),
+        "job_task_max_attempts": outcome.task_max_attempts,
+    }
 
 
 def _params(

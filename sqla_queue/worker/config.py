@@ -105,3 +105,4 @@ class WorkerStats:
     cancelled: int = 0
     timed_out: int = 0
     reaped: int = 0
+    snoozed: int = 0

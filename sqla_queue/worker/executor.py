@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from sqla_queue import queries
-from sqla_queue.errors import JobTimeoutError, TaskNotFoundError
+from sqla_queue.errors import JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_queue.registry import JobContext, Registry, Task
@@ -107,15 +107,19 @@ class Executor:
         job.started = True
         self._local.job = job  # the innermost call of the chain reads it on this thread
         try:
-            chain(ctx)
+            result = chain(ctx)
         except (FutureCancelledError, asyncio.CancelledError) as exc:
             if ctx.cancelled:  # timed out or given up on: the producer has settled it
                 return Outcome(_lost_kind(ctx), job, "", None, exc)
             return self.failure(job, task, exc)
+        except Snooze as snooze:
+            return snoozed(job, task, snooze)
         except BaseException as exc:
             return self.failure(job, task, exc)
         if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
             return Outcome(_lost_kind(ctx), job)
+        if isinstance(result, Snooze):  # returning it works as raising it does
+            return snoozed(job, task, result)
         return Outcome(OutcomeKind.succeeded, job)
 
     def _skip_reason(self, job: ClaimedJob) -> OutcomeKind | None:
@@ -246,6 +250,19 @@ class Executor:
         if job.future is not None:
             job.future.cancel()
         return outcome
+
+
+def snoozed(job: ClaimedJob, task: Task, snooze: Snooze) -> Outcome:
+    """The outcome of a snoozed attempt: queued again after its delay, attempt refunded."""
+    log.info("job %s (%s) %s", job.id, job.task, snooze.describe())
+    return Outcome(
+        OutcomeKind.snoozed,
+        job,
+        snooze.describe(),
+        snooze.seconds,
+        snooze,
+        task_max_attempts=task.max_attempts,
+    )
 
 
 def _lost_kind(ctx: JobContext) -> OutcomeKind:

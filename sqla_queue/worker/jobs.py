@@ -33,6 +33,9 @@ class OutcomeKind(str, enum.Enum):
     """The job was no longer this worker's (reaped elsewhere); nothing is written."""
     released = "released"
     """The worker stopped: the job went back to the queue."""
+    snoozed = "snoozed"
+    """The handler or a middleware raised `Snooze`: queued again after its delay, the
+    attempt refunded."""
 
 
 WRITES_NOTHING = frozenset({OutcomeKind.cancelled, OutcomeKind.lost, OutcomeKind.released})
@@ -51,6 +54,8 @@ class Outcome:
     retry_in: float | None = None
     """Seconds until the next attempt, or None when this attempt is the last."""
     exception: BaseException | None = None
+    task_max_attempts: int | None = None
+    """A snoozed job's task's own max_attempts (its budget when the job has none)."""
 
     @property
     def requeues(self) -> bool:
