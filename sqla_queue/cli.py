@@ -318,10 +318,11 @@ def worker(
     finally:
         engine.dispose()
     if burst:
-        click.echo(
-            f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed",
-            err=True,
-        )
+        done = f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed"
+        if log_format == "json":  # stderr stays one JSON object per line
+            log.warning(done, extra=dataclasses.asdict(stats))
+        else:
+            click.echo(done, err=True)
     _exit_past_stuck_handlers()
 
 
