@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -203,3 +205,17 @@ def test_a_task_the_registry_does_not_know_is_labelled_unknown(engine: Engine) -
         for family in prom.collect()
         for sample in family.samples
     )
+
+
+def test_the_sample_grafana_dashboard_uses_only_metrics_that_exist() -> None:
+    dashboard = json.loads((REPO_ROOT / "docs" / "grafana-dashboard.json").read_text())
+    expressions = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {name for expr in expressions for name in re.findall(r"sqla_queue_\w+", expr)}
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    exported = {
+        family.name + suffix
+        for family in QueueMetrics(CollectorRegistry()).prometheus_registry.collect()
+        for suffix in suffixes[family.type]
+    }
+    assert len(used) >= 10
+    assert used <= exported, used - exported
