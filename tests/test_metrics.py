@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from apps import observed
 from apps.support import REPO_ROOT, WorkerThread, enqueue_jobs, subprocess_env, wait_for
-from fault_kit import free_port
+from fault_kit import TESTS_DIR, cli_env, free_port, run_cli
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
@@ -219,3 +220,39 @@ def test_the_sample_grafana_dashboard_uses_only_metrics_that_exist() -> None:
     }
     assert len(used) >= 10
     assert used <= exported, used - exported
+
+
+def test_a_metrics_port_in_use_is_refused_in_one_line(database_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(
+            ["worker", "--app", "apps.observed:registry", "--burst", "--metrics-port", str(port)],
+            database_url,
+        )
+    assert result.returncode == 1
+    assert f"cannot serve metrics on 0.0.0.0:{port}" in result.stderr
+    assert "--metrics-port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_metrics_without_prometheus_client_name_the_extra(database_url: str) -> None:
+    blocked = (
+        "import sys; sys.modules['prometheus_client'] = None; "
+        "from sqla_queue.cli import main; main()"
+    )
+    result = subprocess.run(
+        [
+            *(sys.executable, "-c", blocked, "worker", "--app", "apps.observed:registry"),
+            *("--burst", "--metrics-port", "9100"),
+        ],
+        env=cli_env(database_url),
+        cwd=TESTS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "pip install 'sqla-queue[metrics]'" in result.stderr
+    assert "Traceback" not in result.stderr
