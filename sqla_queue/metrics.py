@@ -304,7 +304,8 @@ class QueueMetrics:
         self.reconnects.inc()
 
 
-_installed: dict[int, QueueMetrics] = {}
+_installed: dict[Any, QueueMetrics] = {}
+"""The `QueueMetrics` of each Prometheus registry (held, so an id is never reused)."""
 
 
 def instrument(
@@ -320,10 +321,10 @@ def instrument(
     returns the same `QueueMetrics`.
     """
     prom_registry = prometheus_registry or _prometheus().REGISTRY
-    metrics = _installed.get(id(prom_registry))
+    metrics = _installed.get(prom_registry)
     if metrics is None:
         metrics = QueueMetrics(prom_registry, depth_interval=depth_interval)
-        _installed[id(prom_registry)] = metrics
+        _installed[prom_registry] = metrics
     return metrics.install(registry)
 
 
