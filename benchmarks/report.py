@@ -499,4 +499,9 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
     notes = results.get("notes") or []
     if notes:
         out += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    relay_results = root / "benchmarks" / "results" / "relay.json"
+    if relay_results.exists():  # measured on its own by `python -m benchmarks.relay`
+        from .relay import markdown_section
+
+        out += ["", markdown_section(json.loads(relay_results.read_text())).rstrip("\n")]
     return "\n".join(out) + "\n"

@@ -1,10 +1,13 @@
-"""Administration as Python calls: queues, stats, pruning, cancelling. The CLI is built on these.
+"""Administration as Python calls: queues, stats, pruning, and finding, retrying, cancelling and
+deleting jobs. The CLI (and a dashboard) is built on these.
 
 Each takes a `Connection` or a `Session` and runs in the caller's transaction; none commits.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,15 +73,28 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     return deleted
 
 
+def set_route(bind: Bind, name: str, route: str | None) -> None:
+    """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
+    None, back to table workers. Jobs already in the table follow the new setting."""
+    from .brokers.routes import parse_route
+
+    value = None if route is None else str(parse_route(route))
+    params = {"queue_name": name, "new_route": value}
+    if bind.execute(queries.set_queue_route(), params).first() is None:
+        raise UnknownQueueError(queue=name)
+
+
 @dataclass
 class QueueInfo:
     name: str
     paused: bool
     retention: str
+    route: str | None = None
 
 
 def list_queues(bind: Bind) -> list[QueueInfo]:
-    return [QueueInfo(*row) for row in bind.execute(queries.queue_settings())]
+    rows = bind.execute(queries.queue_settings()).mappings()
+    return [QueueInfo(r["name"], r["paused"], r["retention"], r["route"]) for r in rows]
 
 
 @dataclass
@@ -168,3 +184,195 @@ def job_statuses(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
         if row is not None:
             found[int(job_id)] = str(row["status"])
     return found
+
+
+# -- finding, retrying and deleting jobs -------------------------------------------------------
+
+MAX_LIST_LIMIT = 1000
+"""The most jobs `list_jobs` returns per page; page on with `before=`."""
+DEFAULT_DEPTH_CAP = 10_000
+"""`queue_depth` counts due and scheduled jobs up to this many: it stays cheap at any backlog."""
+
+
+@dataclass
+class JobSummary:
+    """One job as `list_jobs` returns it (never its args)."""
+
+    id: int
+    task: str
+    queue: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int | None
+    run_at: dt.datetime
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    tags: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO 8601 text."""
+        return {key: _jsonable(value) for key, value in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class JobDetail(JobSummary):
+    """One job in full, as `get_job` returns it: args, the last error, timings."""
+
+    args: dict[str, Any]
+    meta: dict[str, Any]
+    last_error: str | None
+    locked_by: str | None
+    locked_at: dt.datetime | None
+    started_at: dt.datetime | None
+    heartbeat_at: dt.datetime | None
+    lease_expires_at: dt.datetime | None
+    archived: bool
+    """Whether it was found in the archive table (a succeeded job of an `archive` queue)."""
+
+
+def _jsonable(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, dt.datetime) else value
+
+
+def _status(value: str | JobStatus | None) -> JobStatus | None:
+    if value is None:
+        return None
+    try:
+        return JobStatus(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in JobStatus)
+        raise ConfigurationError(detail=f"status {value!r} is not one of: {choices}") from None
+
+
+def _job_ids(job_ids: Iterable[Any]) -> list[int]:
+    ids: list[int] = []
+    for job_id in job_ids:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
+            raise ConfigurationError(
+                detail=f"job id {job_id!r} is not a job id (a positive integer, as enqueue "
+                "returned it)"
+            )
+        ids.append(job_id)
+    return ids
+
+
+def list_jobs(
+    bind: Bind,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    status: str | JobStatus | None = None,
+    tag: str | Iterable[str] | None = None,
+    limit: int = 50,
+    before: int | None = None,
+) -> list[JobSummary]:
+    """Jobs newest first, filtered by queue, task, status and tag (a name, or several that
+    a job must all have); at most `limit` (1 to 1000).
+
+    Page on with `before=` the last id of the previous page (keyset pagination: each page
+    costs the same, however deep).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIST_LIMIT:
+        raise ConfigurationError(
+            detail=f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}; page "
+            "on with before=<the last id shown>"
+        )
+    if before is not None:
+        _job_ids([before])
+    tags = None if tag is None else ([tag] if isinstance(tag, str) else list(tag))
+    for name in tags or ():
+        validate_name("tag", name, task="(none)")
+    statement = queries.list_jobs(
+        queue=queue is not None,
+        task=task is not None,
+        status=_status(status),
+        tags=bool(tags),
+        before=before is not None,
+    )
+    params = {"queue": queue, "task": task, "tags": tags, "before": before, "limit": limit}
+    return [JobSummary(**row) for row in bind.execute(statement, params).mappings()]
+
+
+_SUMMARY_FIELDS = frozenset(f.name for f in dataclasses.fields(JobSummary))
+_DETAIL_FIELDS = frozenset(f.name for f in dataclasses.fields(JobDetail))
+
+
+def get_job(bind: Bind, job_id: int) -> JobDetail | None:
+    """The job `job_id` in full, from the jobs table or the archive; None if neither has it."""
+    (job_id,) = _job_ids([job_id])
+    row = bind.execute(queries.job_detail(), {"job_id": job_id}).mappings().first()
+    if row is None:
+        return None
+    return JobDetail(**{key: row[key] for key in _DETAIL_FIELDS})
+
+
+def retry_jobs(
+    bind: Bind,
+    job_ids: Iterable[int] | None = None,
+    *,
+    all_failed: bool = False,
+    queue: str | None = None,
+    attempts: int | None = None,
+) -> dict[int, str]:
+    """Put failed or cancelled jobs back to queued, due now; returns {id: status it had}.
+
+    Pass `job_ids`, or `all_failed=True` (every failed job, of `queue` if given), not both.
+    Each job gets a fresh budget of `attempts` (default: its own max_attempts, else 5): its
+    attempt number keeps counting, as the fencing token a late worker is held to. One
+    statement, fenced: a job that is queued, running or done (or changes while this runs)
+    is left alone and missing from the result.
+    """
+    if (job_ids is None) == (not all_failed):
+        raise ConfigurationError(detail="pass job ids or all_failed=True (--failed), not both")
+    if queue is not None and job_ids is not None:
+        raise ConfigurationError(detail="queue= filters all_failed=True only; ids name jobs")
+    if attempts is not None and (
+        isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
+    ):
+        raise ConfigurationError(detail=f"attempts must be a positive int, got {attempts!r}")
+    ids = _job_ids(job_ids) if job_ids is not None else None
+    statement = queries.retry_failed_jobs(by_ids=ids is not None, queue=queue is not None)
+    params = {"job_ids": ids, "retry_queue": queue, "budget": attempts}
+    return {int(row[0]): str(row[1]) for row in bind.execute(statement, params)}
+
+
+def delete_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
+    """Delete jobs that are not running (also from the archive); returns {id: status}.
+
+    A running job is left alone and missing from the result: cancel it first
+    (`cancel_jobs`), then delete it once its worker has let go.
+    """
+    ids = _job_ids(job_ids)
+    return {
+        int(row[0]): str(row[1]) for row in bind.execute(queries.delete_jobs(), {"job_ids": ids})
+    }
+
+
+@dataclass
+class QueueDepth:
+    """A queue's due, scheduled and running jobs; due and scheduled stop counting at `cap`."""
+
+    queue: str
+    due: int
+    scheduled: int
+    running: int
+    cap: int
+
+    @property
+    def capped(self) -> bool:
+        """Whether due or scheduled reached the cap (there may be more)."""
+        return self.due >= self.cap or self.scheduled >= self.cap
+
+
+def queue_depth(bind: Bind, queue: str, cap: int = DEFAULT_DEPTH_CAP) -> QueueDepth:
+    """Due, scheduled and running jobs of one queue, from the claim index; cheap to poll.
+
+    Counting stops at `cap` for due and scheduled jobs, so the cost is bounded whatever the
+    backlog (a few hundred microseconds at the default on a warm cache).
+    """
+    validate_name("queue", queue, task="(none)")
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ConfigurationError(detail=f"cap must be a positive int, got {cap!r}")
+    row = bind.execute(queries.queue_depth(), {"queue": queue, "cap": cap}).one()
+    return QueueDepth(queue, int(row.due), int(row.scheduled), int(row.running), cap)

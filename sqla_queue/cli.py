@@ -261,6 +261,17 @@ def _worker_default(name: str) -> Any:
     default=None,
     help="Serve Prometheus metrics on this port (needs sqla-queue[metrics]).",
 )
+@click.option(
+    "--from",
+    "broker_url",
+    default=None,
+    help="Run the routed queue -q from its broker: nats://HOST:4222 or amqp://USER:PW@HOST/.",
+)
+@click.option(
+    "--dedup/--no-dedup",
+    default=None,
+    help="With --from: skip job ids already run (default: on for amqp, off for nats).",
+)
 @click.pass_context
 @_friendly_errors
 def worker(
@@ -279,6 +290,8 @@ def worker(
     log_level: str,
     log_format: str | None,
     metrics_port: int | None,
+    broker_url: str | None,
+    dedup: bool | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
     until nothing is due."""
@@ -289,6 +302,23 @@ def worker(
     _configure_logging(log_level, log_format)
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")
+    registry = load_registry(app_path)
+    if log_format == "json":
+        from .logs import log_jobs
+
+        log_jobs(registry)
+    if metrics_port is not None:
+        from . import metrics
+
+        metrics.instrument(registry)
+        metrics.serve(metrics_port)
+    if broker_url is not None:
+        from .brokers.cli import run_broker_worker
+
+        settings = (concurrency, lease, poll_interval, burst, shutdown_timeout, dedup)
+        run_broker_worker(_engine(database_url), registry, broker_url, queues, *settings)
+        _exit_past_stuck_handlers()
+        return
     config = WorkerConfig(
         queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
         concurrency=concurrency,
@@ -300,16 +330,6 @@ def worker(
         shutdown_timeout=shutdown_timeout,
         give_up_after=give_up_after,
     )
-    registry = load_registry(app_path)
-    if log_format == "json":
-        from .logs import log_jobs
-
-        log_jobs(registry)
-    if metrics_port is not None:
-        from . import metrics
-
-        metrics.instrument(registry)
-        metrics.serve(metrics_port)
     engine = _engine(
         database_url, application_name=WORKER_APPLICATION_NAME, pool_size=3, max_overflow=4
     )
@@ -345,12 +365,62 @@ def _exit_past_stuck_handlers(grace: float = 0.5) -> None:
 
 @main.command()
 @_database_option
+@click.option("--nats", "nats_url", default=None, help="NATS server, e.g. nats://127.0.0.1:4222.")
+@click.option("--amqp", "amqp_url", default=None, help="RabbitMQ, e.g. amqp://guest:guest@host/.")
+@click.option("--batch", type=int, default=500, show_default=True, help="Jobs per transaction.")
+@click.option("--poll-interval", type=float, default=1.0, show_default=True)
+@click.option("--publish-timeout", type=float, default=10.0, show_default=True)
+@click.option(
+    "--duplicate-window",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="NATS: seconds a stream the relay creates remembers message ids.",
+)
+@click.option("--burst", is_flag=True, help="Exit when nothing is due.")
+@click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
+@_friendly_errors
+def relay(
+    database_url: str | None,
+    nats_url: str | None,
+    amqp_url: str | None,
+    batch: int,
+    poll_interval: float,
+    publish_timeout: float,
+    duplicate_window: float,
+    burst: bool,
+    poll_only: bool,
+    log_level: str,
+) -> None:
+    """Move committed jobs of routed queues to NATS JetStream (--nats) or RabbitMQ (--amqp)."""
+    from .brokers.cli import run_relay
+
+    if (nats_url is None) == (amqp_url is None):
+        raise click.ClickException("pass exactly one of --nats URL or --amqp URL")
+    _configure_logging(log_level)
+    engine = _engine(database_url, application_name="sqla-queue relay")
+    settings = (batch, poll_interval, publish_timeout, duplicate_window, burst, poll_only)
+    stats = run_relay(engine, str(nats_url or amqp_url), *settings)
+    if burst:
+        click.echo(f"done: {stats.published} published, {stats.duplicates} duplicates", err=True)
+
+
+@main.command()
+@_database_option
 @click.argument("task")
 @click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
 @click.option("--queue", default=None)
 @click.option("--priority", type=int, default=0, show_default=True, help="0 runs first.")
 @click.option("--delay", type=DURATION, default=None, help="Time until the job is due (60, 5m).")
 @click.option("--max-attempts", type=int, default=None)
+@click.option("--tag", "tags", multiple=True, help="A tag to find the job by (repeatable).")
+@click.option("--meta", "meta_json", default=None, help="The job's meta as a JSON object.")
 @_friendly_errors
 def enqueue(
     database_url: str | None,
@@ -360,6 +430,8 @@ def enqueue(
     priority: int,
     delay: float | None,
     max_attempts: int | None,
+    tags: tuple[str, ...],
+    meta_json: str | None,
 ) -> None:
     """Enqueue one job of TASK and print its id."""
     from sqlalchemy.orm import Session
@@ -370,6 +442,10 @@ def enqueue(
         args = json.loads(args_json, parse_constant=_reject_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--args") from None
+    try:
+        meta = None if meta_json is None else json.loads(meta_json, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--meta") from None
     with _transaction(database_url) as conn:
         session = Session(bind=conn)
         job = enqueue_job(
@@ -380,6 +456,8 @@ def enqueue(
             priority=priority,
             delay=delay,
             max_attempts=max_attempts,
+            tags=list(tags),
+            meta=meta,
         )
         session.flush()
         click.echo(job.id)
@@ -388,6 +466,9 @@ def enqueue(
 @main.group()
 def queues() -> None:
     """Create, list, pause, resume and delete queues."""
+
+
+_ROUTE_HELP = "Send its jobs to a broker: nats:SUBJECT or amqp:EXCHANGE/ROUTING_KEY (see relay)."
 
 
 @queues.command("create")
@@ -399,16 +480,44 @@ def queues() -> None:
     default=None,
     help="What happens to succeeded jobs: delete (the default for a new queue), keep, archive.",
 )
+@click.option("--route", default=None, help=_ROUTE_HELP)
 @_friendly_errors
-def queues_create(database_url: str | None, name: str, retention: str | None) -> None:
+def queues_create(
+    database_url: str | None, name: str, retention: str | None, route: str | None
+) -> None:
     """Create queue NAME; if it exists, set its retention only when --retention is given."""
     with _transaction(database_url) as conn:
         created = admin.create_queue(conn, name, retention or Retention.delete.value)
         if not created and retention is not None:
             admin.set_retention(conn, name, retention)
+        if route is not None:
+            admin.set_route(conn, name, route)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
     state = "created" if created else "exists"
-    click.echo(f"queue {name!r} {state} (retention {info.retention})")
+    routed = f", route {info.route}" if info.route else ""
+    click.echo(f"queue {name!r} {state} (retention {info.retention}{routed})")
+
+
+@queues.command("set")
+@_database_option
+@click.argument("name")
+@click.option("--retention", type=click.Choice([r.value for r in Retention]), default=None)
+@click.option("--route", default=None, help=_ROUTE_HELP)
+@click.option("--no-route", is_flag=True, help="Back to table workers (clears the route).")
+@_friendly_errors
+def queues_set(
+    database_url: str | None, name: str, retention: str | None, route: str | None, no_route: bool
+) -> None:
+    """Change the settings of queue NAME."""
+    if route is not None and no_route:
+        raise click.UsageError("pass --route or --no-route, not both")
+    with _transaction(database_url) as conn:
+        if retention is not None:
+            admin.set_retention(conn, name, retention)
+        if route is not None or no_route:
+            admin.set_route(conn, name, route)
+        (info,) = [q for q in admin.list_queues(conn) if q.name == name]
+    click.echo(f"queue {name!r}: retention {info.retention}, route {info.route or '(none)'}")
 
 
 @queues.command("list")
@@ -419,7 +528,8 @@ def queues_list(database_url: str | None) -> None:
     with _transaction(database_url) as conn:
         for info in admin.list_queues(conn):
             state = "paused" if info.paused else "active"
-            click.echo(f"{info.name}\t{state}\tretention={info.retention}")
+            routed = f"\troute={info.route}" if info.route else ""
+            click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}")
 
 
 @queues.command("pause")
@@ -535,6 +645,187 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
                 "finished by its queue's retention or by prune)"
             )
     if refused:
+        sys.exit(1)
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2))
+
+
+@jobs.command("list")
+@_database_option
+@click.option("--queue", default=None, help="Only jobs of this queue.")
+@click.option("--task", default=None, help="Only jobs of this task (its registered name).")
+@click.option(
+    "--status", type=click.Choice([s.value for s in JobStatus]), default=None, help="Only these."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+    default=50,
+    show_default=True,
+    help="Most jobs shown.",
+)
+@click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all of them).")
+@click.option("--before", type=click.IntRange(min=1), default=None, help="Ids below this only.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
+@_friendly_errors
+def jobs_list(
+    database_url: str | None,
+    queue: str | None,
+    task: str | None,
+    status: str | None,
+    tags: tuple[str, ...],
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """List jobs newest first; page on with --before <the last id shown>."""
+    with _transaction(database_url) as conn:
+        found = admin.list_jobs(
+            conn,
+            queue=queue,
+            task=task,
+            status=status,
+            tag=tags or None,
+            limit=limit,
+            before=before,
+        )
+    if as_json:
+        _echo_json([job.as_dict() for job in found])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "task", "queue", "status", "attempts", "run_at", "tags")
+    for job in found:
+        attempts = f"{job.attempts}/{job.max_attempts or '-'}"
+        table.add_row(
+            str(job.id),
+            job.task,
+            job.queue,
+            job.status,
+            attempts,
+            str(job.run_at),
+            ",".join(job.tags),
+        )
+    Console().print(table)
+
+
+@jobs.command("show")
+@_database_option
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@_friendly_errors
+def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
+    """Show one job: args, attempts, the last error with its traceback, timings."""
+    with _transaction(database_url) as conn:
+        job = admin.get_job(conn, job_id)
+    if job is None:
+        raise click.ClickException(
+            f"no job {job_id} (never enqueued, or deleted once finished by its queue's "
+            "retention or by prune)"
+        )
+    if as_json:
+        _echo_json(job.as_dict())
+        return
+    for key, value in job.as_dict().items():
+        if key in ("args", "meta", "last_error"):
+            continue
+        click.echo(f"{key}: {'' if value is None else value}")
+    click.echo(f"args: {json.dumps(job.args)}")
+    click.echo(f"meta: {json.dumps(job.meta)}")
+    if job.last_error:
+        click.echo("last_error:")
+        click.echo(job.last_error)
+
+
+@jobs.command("retry")
+@_database_option
+@click.argument("job_ids", nargs=-1, type=click.IntRange(min=1))
+@click.option("--failed", "all_failed", is_flag=True, help="Retry every failed job.")
+@click.option("--queue", default=None, help="With --failed: only this queue's.")
+@click.option(
+    "--attempts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Attempts each job gets again (default: its own max_attempts).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {id: previous status} as JSON.")
+@_friendly_errors
+def jobs_retry(
+    database_url: str | None,
+    job_ids: tuple[int, ...],
+    all_failed: bool,
+    queue: str | None,
+    attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Put failed or cancelled jobs (by id, or all failed with --failed) back to queued.
+
+    Exit status 1 if an id names no job or one that is not failed or cancelled."""
+    if bool(job_ids) == all_failed:
+        raise click.UsageError("pass job ids or --failed, not both (and not neither)")
+    if queue is not None and not all_failed:
+        raise click.UsageError("--queue goes with --failed; ids name their jobs already")
+    with _transaction(database_url) as conn:
+        retried = admin.retry_jobs(
+            conn,
+            list(job_ids) if job_ids else None,
+            all_failed=all_failed,
+            queue=queue,
+            attempts=attempts,
+        )
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in retried])
+    if as_json:
+        _echo_json({str(job_id): status for job_id, status in retried.items()})
+    elif all_failed:
+        click.echo(f"retried {len(retried)} failed job(s)")
+    refused = _report_each(
+        job_ids, retried, others, "retried", "it is not failed or cancelled", err=as_json
+    )
+    if refused:
+        sys.exit(1)
+
+
+def _report_each(
+    job_ids: tuple[int, ...],
+    done: dict[int, str],
+    others: dict[int, str],
+    verb: str,
+    why: str,
+    err: bool,
+) -> bool:
+    """One line per id (on stderr when stdout carries JSON); True if any id was refused."""
+    refused = False
+    for job_id in job_ids:
+        if job_id in done:
+            click.echo(f"job {job_id}: {verb} (was {done[job_id]})", err=err)
+        elif job_id in others:
+            refused = True
+            click.echo(f"job {job_id}: not {verb}, {why} ({others[job_id]})", err=err)
+        else:
+            refused = True
+            click.echo(f"job {job_id}: not {verb}, no such job", err=err)
+    return refused
+
+
+@jobs.command("delete")
+@_database_option
+@click.argument("job_ids", nargs=-1, type=click.IntRange(min=1), required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {id: status it had} as JSON.")
+@_friendly_errors
+def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
+    """Delete jobs by id (also archived ones); a running job is refused: cancel it first.
+
+    Exit status 1 if an id names no job or a running one."""
+    with _transaction(database_url) as conn:
+        deleted = admin.delete_jobs(conn, job_ids)
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in deleted])
+    if as_json:
+        _echo_json({str(job_id): status for job_id, status in deleted.items()})
+    why = "it is running; cancel it first"
+    if _report_each(job_ids, deleted, others, "deleted", why, err=as_json):
         sys.exit(1)
 
 

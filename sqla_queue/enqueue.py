@@ -31,6 +31,7 @@ from .models import (
     SCHEMA_MAX_NAME_LENGTH,
     Job,
     validate_job,
+    validate_tags_and_meta,
 )
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ def enqueue(
     run_at: dt.datetime | None = None,
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
+    tags: Iterable[str] | None = None,
+    meta: Mapping[str, Any] | None = None,
     flush: bool = False,
     registry: Registry | None = None,
 ) -> Job:
@@ -102,7 +105,9 @@ def enqueue(
 
     `args` are the handler's keyword arguments, as one JSON-serialisable dict. `run_at`
     (an aware datetime) or `delay` (seconds, measured by the database clock) schedule it;
-    `priority` 0 (the default) runs first. Works with a sync `Session` and an `AsyncSession`.
+    `priority` 0 (the default) runs first. `tags` (names to find it by: `sqla-queue jobs list
+    --tag`) and `meta` (a dict of context that is not an argument, e.g. a trace id) reach the
+    handler as `ctx.tags` and `ctx.meta`. Works with a sync `Session` and an `AsyncSession`.
 
     The returned job's `id` is None until the session flushes: pass `flush=True` to flush
     at once (a sync `Session` only; with an `AsyncSession`, `await session.flush()`), which
@@ -112,6 +117,7 @@ def enqueue(
     an unknown task name is refused here (`UnknownTaskError`), `queue`, `priority` and
     `max_attempts` not given take the task's own, and its insert hooks run. Without one,
     the job is written as given (queue "default", priority 0).
+
     """
     if flush and not isinstance(session, Session):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
@@ -123,6 +129,8 @@ def enqueue(
         max_attempts=max_attempts,
         run_at=run_at,
         delay=delay,
+        tags=tags,
+        meta=meta,
         registry=registry,
     )
     interval = _schedule(new)
@@ -132,6 +140,8 @@ def enqueue(
         "queue": new.queue,
         "priority": new.priority,
         "max_attempts": new.max_attempts,
+        "tags": new.tags,
+        "meta": new.meta,
     }
     if interval is not None:
         fields["run_at"] = func.now() + interval
@@ -158,10 +168,13 @@ def _run_due_hooks(job: Job) -> None:
         priority=None if "priority" in not_given else job.priority,
         max_attempts=None if "max_attempts" in not_given else job.max_attempts,
         run_at=given_run_at,
+        tags=job.tags,
+        meta=job.meta,
     )
     interval = _schedule(new)
     validate_job(new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at)
-    for field in ("task", "args", "queue", "priority", "max_attempts"):
+    new.tags, _ = validate_tags_and_meta(new.task, new.tags, new.meta)
+    for field in ("task", "args", "queue", "priority", "max_attempts", "tags", "meta"):
         if getattr(job, field) != getattr(new, field):
             setattr(job, field, getattr(new, field))
     if interval is not None:
@@ -183,7 +196,19 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
                 raise
 
 
-_ROW_KEYS = frozenset({"task", "args", "queue", "priority", "run_at", "delay", "max_attempts"})
+_ROW_KEYS = frozenset(
+    {
+        "task",
+        "args",
+        "queue",
+        "priority",
+        "run_at",
+        "delay",
+        "max_attempts",
+        "tags",
+        "meta",
+    }
+)
 
 
 def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, Any]:
@@ -201,12 +226,20 @@ def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, An
         max_attempts=row.get("max_attempts"),
         run_at=row.get("run_at"),
         delay=row.get("delay"),
+        tags=row.get("tags"),
+        meta=row.get("meta"),
         registry=registry,
     )
+    return _row_params(new)
+
+
+def _row_params(new: NewJob) -> dict[str, Any]:
+    """A prepared job, validated, as the `job_*` parameters of the insert statements."""
     interval = _schedule(new)
     encoded = validate_job(
         new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at
     )
+    tags, meta_json = validate_tags_and_meta(new.task, new.tags, new.meta)
     return {
         "job_task": new.task,
         "job_args": new.args,
@@ -216,6 +249,9 @@ def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, An
         "job_run_at": new.run_at,
         "job_delay": interval,
         "job_max_attempts": new.max_attempts,
+        "job_tags": tags,
+        "job_meta": new.meta,
+        "job_meta_json": meta_json,
     }
 
 
@@ -225,17 +261,24 @@ def enqueue_many(
     """Insert many jobs in the session's transaction; returns their ids in input order.
 
     Each row is a dict of `Job` fields (`task`, `args`, `queue`, `priority`, `run_at` or
-    `delay`, `max_attempts`), checked as `enqueue` checks them (task defaults and insert
-    hooks of `registry` or the default registry included); `args` is a dict or None. From
-    COPY_MIN_ROWS rows on (with psycopg) they are sent with COPY on the session's own
-    connection, else as multi-row INSERTs (about 1,000 rows a round trip); never one
-    statement per job, and nothing is committed.
+    `delay`, `max_attempts`, `tags`, `meta`), checked as `enqueue` checks them (task
+    defaults and insert hooks of `registry` or the default registry included); `args` is a
+    dict or None. From COPY_MIN_ROWS rows on (with psycopg) they are sent with COPY on the
+    session's own connection, else as multi-row INSERTs (about 1,000 rows a round trip);
+    never one statement per job, and nothing is committed.
     """
     params = [_bulk_row(row, registry) for row in rows]
     if not params:
         return []
     if session.autoflush:  # as the INSERT path would: pending queues must exist first
         session.flush()
+    ids = _write_plain(session, params)
+    _notify(session, {p["job_queue"] for p in params})
+    return ids
+
+
+def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
+    """COPY the rows from COPY_MIN_ROWS on (psycopg), else INSERT them; their ids in order."""
     connection = session.connection(bind_arguments=_BIND)
     driver = connection.connection.driver_connection
     if (
@@ -243,11 +286,8 @@ def enqueue_many(
         and isinstance(driver, psycopg.Connection)
         and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
     ):
-        ids = _copy_jobs(connection, driver, params)
-    else:
-        ids = list(session.scalars(_INSERT_JOBS, params, bind_arguments=_BIND))
-    _notify(session, {p["job_queue"] for p in params})
-    return ids
+        return _copy_jobs(connection, driver, params)
+    return list(session.scalars(_INSERT_JOBS, params, bind_arguments=_BIND))
 
 
 def _copy_jobs(
@@ -273,6 +313,8 @@ def _copy_jobs(
                         p["job_priority"],
                         run_at,
                         p["job_max_attempts"],
+                        p["job_tags"],
+                        p["job_meta_json"],
                     )
                 )
                 ids.append(job_id)

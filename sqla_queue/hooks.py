@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJobError, UnknownTaskError
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 class NewJob:
     """A job about to be written, as an insert hook sees and may change it.
 
-    `run_at` is an aware datetime, or None for now plus `delay`; set one of them.
+    `run_at` is an aware datetime, or None for now plus `delay`; set one of them. `tags`
+    and `meta` may be changed in place (a tracing hook adds its context to `meta`).
     """
 
     task: str
@@ -47,6 +48,8 @@ class NewJob:
     max_attempts: int | None
     run_at: dt.datetime | None = None
     delay: dt.timedelta | float | None = None
+    tags: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 InsertHook = Callable[[NewJob], None]
@@ -86,12 +89,16 @@ def prepare_job(
     max_attempts: Any = None,
     run_at: Any = None,
     delay: Any = None,
+    tags: Any = None,
+    meta: Any = None,
     registry: Registry | None = None,
 ) -> NewJob:
     """Apply the registry's task defaults and insert hooks; refuse unknown task names.
 
-    None for `queue`, `priority` or `max_attempts` means "not given". The result is not
-    validated yet: the caller validates what the hooks leave (`models.validate_job`).
+    None for `queue`, `priority` or `max_attempts` means "not given"; None for `tags` or
+    `meta` means none. The result is not
+    validated yet: the caller validates what the hooks leave (`models.validate_job`,
+    `models.validate_tags_and_meta`).
     """
     in_force = registry if registry is not None else _default_registry
     known = in_force.get(task) if in_force is not None and isinstance(task, str) else None
@@ -107,6 +114,9 @@ def prepare_job(
         max_attempts=max_attempts,
         run_at=run_at,
         delay=delay,
+        # Copies: a hook changing them must not change the caller's own list or dict.
+        tags=[] if tags is None else (list(tags) if _is_collection(tags) else tags),
+        meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
     )
     if in_force is None:
         return job
@@ -122,6 +132,10 @@ def prepare_job(
     if job.task != task:
         _refuse_unknown(in_force, job.task)
     return job
+
+
+def _is_collection(value: object) -> bool:
+    return isinstance(value, (list, tuple, set, frozenset))
 
 
 def _refuse_unknown(registry: Registry, task: object) -> None:

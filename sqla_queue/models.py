@@ -126,7 +126,7 @@ def validate_name(label: str, value: object, task: str) -> None:
         raise InvalidJobError(task=task[:60], detail=f"{label} name has control characters")
 
 
-def _args_problem(args: object, max_depth: int) -> str | None:
+def _args_problem(args: object, max_depth: int, label: str = "args") -> str | None:
     """Why decoding `args` would fail in a worker (too deep, too long an int), or None."""
     stack: list[tuple[object, int]] = [(args, 0)]
     while stack:
@@ -138,17 +138,70 @@ def _args_problem(args: object, max_depth: int) -> str | None:
         else:
             if isinstance(value, int) and abs(value) >= _HUGE_INT:
                 return (
-                    f"args hold an integer of more than {MAX_INT_DIGITS} digits, which a worker "
-                    "cannot decode (Python's int max str digits); pass it as a string"
+                    f"{label} hold an integer of more than {MAX_INT_DIGITS} digits, which a "
+                    "worker cannot decode (Python's int max str digits); pass it as a string"
                 )
             continue
         if level >= max_depth:
             return (
-                f"args are nested more than {max_depth} levels deep (sqla_queue.limits."
+                f"{label} are nested more than {max_depth} levels deep (sqla_queue.limits."
                 "max_args_depth); a worker decodes them recursively: flatten them"
             )
         stack.extend((child, level + 1) for child in children)
     return None
+
+
+def encode_json_object(
+    label: str, value: object, name: str, max_bytes: int, limit_name: str, what: str
+) -> str:
+    """`value` (a dict with str keys) as JSON text PostgreSQL's jsonb can store and a worker
+    can decode; `InvalidJobError` or `TypeError` naming `label`, the task and the fix."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InvalidJobError(
+            task=name,
+            detail=f"{label} must be a dict of {what} with str keys, got {type(value).__name__}",
+        )
+    try:
+        encoded = json.dumps(value, allow_nan=False, default=_reject_non_json)
+    except (RecursionError, ValueError) as exc:
+        problem = _args_problem(value, limits.max_args_depth, label)
+        if problem is None and isinstance(exc, RecursionError):
+            problem = f"{label} are nested too deeply (or refer to themselves) to encode as JSON"
+        if problem is None:
+            raise TypeError(
+                f"{label} of task {name!r} are not JSON-serialisable: {exc}. "
+                "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
+            ) from None
+        raise InvalidJobError(task=name, detail=problem) from None
+    except TypeError as exc:
+        raise TypeError(
+            f"{label} of task {name!r} are not JSON-serialisable: {exc}. "
+            "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
+        ) from None
+    brackets = encoded.count("[") + encoded.count("{")
+    if brackets > limits.max_args_depth or _LONG_DIGIT_RUN.search(encoded):
+        problem = _args_problem(value, limits.max_args_depth, label)
+        if problem is not None:
+            raise InvalidJobError(task=name, detail=problem)
+    if len(encoded) > max_bytes:
+        raise InvalidJobError(
+            task=name,
+            detail=f"{label} are {len(encoded)} bytes as JSON; the limit is {max_bytes} "
+            f"({limit_name}). Store large payloads elsewhere and pass a key.",
+        )
+    if _NUL_ESCAPE.search(encoded):
+        raise InvalidJobError(
+            task=name,
+            detail=f"{label} contain a NUL character (\\u0000), which PostgreSQL's jsonb cannot "
+            "store; encode binary data, e.g. as base64",
+        )
+    if _LONE_SURROGATE.search(encoded):
+        raise InvalidJobError(
+            task=name,
+            detail=f"{label} contain a lone surrogate (a str that is not valid Unicode, e.g. "
+            "decoded with surrogateescape), which PostgreSQL's jsonb cannot store",
+        )
+    return encoded
 
 
 def validate_job(
@@ -167,52 +220,14 @@ def validate_job(
     name = task if isinstance(task, str) else repr(task)
     validate_name("task", task, name)
     validate_name("queue", queue, name)
-    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
-        raise InvalidJobError(
-            task=name,
-            detail=f"args must be a dict of keyword arguments with str keys, "
-            f"got {type(args).__name__}",
-        )
-    try:
-        encoded = json.dumps(args, allow_nan=False, default=_reject_non_json)
-    except (RecursionError, ValueError) as exc:
-        problem = _args_problem(args, limits.max_args_depth)
-        if problem is None and isinstance(exc, RecursionError):
-            problem = "args are nested too deeply (or refer to themselves) to encode as JSON"
-        if problem is None:
-            raise TypeError(
-                f"args of task {name!r} are not JSON-serialisable: {exc}. "
-                "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
-            ) from None
-        raise InvalidJobError(task=name, detail=problem) from None
-    except TypeError as exc:
-        raise TypeError(
-            f"args of task {name!r} are not JSON-serialisable: {exc}. "
-            "Pass only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)."
-        ) from None
-    brackets = encoded.count("[") + encoded.count("{")
-    if brackets > limits.max_args_depth or _LONG_DIGIT_RUN.search(encoded):
-        problem = _args_problem(args, limits.max_args_depth)
-        if problem is not None:
-            raise InvalidJobError(task=name, detail=problem)
-    if len(encoded) > limits.max_args_bytes:
-        raise InvalidJobError(
-            task=name,
-            detail=f"args are {len(encoded)} bytes as JSON; the limit is {limits.max_args_bytes} "
-            "(sqla_queue.limits.max_args_bytes). Store large payloads elsewhere and pass a key.",
-        )
-    if _NUL_ESCAPE.search(encoded):
-        raise InvalidJobError(
-            task=name,
-            detail="args contain a NUL character (\\u0000), which PostgreSQL's jsonb cannot "
-            "store; encode binary data, e.g. as base64",
-        )
-    if _LONE_SURROGATE.search(encoded):
-        raise InvalidJobError(
-            task=name,
-            detail="args contain a lone surrogate (a str that is not valid Unicode, e.g. "
-            "decoded with surrogateescape), which PostgreSQL's jsonb cannot store",
-        )
+    encoded = encode_json_object(
+        "args",
+        args,
+        name,
+        limits.max_args_bytes,
+        "sqla_queue.limits.max_args_bytes",
+        "keyword arguments",
+    )
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidJobError(task=name, detail=f"priority must be an int, got {priority!r}")
     if not 0 <= priority <= PRIORITY_MAX:
@@ -236,6 +251,40 @@ def validate_job(
                 "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=",
             )
     return encoded
+
+
+MAX_META_BYTES = 100_000
+"""The largest `meta` (as JSON text) a job may carry: context for tracing and tools, not data."""
+MAX_TAGS = 50
+"""The most tags one job may carry."""
+
+
+def validate_tags_and_meta(task: object, tags: object, meta: object) -> tuple[list[str], str]:
+    """A job's `tags` (a list of names; None is none) and `meta` (a dict; None is empty):
+    returns the tags without repeats, in order, and meta as JSON text."""
+    name = task if isinstance(task, str) else repr(task)
+    if tags is None:
+        tags = []
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple, set, frozenset)):
+        raise InvalidJobError(
+            task=name, detail=f"tags must be a list of str (tags=['billing']), got {tags!r:.60}"
+        )
+    for tag in tags:
+        validate_name("tag", tag, name)
+    unique = list(dict.fromkeys(tags))
+    if len(unique) > MAX_TAGS:
+        raise InvalidJobError(
+            task=name, detail=f"a job has at most {MAX_TAGS} tags, got {len(unique)}"
+        )
+    encoded = encode_json_object(
+        "meta",
+        {} if meta is None else meta,
+        name,
+        MAX_META_BYTES,
+        "sqla_queue.models.MAX_META_BYTES",
+        "JSON values",
+    )
+    return unique, encoded
 
 
 class Base(DeclarativeBase):
@@ -279,6 +328,8 @@ def check_name(column: str) -> str:
 CHECK_ARGS_OBJECT = "jsonb_typeof(args) = 'object'"
 CHECK_ARGS_SIZE = f"octet_length(args::text) <= {SCHEMA_MAX_ARGS_BYTES}"
 CHECK_PRIORITY = f"priority BETWEEN 0 AND {PRIORITY_MAX}"
+NO_TAGS = text("'{}'::text[]")
+NO_META = text("'{}'::jsonb")
 
 
 class Queue(Base):
@@ -288,11 +339,14 @@ class Queue(Base):
     __table_args__ = (
         CheckConstraint(_check_in("retention", Retention), name="retention"),
         CheckConstraint(check_name("name"), name="name"),
+        CheckConstraint("route IS NULL OR route ~ '^(nats|amqp):.'", name="route"),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     retention: Mapped[str] = mapped_column(Text, server_default=text("'delete'"))
+    route: Mapped[str | None] = mapped_column(Text)
+    """`nats:SUBJECT` or `amqp:EXCHANGE/ROUTING_KEY`: its jobs go to a broker (brokers package)."""
     created_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )
@@ -354,6 +408,8 @@ class Job(Base):
             "finished_at",
             postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
         ),
+        CheckConstraint("jsonb_typeof(meta) = 'object'", name="meta_object"),
+        Index("ix_jobs_tags", "tags", postgresql_using="gin"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
@@ -383,6 +439,10 @@ class Job(Base):
     """While running: when the reaper may requeue it (claim and heartbeats set it)."""
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """While running: when its handler started, as the worker's heartbeat reported it."""
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=NO_TAGS)
+    """Names to find the job by (`sqla-queue jobs list --tag`); GIN-indexed."""
+    meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
+    """Context that is not the handler's arguments (trace ids, who enqueued it)."""
 
     queue_row: Mapped[Queue | None] = relationship(
         back_populates="jobs",
@@ -398,6 +458,10 @@ class Job(Base):
         if kwargs.get("args") is None:  # as enqueue takes it: no args
             kwargs["args"] = {}
         kwargs.setdefault("priority", 0)
+        kwargs["tags"], _ = validate_tags_and_meta(
+            kwargs.get("task"), kwargs.get("tags"), kwargs.get("meta")
+        )
+        kwargs["meta"] = {} if kwargs.get("meta") is None else kwargs["meta"]
         validate_job(
             kwargs.get("task"),
             kwargs["args"],
@@ -438,6 +502,8 @@ class ArchivedJob(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=NO_TAGS)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
 
 
 class WorkerRegistration(Base):
@@ -462,3 +528,15 @@ class WorkerRegistration(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BrokerDone(Base):
+    """Ids of relayed jobs a broker worker finished: its consumer-side de-duplication record."""
+
+    __tablename__ = "broker_done"
+    __table_args__ = (Index("ix_broker_done_done_at", "done_at"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    done_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )

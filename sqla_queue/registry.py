@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import inspect
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -34,17 +35,20 @@ class JobContext:
     `attempt` is the fencing token: pass it to outside systems so that a write from a
     stale attempt (a worker that lost its lease and woke up late) can be rejected.
     `resources` are what the registry and the worker were given (an engine, a
-    sessionmaker, a client), shared by every job: `ctx.resources["db"]`.
+    sessionmaker, a client), shared by every job: `ctx.resources["db"]`. `tags` and `meta`
+    are the job's own, as enqueued (meta is decoded on first use).
     """
 
     __slots__ = (
         "_heartbeat",
         "_lost",
+        "_meta",
         "attempt",
         "job_id",
         "queue",
         "resources",
         "state",
+        "tags",
         "task",
     )
 
@@ -56,6 +60,8 @@ class JobContext:
         attempt: int,
         heartbeat: Callable[[JobContext], bool] | None = None,
         resources: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
+        meta: Mapping[str, Any] | str | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -66,6 +72,19 @@ class JobContext:
         """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
         self._heartbeat = heartbeat
         self._lost: str | None = None
+        self.tags: list[str] = list(tags or ())
+        """The job's tags."""
+        self._meta = meta
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The job's meta (a dict; empty if it has none), decoded from the claim's JSON text
+        on first use, so a job whose meta is never read never pays for it."""
+        meta = self._meta
+        if not isinstance(meta, dict):
+            decoded = json.loads(meta) if isinstance(meta, str) else meta
+            meta = self._meta = dict(decoded) if isinstance(decoded, Mapping) else {}
+        return meta
 
     @property
     def cancelled(self) -> bool:
@@ -149,6 +168,8 @@ class Task:
         run_at: dt.datetime | None = None,
         delay: float | dt.timedelta | None = None,
         max_attempts: int | None = None,
+        tags: Iterable[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
         flush: bool = False,
     ) -> Job:
         """`enqueue(session, self.name, args, ...)` with this task's registry and defaults.
@@ -167,6 +188,8 @@ class Task:
             run_at=run_at,
             delay=delay,
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
+            tags=tags,
+            meta=meta,
             flush=flush,
             registry=self.registry,
         )

@@ -1,7 +1,8 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
 Split by subject, one module each: `jobs` (the job lifecycle), `queues` (administration),
-`workers` (live worker registrations), `catalog` (PostgreSQL catalogs: schema revision,
+`admin` (finding, retrying and deleting jobs), `workers` (live worker registrations),
+`catalog` (PostgreSQL catalogs: schema revision,
 doctor, migrations); `common` holds what they share. A reader who wants to know what
 hits the database reads only this folder.
 Statements are built once and executed with bound parameters; none interpolates
@@ -11,6 +12,16 @@ so a batch of any size is one statement and one round trip.
 
 from __future__ import annotations
 
+from .admin import (
+    LISTED_COLUMNS,
+    delete_jobs,
+    job_detail,
+    list_jobs,
+    queue_depth,
+)
+from .admin import (
+    retry_jobs as retry_failed_jobs,
+)
 from .catalog import (
     DOCTOR_SETTINGS,
     applied_revisions,
@@ -75,6 +86,7 @@ from .queues import (
     queue_stats,
     set_queue_paused,
     set_queue_retention,
+    set_queue_route,
 )
 from .workers import (
     beat_worker,
@@ -90,6 +102,7 @@ __all__ = [
     "COPY_JOB_COLUMNS",
     "DOCTOR_SETTINGS",
     "FINISHED_STATUSES",
+    "LISTED_COLUMNS",
     "LISTEN",
     "applied_revisions",
     "beat_worker",
@@ -103,6 +116,7 @@ __all__ = [
     "count_unfinished_in_queue",
     "create_queue",
     "delete_expired_workers",
+    "delete_jobs",
     "delete_jobs_of_queue",
     "delete_queue",
     "deregister_worker",
@@ -112,7 +126,9 @@ __all__ = [
     "held_jobs",
     "insert_jobs",
     "job_by_id",
+    "job_detail",
     "job_status",
+    "list_jobs",
     "live_workers",
     "lock_queue",
     "may_reserve_job_ids",
@@ -126,6 +142,7 @@ __all__ = [
     "prepared_transactions",
     "prune_archive",
     "prune_jobs",
+    "queue_depth",
     "queue_foreign_keys",
     "queue_settings",
     "queue_stats",
@@ -134,11 +151,13 @@ __all__ = [
     "release_jobs",
     "replication_slot_horizons",
     "reserve_job_ids",
+    "retry_failed_jobs",
     "retry_jobs",
     "schema_revision",
     "server_settings",
     "set_queue_paused",
     "set_queue_retention",
+    "set_queue_route",
     "stuck_condition",
     "stuck_jobs",
     "subtransaction_writers",

@@ -38,11 +38,15 @@ CLAIMED_COLUMNS = (
     jobs.c.max_attempts,
     jobs.c.queue,
     jobs.c.status,
+    jobs.c.tags,
+    jobs.c.meta.cast(Text).label("meta_json"),
 )
-"""The columns a claim returns: id, task, args_json, attempts, max_attempts, queue, status.
+"""The columns a claim returns: id, task, args_json, attempts, max_attempts, queue, status,
+tags, meta_json.
 
-`args` comes back as JSON text, so the worker decodes each job on its own: one row whose
-args cannot be decoded (nested too deep, an integer too long) fails alone, not its batch.
+`args` and `meta` come back as JSON text, so the worker decodes each job on its own: one
+row whose args cannot be decoded (nested too deep, an integer too long) fails alone, not
+its batch. `JobContext(..., tags=row["tags"], meta=row["meta_json"])` decodes meta lazily.
 """
 
 FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)

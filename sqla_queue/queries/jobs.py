@@ -40,7 +40,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NOTIFY_CHANNEL, JobStatus, Retention
+from sqla_queue.models import (
+    DEFAULT_MAX_ATTEMPTS,
+    NOTIFY_CHANNEL,
+    JobStatus,
+    Retention,
+)
 
 from .common import (
     CLAIMED_COLUMNS,
@@ -56,28 +61,33 @@ from .common import (
 # -- enqueue ---------------------------------------------------------------------------------
 
 
-def insert_jobs() -> Insert:
-    """Insert jobs, for executemany; returns ids in parameter order.
-
-    Parameters per row: `job_task`, `job_args`, `job_queue`, `job_priority`, `job_run_at`
-    (or NULL), `job_delay` (an interval, or NULL), `job_max_attempts`. A NULL `job_run_at`
-    means now plus the delay, by the database clock.
-    """
+def _inserted_values() -> dict[str, Any]:
+    """The columns an enqueue writes, each from its `job_*` parameter."""
     run_at = func.coalesce(
         bindparam("job_run_at", type_=DateTime(timezone=True)),
         func.now() + func.coalesce(bindparam("job_delay", type_=Interval), text("'0'::interval")),
     )
+    return {
+        "task": bindparam("job_task", type_=Text),
+        "args": bindparam("job_args", type_=JSONB),
+        "queue": bindparam("job_queue", type_=Text),
+        "priority": bindparam("job_priority", type_=SmallInteger),
+        "run_at": run_at,
+        "max_attempts": bindparam("job_max_attempts", type_=Integer),
+        "tags": bindparam("job_tags", type_=ARRAY(Text)),
+        "meta": bindparam("job_meta", type_=JSONB),
+    }
+
+
+def insert_jobs() -> Insert:
+    """Insert jobs, for executemany; returns ids in parameter order.
+
+    Parameters per row: `job_task`, `job_args`, `job_queue`, `job_priority`, `job_run_at`
+    (or NULL), `job_delay` (an interval, or NULL), `job_max_attempts`, `job_tags` (a list),
+    `job_meta` (a dict). A NULL `job_run_at` means now plus the delay, by the database clock.
+    """
     return (
-        insert(jobs)
-        .values(
-            task=bindparam("job_task", type_=Text),
-            args=bindparam("job_args", type_=JSONB),
-            queue=bindparam("job_queue", type_=Text),
-            priority=bindparam("job_priority", type_=SmallInteger),
-            run_at=run_at,
-            max_attempts=bindparam("job_max_attempts", type_=Integer),
-        )
-        .returning(jobs.c.id, sort_by_parameter_order=True)
+        insert(jobs).values(**_inserted_values()).returning(jobs.c.id, sort_by_parameter_order=True)
     )
 
 
@@ -104,14 +114,17 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     Parameters: `limit`, `worker_id`, `lease` (seconds), `task_leases` and
     `task_max_attempts` (JSON objects of the registered tasks' own settings), and `queues`
     (a list) when `queue_names` is given; `None` claims from every queue. Paused queues are
-    skipped. The candidates CTE is MATERIALIZED so the planner cannot re-run the locking
+    skipped, and so are routed ones (their jobs are the relay's, see sqla_queue.brokers). The
+    candidates CTE is MATERIALIZED so the planner cannot re-run the locking
     subquery and lock more than `limit` rows.
 
     Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
     """
-    paused = exists().where(queues.c.name == jobs.c.queue, queues.c.paused)
+    paused = exists().where(
+        queues.c.name == jobs.c.queue, or_(queues.c.paused, queues.c.route.is_not(None))
+    )
     conditions = [
         _is(JobStatus.queued),
         jobs.c.run_at <= func.now(),
@@ -513,7 +526,17 @@ def reserve_job_ids() -> Select[Any]:
     return select(func.nextval(sequence), func.now()).select_from(series)
 
 
-COPY_JOB_COLUMNS = ("id", "task", "args", "queue", "priority", "run_at", "max_attempts")
+COPY_JOB_COLUMNS = (
+    "id",
+    "task",
+    "args",
+    "queue",
+    "priority",
+    "run_at",
+    "max_attempts",
+    "tags",
+    "meta",
+)
 COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
 """Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
 

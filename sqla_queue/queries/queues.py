@@ -38,8 +38,10 @@ from .common import (
 
 
 def queue_settings() -> Select[Any]:
-    """(name, paused, retention) of every queue."""
-    return select(queues.c.name, queues.c.paused, queues.c.retention).order_by(queues.c.name)
+    """(name, paused, retention, route) of every queue."""
+    return select(queues.c.name, queues.c.paused, queues.c.retention, queues.c.route).order_by(
+        queues.c.name
+    )
 
 
 def create_queue() -> Insert:
@@ -68,6 +70,16 @@ def set_queue_retention() -> Update:
         update(queues)
         .where(queues.c.name == bindparam("queue_name"))
         .values(retention=bindparam("new_retention"))
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_route() -> Update:
+    """Set (or clear, with NULL) the route of the queue `:queue_name` to `:new_route`."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(route=bindparam("new_route"))
         .returning(queues.c.name)
     )
 

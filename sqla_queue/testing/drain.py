@@ -174,7 +174,13 @@ def _run_job(
         result.errors.append((row.id, decode_error))
         return None
     context = JobContext(
-        row.id, row.task, row.queue, row.attempts, resources=resources_of(registry, {})
+        row.id,
+        row.task,
+        row.queue,
+        row.attempts,
+        resources=resources_of(registry, {}),
+        tags=row.tags,
+        meta=row.meta_json,
     )
     try:
         _call_handler(registry, task, context, args)

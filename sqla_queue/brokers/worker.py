@@ -1,0 +1,368 @@
+"""The broker worker: the same `Registry` and handlers, run from a routed queue's broker.
+
+`sqla-queue worker --app mod:registry -q QUEUE --from nats://...|amqp://...` reads QUEUE's
+route from PostgreSQL, then consumes it. Per message: run the handler (ack after it
+returns); on an exception, deliver it again after the task's retry delay; past the job's
+max attempts (its own, else the task's, else 5), move it to the route's dead-letter place
+and record it in PostgreSQL's jobs table as `failed`. A message that arrives more times
+than max attempts allows (its workers kept dying) is dead-lettered without running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from sqla_queue.errors import (
+    ConfigurationError,
+    JobTimeoutError,
+    TaskNotFoundError,
+    UnknownQueueError,
+)
+from sqla_queue.migrate import check_schema
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
+from sqla_queue.queries import brokers as queries
+from sqla_queue.registry import JobContext, Registry, Task
+
+from .messages import JobMessage
+from .routes import AMQP, NATS, Route, broker_kind, parse_route, redact
+from .transport import Delivery, Source
+
+log = logging.getLogger("sqla_queue.brokers.worker")
+
+MAX_ERROR_CHARS = 20_000
+_ALREADY_DONE = queries.already_done()
+_MARK_DONE = queries.mark_done()
+DEDUP_PRUNE_EVERY = 600.0
+"""Seconds between deletions of de-duplication records older than `dedup_retention`."""
+
+
+@dataclass
+class BrokerWorkerConfig:
+    """How a broker worker runs; the CLI fills it from `sqla-queue worker --from ...`."""
+
+    broker_url: str
+    queue: str
+    concurrency: int = 4
+    lease: float = 60.0
+    """NATS ack wait: seconds without an ack or in-progress signal before redelivery."""
+    poll_interval: float = 1.0
+    burst: bool = False
+    """Exit once the route has nothing pending and no handler runs."""
+    shutdown_timeout: float = 30.0
+    dedup: bool | None = None
+    """Skip job ids already run (table broker_done); None: on for RabbitMQ, off for NATS,
+    whose publish-side de-duplication already keeps one copy per job."""
+    record_failed: bool = True
+    """Also write dead-lettered jobs into PostgreSQL's jobs table as `failed`."""
+    dedup_retention: float = 7 * 86400.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigurationError(
+                detail=f"concurrency must be at least 1, got {self.concurrency}"
+            )
+        if self.lease <= 0:
+            raise ConfigurationError(detail=f"lease must be positive, got {self.lease}")
+
+
+@dataclass
+class BrokerWorkerStats:
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    duplicates: int = 0
+
+
+def _invoke(task: Task, ctx: JobContext | None, args: dict[str, Any]) -> Any:
+    return task.func(ctx, **args) if ctx is not None else task.func(**args)
+
+
+class BrokerWorker:
+    """Runs a routed queue's jobs from NATS JetStream or RabbitMQ."""
+
+    def __init__(self, engine: Engine, registry: Registry, config: BrokerWorkerConfig) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.config = config
+        self.kind = broker_kind(config.broker_url)
+        self.route = self._read_route()
+        self.dedup = config.dedup if config.dedup is not None else self.kind == AMQP
+        self.stats = BrokerWorkerStats()
+        self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla-queue-job")
+        self._stopping: asyncio.Event | None = None
+        self._signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = False
+        self._running_ids: set[int] = set()
+        """Jobs whose handler runs in this worker: a copy that arrives meanwhile is a duplicate."""
+
+    def _read_route(self) -> Route:
+        with self.engine.connect() as conn:
+            check_schema(conn)
+            row = conn.execute(queries.queue_route(), {"queue_name": self.config.queue}).first()
+        if row is None:
+            raise UnknownQueueError(queue=self.config.queue)
+        if row[0] is None:
+            raise ConfigurationError(
+                detail=f"queue {self.config.queue!r} has no route, so its jobs stay in "
+                f"PostgreSQL: drop --from, or route it with `sqla-queue queues set "
+                f"{self.config.queue} --route nats:SUBJECT`"
+            )
+        route = parse_route(str(row[0]))
+        if route.kind != self.kind:
+            raise ConfigurationError(
+                detail=f"queue {self.config.queue!r} routes to {route}, but --from is a "
+                f"{self.kind} URL; pass a {route.kind}:// URL"
+            )
+        return route
+
+    def _source(self) -> Source:
+        if self.kind == NATS:
+            from .nats import NatsSource
+
+            return NatsSource(self.config.broker_url, self.route, ack_wait=self.config.lease)
+        from .amqp import AmqpSource
+
+        return AmqpSource(self.config.broker_url, self.route, prefetch=self.config.concurrency)
+
+    def run(self, install_signal_handlers: bool | None = None) -> BrokerWorkerStats:
+        """Consume until SIGTERM/SIGINT (or, with burst, until nothing is pending)."""
+        if install_signal_handlers is None:
+            install_signal_handlers = threading.current_thread() is threading.main_thread()
+        try:
+            asyncio.run(self._main(install_signal_handlers))
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        return self.stats
+
+    def stop(self) -> None:
+        """Ask `run` to finish; safe from any thread, also before `run` started."""
+        self._stop_requested = True
+        if self._stopping is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+
+    async def _main(self, install_signal_handlers: bool) -> None:
+        self._stopping = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._stop_requested:
+            self._stopping.set()
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._on_signal, signum)
+        source = self._source()
+        await source.connect()
+        log.info(
+            "broker worker %s started: queue %r from %s at %s (concurrency %d)",
+            os.getpid(),
+            self.config.queue,
+            self.route,
+            redact(self.config.broker_url),
+            self.config.concurrency,
+        )
+        prune = asyncio.ensure_future(self._prune_dedup()) if self.dedup else None
+        running: set[asyncio.Task[None]] = set()
+        try:
+            await self._consume(source, running)
+            if running:
+                log.info(
+                    "waiting up to %ss for %d job(s)", self.config.shutdown_timeout, len(running)
+                )
+                _, late = await asyncio.wait(running, timeout=self.config.shutdown_timeout)
+                for job in late:  # unacked: the broker delivers it again
+                    job.cancel()
+        finally:
+            if prune is not None:
+                prune.cancel()
+            await source.close()
+
+    async def _consume(self, source: Source, running: set[asyncio.Task[None]]) -> None:
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            free = self.config.concurrency - len(running)
+            if free <= 0:
+                stop = asyncio.ensure_future(self._stopping.wait())
+                await asyncio.wait({*running, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                continue
+            deliveries = await source.fetch(free, timeout=self.config.poll_interval)
+            for delivery in deliveries:
+                job = asyncio.ensure_future(self._process(delivery))
+                running.add(job)
+                job.add_done_callback(running.discard)
+            idle = not deliveries and not running
+            if idle and self.config.burst and await source.pending() == 0:
+                return
+
+    # -- one message -----------------------------------------------------------------------
+
+    async def _process(self, delivery: Delivery) -> None:
+        try:
+            await self._settle(delivery)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the broker or the database failed: it is delivered again
+            log.warning("could not settle a message (%r); the broker will deliver it again", exc)
+
+    async def _settle(self, delivery: Delivery) -> None:
+        try:
+            job = JobMessage.decode(delivery.body)
+        except ValueError as exc:
+            log.error("%s: moved to the dead-letter place", exc)
+            await delivery.dead(str(exc))
+            self.stats.failed += 1
+            return
+        attempt = job.attempts + delivery.deliveries
+        task = self.registry.get(job.task)
+        limit = job.max_attempts or (task.max_attempts if task else None) or DEFAULT_MAX_ATTEMPTS
+        if task is None:
+            await self._give_up(
+                delivery, job, attempt, limit, str(TaskNotFoundError(task=job.task))
+            )
+            return
+        if attempt > limit:
+            error = (
+                f"delivered {delivery.deliveries} times, more than its {limit} attempts: its "
+                "workers died or lost the broker before acking"
+            )
+            await self._give_up(delivery, job, attempt, limit, error)
+            return
+        if self.dedup and job.id in self._running_ids:
+            await self._skip_duplicate(delivery, job)
+            return
+        self._running_ids.add(job.id)  # before any await: a copy arriving now sees it
+        if self.dedup and await asyncio.to_thread(self._seen, job.id):
+            self._running_ids.discard(job.id)
+            await self._skip_duplicate(delivery, job)
+            return
+        ctx = JobContext(job.id, job.task, job.queue, attempt) if task.pass_context else None
+        try:
+            await self._run_keeping_alive(delivery, task, ctx, job)
+        except Exception as exc:
+            self._running_ids.discard(job.id)
+            error = "".join(traceback.format_exception(exc))[-MAX_ERROR_CHARS:]
+            if attempt >= limit:
+                await self._give_up(delivery, job, attempt, limit, error)
+                return
+            delay = task.retry.delay(attempt)
+            log.warning(
+                "job %s (%s) attempt %d failed; retry in %.1fs", job.id, job.task, attempt, delay
+            )
+            await delivery.retry(delay)
+            self.stats.retried += 1
+            return
+        try:
+            if self.dedup:
+                await asyncio.to_thread(self._mark_done, job.id)
+        finally:
+            self._running_ids.discard(job.id)
+        await delivery.ack()
+        self.stats.succeeded += 1
+
+    async def _skip_duplicate(self, delivery: Delivery, job: JobMessage) -> None:
+        log.info("job %s already ran or runs here: a duplicate, acked without running", job.id)
+        await delivery.ack()
+        self.stats.duplicates += 1
+
+    async def _run_keeping_alive(
+        self, delivery: Delivery, task: Task, ctx: JobContext | None, job: JobMessage
+    ) -> None:
+        handler = asyncio.ensure_future(self._call_handler(task, ctx, job))
+        try:
+            while True:
+                done, _ = await asyncio.wait({handler}, timeout=self.config.lease / 3)
+                if done:
+                    handler.result()
+                    return
+                await delivery.keep_alive()
+        finally:
+            handler.cancel()
+
+    async def _call_handler(self, task: Task, ctx: JobContext | None, job: JobMessage) -> None:
+        """The one call of a handler (sync in a thread of the pool, async on this loop)."""
+        if task.is_async:
+            call: Any = _invoke(task, ctx, job.args)
+        else:
+            loop = asyncio.get_running_loop()
+            call = loop.run_in_executor(
+                self._executor, functools.partial(_invoke, task, ctx, job.args)
+            )
+        try:
+            await asyncio.wait_for(call, task.timeout)
+        except asyncio.TimeoutError:
+            if ctx is not None:
+                ctx.mark_lost()
+            raise JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout) from None
+
+    async def _give_up(
+        self, delivery: Delivery, job: JobMessage, attempt: int, limit: int, error: str
+    ) -> None:
+        log.error(
+            "job %s (%s) failed for good after attempt %d: dead-lettered", job.id, job.task, attempt
+        )
+        if self.config.record_failed:
+            await asyncio.to_thread(self._record_failed, job, attempt, limit, error)
+        await delivery.dead(error)
+        self.stats.failed += 1
+
+    # -- PostgreSQL ------------------------------------------------------------------------
+
+    def _seen(self, job_id: int) -> bool:
+        with self.engine.connect() as conn:
+            return bool(conn.execute(_ALREADY_DONE, {"job_id": job_id}).scalar())
+
+    def _mark_done(self, job_id: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(_MARK_DONE, {"job_id": job_id})
+
+    def _record_failed(self, job: JobMessage, attempt: int, limit: int, error: str) -> None:
+        params = {
+            "job_id": job.id,
+            "job_queue": job.queue,
+            "job_task": job.task,
+            "job_args": job.args,
+            "job_attempts": attempt,
+            "job_max_attempts": limit,
+            "job_error": error,
+        }
+        with self.engine.begin() as conn:
+            conn.execute(queries.record_failed(), params)
+
+    async def _prune_dedup(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self._prune_once)
+            except Exception as exc:
+                log.warning("could not prune de-duplication records: %r", exc)
+            await asyncio.sleep(DEDUP_PRUNE_EVERY)
+
+    def _prune_once(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(queries.prune_done(), {"older_than": self.config.dedup_retention})
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            log.info(
+                "received %s: finishing in-flight jobs (up to %ss); send again to exit now",
+                name,
+                self.config.shutdown_timeout,
+            )
+            self.stop()
+            return
+        log.warning("received %s again: exiting now (unacked jobs are delivered again)", name)
+        os._exit(1)

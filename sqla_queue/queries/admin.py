@@ -1,0 +1,166 @@
+"""Day-to-day job administration: list, show, retry, delete, and a cheap queue depth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Integer,
+    Select,
+    Text,
+    Update,
+    any_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
+
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+
+from .common import _is, archive, jobs
+
+LISTED_COLUMNS = (
+    jobs.c.id,
+    jobs.c.task,
+    jobs.c.queue,
+    jobs.c.status,
+    jobs.c.priority,
+    jobs.c.attempts,
+    jobs.c.max_attempts,
+    jobs.c.run_at,
+    jobs.c.created_at,
+    jobs.c.finished_at,
+    jobs.c.tags,
+)
+"""What `jobs list` shows of each job: never its args, which may be large."""
+
+
+def list_jobs(
+    *,
+    queue: bool = False,
+    task: bool = False,
+    status: JobStatus | None = None,
+    tags: bool = False,
+    before: bool = False,
+) -> Select[Any]:
+    """Jobs newest first, up to `:limit`; each flag adds its filter (`:queue`, `:task`,
+    `:tags`: jobs having all of them, by the GIN index; `:before`: ids below it, the keyset
+    cursor). The status is a literal, as the partial indexes need."""
+    statement = select(*LISTED_COLUMNS)
+    if queue:
+        statement = statement.where(jobs.c.queue == bindparam("queue", type_=Text))
+    if task:
+        statement = statement.where(jobs.c.task == bindparam("task", type_=Text))
+    if status is not None:
+        statement = statement.where(_is(status))
+    if tags:
+        statement = statement.where(jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))))
+    if before:
+        statement = statement.where(jobs.c.id < bindparam("before", type_=BigInteger))
+    return statement.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
+
+
+def job_detail() -> Select[Any]:
+    """The job `:job_id` from the jobs table, else from the archive; `archived` says which."""
+    live = select(*jobs.c, literal(False).label("archived")).where(
+        jobs.c.id == bindparam("job_id", type_=BigInteger)
+    )
+    names = {c.name for c in archive.c}
+    archived = select(
+        *(
+            archive.c[c.name] if c.name in names else literal(None, c.type).label(c.name)
+            for c in jobs.c
+        ),
+        literal(True).label("archived"),
+    ).where(archive.c.id == bindparam("job_id", type_=BigInteger))
+    return select(union_all(live, archived).subquery()).limit(1)
+
+
+def retry_jobs(*, by_ids: bool, queue: bool = False) -> Update:
+    """Put failed or cancelled jobs back to `queued`, due now, with a fresh attempt budget.
+
+    By `:job_ids` (`by_ids`), else every failed job (of `:retry_queue` when `queue`; a
+    parameter named like a column would set that column). One fenced
+    statement: the status condition is re-checked on each locked row, so a job that another
+    transaction has meanwhile requeued or deleted is left alone. The attempt number keeps
+    counting (it is the fencing token a late worker is held to); the budget grows instead:
+    `max_attempts` becomes attempts plus `:budget`, else plus the job's own max_attempts.
+    Returns (id, previous status).
+    """
+    retryable = (JobStatus.failed, JobStatus.cancelled) if by_ids else (JobStatus.failed,)
+    before = select(jobs.c.id, jobs.c.status).where(or_(*(_is(s) for s in retryable)))
+    if by_ids:
+        before = before.where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))))
+    if queue:
+        before = before.where(jobs.c.queue == bindparam("retry_queue", type_=Text))
+    locked = before.with_for_update().cte("before")
+    budget = func.coalesce(
+        bindparam("budget", None, type_=Integer), jobs.c.max_attempts, DEFAULT_MAX_ATTEMPTS
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id == locked.c.id, or_(*(_is(s) for s in retryable)))
+        .values(
+            status=JobStatus.queued.value,
+            run_at=func.now(),
+            max_attempts=jobs.c.attempts + budget,
+            finished_at=None,
+            locked_at=None,
+            locked_by=None,
+            heartbeat_at=None,
+            lease_expires_at=None,
+            started_at=None,
+        )
+        .returning(jobs.c.id, locked.c.status)
+    )
+
+
+def delete_jobs() -> Select[Any]:
+    """Delete jobs `:job_ids` that are not running, and archived ones of those ids.
+
+    Returns (id, status) of each deleted row. A running job is left alone (cancel it first):
+    the status condition is re-checked on the locked row.
+    """
+    ids = bindparam("job_ids", type_=ARRAY(BigInteger))
+    live = (
+        delete(jobs)
+        .where(jobs.c.id == any_(ids), ~_is(JobStatus.running))
+        .returning(jobs.c.id, jobs.c.status)
+        .cte("live")
+    )
+    archived = (
+        delete(archive)
+        .where(archive.c.id == any_(ids))
+        .returning(archive.c.id, archive.c.status)
+        .cte("archived")
+    )
+    return select(union_all(select(live), select(archived)).subquery())
+
+
+def queue_depth() -> Select[Any]:
+    """Due (capped at `:cap`), scheduled (capped) and running jobs of `:queue`.
+
+    Due and scheduled come from the claim index (`ix_jobs_claim`: queue, priority, run_at
+    over queued rows); the cap bounds the work whatever the backlog, so it can be polled
+    often. Running rows are few (bounded by the workers' concurrency).
+    """
+    queue = bindparam("queue", type_=Text)
+    cap = bindparam("cap", type_=Integer)
+    queued = [jobs.c.queue == queue, _is(JobStatus.queued)]
+    one = literal_column("1", Integer)
+    due = select(one).where(*queued, jobs.c.run_at <= func.now()).limit(cap).subquery()
+    later = select(one).where(*queued, jobs.c.run_at > func.now()).limit(cap).subquery()
+    running = select(func.count()).where(jobs.c.queue == queue, _is(JobStatus.running))
+    return select(
+        select(func.count()).select_from(due).scalar_subquery().label("due"),
+        select(func.count()).select_from(later).scalar_subquery().label("scheduled"),
+        running.scalar_subquery().label("running"),
+    )

@@ -1,0 +1,292 @@
+"""`sqla_queue.admin` job functions and `sqla-queue jobs list/show/retry/delete` (issue 9)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+from apps.support import dispose_engines, enqueue_jobs, jobs_by_id
+from click.testing import CliRunner, Result
+from sqlalchemy import Engine, text
+
+from sqla_queue import admin, queries
+from sqla_queue.cli import main
+from sqla_queue.errors import ConfigurationError
+
+
+@pytest.fixture(autouse=True)
+def _dispose() -> Iterator[None]:
+    yield
+    dispose_engines()
+
+
+def cli(url: str, *args: str) -> Result:
+    return CliRunner().invoke(
+        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
+    )
+
+
+def set_status(engine: Engine, ids: list[int], status: str, attempts: int = 5) -> None:
+    """Test-only: put jobs where a worker would have left them."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET status = :status, attempts = :attempts, "
+                "max_attempts = 5, last_error = 'Traceback (most recent call last):\n  boom', "
+                "finished_at = CASE WHEN :status IN ('done', 'failed', 'cancelled') "
+                "THEN now() END, locked_by = CASE WHEN :status = 'running' THEN 'w1' END "
+                "WHERE id = ANY(:ids)"
+            ),
+            {"status": status, "attempts": attempts, "ids": ids},
+        )
+
+
+def test_list_jobs_filters_by_queue_task_and_status_newest_first(engine: Engine) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "mail")
+    a = enqueue_jobs(engine, "app.a", 3)
+    b = enqueue_jobs(engine, "app.b", 2, queue="mail")
+    set_status(engine, a[:1], "failed")
+    with engine.connect() as conn:
+        every = admin.list_jobs(conn)
+        assert [j.id for j in every] == sorted(a + b, reverse=True)
+        assert [j.id for j in admin.list_jobs(conn, queue="mail")] == sorted(b, reverse=True)
+        assert [j.id for j in admin.list_jobs(conn, task="app.a")] == sorted(a, reverse=True)
+        failed = admin.list_jobs(conn, status="failed")
+        assert [(j.id, j.status, j.attempts) for j in failed] == [(a[0], "failed", 5)]
+        assert admin.list_jobs(conn, task="app.a", queue="mail") == []
+
+
+def test_list_jobs_pages_by_id_without_gaps_or_repeats(engine: Engine) -> None:
+    ids = enqueue_jobs(engine, "app.a", 23)
+    seen: list[int] = []
+    before = None
+    with engine.connect() as conn:
+        while True:
+            page = admin.list_jobs(conn, limit=5, before=before)
+            if not page:
+                break
+            assert len(page) <= 5
+            seen += [j.id for j in page]
+            before = page[-1].id
+    assert seen == sorted(ids, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"status": "finished"}, "status 'finished' is not one of: queued"),
+        ({"limit": 0}, "limit must be an int from 1 to 1000"),
+        ({"limit": 5000}, "limit must be an int from 1 to 1000"),
+        ({"before": -3}, "job id -3 is not a job id"),
+    ],
+)
+def test_list_jobs_refuses_bad_filters_by_name(
+    engine: Engine, kwargs: dict[str, object], fragment: str
+) -> None:
+    with engine.connect() as conn, pytest.raises(ConfigurationError, match=fragment):
+        admin.list_jobs(conn, **kwargs)  # type: ignore[arg-type]
+
+
+def test_get_job_shows_args_last_error_and_timings_also_of_an_archived_job(
+    engine: Engine,
+) -> None:
+    (job_id,) = enqueue_jobs(engine, "app.a", 1, args={"order": 7})
+    set_status(engine, [job_id], "failed")
+    with engine.connect() as conn:
+        job = admin.get_job(conn, job_id)
+        assert job is not None
+        assert (job.args, job.status, job.attempts, job.archived) == (
+            {"order": 7},
+            "failed",
+            5,
+            False,
+        )
+        assert job.last_error is not None
+        assert "Traceback" in job.last_error
+        assert job.finished_at is not None
+        assert job.created_at <= job.finished_at
+        assert admin.get_job(conn, job_id + 1000) is None
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "WITH moved AS (DELETE FROM sqla_queue.jobs WHERE id = :id RETURNING *) "
+                "INSERT INTO sqla_queue.jobs_archive (id, queue, task, args, status, priority, "
+                "run_at, attempts, max_attempts, created_at, finished_at) SELECT id, queue, "
+                "task, args, 'done', priority, run_at, attempts, max_attempts, created_at, now() "
+                "FROM moved"
+            ),
+            {"id": job_id},
+        )
+    with engine.connect() as conn:
+        archived = admin.get_job(conn, job_id)
+    assert archived is not None
+    assert (archived.archived, archived.status) == (True, "done")
+    assert archived.lease_expires_at is None
+
+
+def test_retry_gives_failed_and_cancelled_jobs_a_fresh_budget_and_keeps_the_attempt_number(
+    engine: Engine,
+) -> None:
+    ids = enqueue_jobs(engine, "app.a", 5)
+    set_status(engine, ids[0:1], "failed")
+    set_status(engine, ids[1:2], "cancelled", attempts=2)
+    set_status(engine, ids[2:3], "running", attempts=1)
+    set_status(engine, ids[3:4], "done", attempts=1)
+    with engine.begin() as conn:
+        retried = admin.retry_jobs(conn, ids)
+    assert retried == {ids[0]: "failed", ids[1]: "cancelled"}
+    rows = jobs_by_id(engine, ids)
+    # The attempt number is the fencing token a late worker is held to: it keeps counting.
+    assert (rows[ids[0]].status, rows[ids[0]].attempts, rows[ids[0]].max_attempts) == (
+        "queued",
+        5,
+        10,
+    )
+    assert (rows[ids[1]].status, rows[ids[1]].attempts, rows[ids[1]].max_attempts) == (
+        "queued",
+        2,
+        7,
+    )
+    assert rows[ids[0]].finished_at is None
+    assert rows[ids[0]].locked_by is None
+    assert [rows[i].status for i in ids[2:]] == ["running", "done", "queued"]
+    with engine.begin() as conn:
+        set_status(engine, ids[0:1], "failed", attempts=10)
+        assert admin.retry_jobs(conn, ids[0:1], attempts=1) == {ids[0]: "failed"}
+    assert jobs_by_id(engine, ids[0:1])[ids[0]].max_attempts == 11
+
+
+def test_retry_all_failed_of_one_queue_leaves_other_queues_and_cancelled_jobs(
+    engine: Engine,
+) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "mail")
+    mail = enqueue_jobs(engine, "app.a", 3, queue="mail")
+    other = enqueue_jobs(engine, "app.a", 2)
+    set_status(engine, mail[:2] + other, "failed")
+    set_status(engine, mail[2:], "cancelled")
+    with engine.begin() as conn:
+        assert set(admin.retry_jobs(conn, all_failed=True, queue="mail")) == set(mail[:2])
+    statuses = {i: j.status for i, j in jobs_by_id(engine).items()}
+    assert [statuses[i] for i in mail] == ["queued", "queued", "cancelled"]
+    assert [statuses[i] for i in other] == ["failed", "failed"]
+    with engine.begin() as conn:
+        assert set(admin.retry_jobs(conn, all_failed=True)) == set(other)
+
+
+def test_retry_is_fenced_against_a_concurrent_change(engine: Engine) -> None:
+    (job_id,) = enqueue_jobs(engine, "app.a", 1)
+    set_status(engine, [job_id], "failed")
+    result: dict[int, str] = {}
+    with engine.connect() as first:
+        first.begin()
+        assert admin.retry_jobs(first, [job_id]) == {job_id: "failed"}
+
+        def second_retry() -> None:
+            with engine.begin() as second:
+                result.update(admin.retry_jobs(second, [job_id]))
+
+        thread = threading.Thread(target=second_retry)
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # waiting on the first one's row lock
+        first.commit()
+    thread.join(10)
+    assert result == {}  # the row it waited for is queued now: left alone
+    assert jobs_by_id(engine, [job_id])[job_id].max_attempts == 10  # one budget, not two
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "fragment"),
+    [
+        ((), {}, "pass job ids or all_failed=True"),
+        (([1],), {"all_failed": True}, "pass job ids or all_failed=True"),
+        (([1],), {"queue": "mail"}, "queue= filters all_failed=True only"),
+        (([1],), {"attempts": 0}, "attempts must be a positive int"),
+        ((["7"],), {}, "job id '7' is not a job id"),
+    ],
+)
+def test_retry_refuses_bad_input_by_name(
+    engine: Engine, args: tuple[object, ...], kwargs: dict[str, object], fragment: str
+) -> None:
+    with engine.begin() as conn, pytest.raises(ConfigurationError, match=fragment):
+        admin.retry_jobs(conn, *args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_delete_jobs_deletes_all_but_running_ones(engine: Engine) -> None:
+    ids = enqueue_jobs(engine, "app.a", 3)
+    set_status(engine, ids[:1], "running", attempts=1)
+    set_status(engine, ids[1:2], "failed")
+    with engine.begin() as conn:
+        assert admin.delete_jobs(conn, ids) == {ids[1]: "failed", ids[2]: "queued"}
+    assert list(jobs_by_id(engine)) == ids[:1]
+
+
+def test_queue_depth_counts_due_scheduled_and_running_of_one_queue_up_to_the_cap(
+    engine: Engine,
+) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "mail")
+    due = enqueue_jobs(engine, "app.a", 7, queue="mail")
+    enqueue_jobs(engine, "app.a", 3, queue="mail", delay=3600)
+    enqueue_jobs(engine, "app.a", 4)
+    set_status(engine, due[:2], "running", attempts=1)
+    with engine.connect() as conn:
+        depth = admin.queue_depth(conn, "mail")
+        assert (depth.due, depth.scheduled, depth.running, depth.capped) == (5, 3, 2, False)
+        capped = admin.queue_depth(conn, "mail", cap=4)
+        assert (capped.due, capped.scheduled, capped.capped) == (4, 3, True)
+        assert admin.queue_depth(conn, "nothing-here").due == 0
+        compiled = queries.queue_depth().compile(dialect=conn.dialect)
+        params = {**compiled.params, "queue": "mail", "cap": 10}
+        plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {compiled}", params).scalars())
+    assert "ix_jobs_claim" in plan, plan
+
+
+def test_cli_jobs_list_json_show_retry_and_delete(database_url: str, engine: Engine) -> None:
+    ids = enqueue_jobs(engine, "app.a", 3, args={"n": 1})
+    set_status(engine, ids[:1], "failed")
+    listed = cli(database_url, "jobs", "list", "--json", "--status", "failed")
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert {"id", "task", "queue", "status", "attempts", "run_at"} <= set(row)
+    assert (row["id"], row["status"], row["attempts"]) == (ids[0], "failed", 5)
+    shown = cli(database_url, "jobs", "show", str(ids[0]))
+    assert shown.exit_code == 0
+    assert "Traceback" in shown.stdout
+    assert '"n": 1' in shown.stdout
+    as_json = json.loads(cli(database_url, "jobs", "show", "--json", str(ids[0])).stdout)
+    assert as_json["args"] == {"n": 1}
+    assert as_json["status"] == "failed"
+    retried = cli(database_url, "jobs", "retry", str(ids[0]), str(ids[1]))
+    assert retried.exit_code == 1  # ids[1] is queued: refused, and said so
+    assert f"job {ids[0]}: retried (was failed)" in retried.stdout
+    assert f"job {ids[1]}: not retried, it is not failed or cancelled (queued)" in retried.stdout
+    deleted = cli(database_url, "jobs", "delete", "--json", str(ids[2]))
+    assert deleted.exit_code == 0
+    assert json.loads(deleted.stdout) == {str(ids[2]): "queued"}
+    assert sorted(jobs_by_id(engine)) == ids[:2]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("jobs", "list", "--status", "finished"), "'finished' is not one of"),
+        (("jobs", "list", "--limit", "0"), "0 is not in the range 1<=x<=1000"),
+        (("jobs", "show", "x"), "'x' is not a valid integer"),
+        (("jobs", "show", "999999"), "no job 999999"),
+        (("jobs", "retry"), "pass job ids or --failed"),
+        (("jobs", "retry", "--queue", "q", "3"), "--queue goes with --failed"),
+        (("jobs", "delete", "0"), "0 is not in the range x>=1"),
+    ],
+)
+def test_cli_jobs_commands_refuse_bad_input_in_one_line(
+    database_url: str, args: tuple[str, ...], fragment: str
+) -> None:
+    result = cli(database_url, *args)
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    assert fragment in result.stderr, result.stderr

@@ -1,0 +1,203 @@
+"""Routed queues: the setting, its checks, and the table workers leaving their jobs alone.
+
+None of these needs a broker: they are about what PostgreSQL and the CLI do with a route.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sqla_queue import ConfigurationError, admin, enqueue, queries
+from sqla_queue.brokers.routes import parse_route
+from sqla_queue.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def cli(*args: str, url: str | None = None) -> Result:
+    return CliRunner().invoke(
+        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
+    )
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def claim_all(engine: Engine, queue_names: list[str] | None) -> list[str]:
+    """Task names a table worker's claim takes (from `queue_names`, or every queue)."""
+    params: dict[str, object] = {"limit": 100, "worker_id": "test"}
+    if queue_names is not None:
+        params["queues"] = queue_names
+    with engine.begin() as conn:
+        rows = conn.execute(queries.claim_jobs(queue_names), params).all()
+    return sorted(row.task for row in rows)
+
+
+def test_table_workers_never_claim_jobs_of_a_routed_queue(engine: Engine) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "out")
+        admin.set_route(conn, "out", "nats:jobs.out")
+    with Session(engine) as session, session.begin():
+        enqueue(session, "for_the_broker", queue="out")
+        enqueue(session, "for_the_table")
+
+    assert claim_all(engine, ["out"]) == []
+    assert claim_all(engine, None) == ["for_the_table"]
+    with engine.connect() as conn:
+        left = conn.execute(text("SELECT task, status FROM sqla_queue.jobs WHERE queue = 'out'"))
+        assert left.all() == [("for_the_broker", "queued")]
+
+
+def test_clearing_the_route_gives_the_jobs_back_to_table_workers(engine: Engine) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "out")
+        admin.set_route(conn, "out", "amqp:jobs/out")
+    with Session(engine) as session, session.begin():
+        enqueue(session, "waiting", queue="out")
+    assert claim_all(engine, ["out"]) == []
+
+    with engine.begin() as conn:
+        admin.set_route(conn, "out", None)
+
+    assert claim_all(engine, ["out"]) == ["waiting"]
+
+
+@pytest.mark.parametrize(
+    ("route", "problem"),
+    [
+        ("jobs.out", "does not start with nats: or amqp:"),
+        ("kafka:jobs", "does not start with nats: or amqp:"),
+        ("nats:", "needs a destination"),
+        ("nats:jobs.*", "not a NATS subject"),
+        ("nats:jobs..out", "not a NATS subject"),
+        ("nats:jobs out", "not a NATS subject"),
+        ("amqp:jobs", "needs both an exchange and a routing key"),
+        ("amqp:/out", "needs both an exchange and a routing key"),
+        ("amqp:jobs/", "needs both an exchange and a routing key"),
+        ("amqp:amq.direct/out", "reserved exchange"),
+        ("amqp:jobs/o ut", "characters other than"),
+    ],
+)
+def test_a_bad_route_is_refused_naming_the_problem_and_the_form(route: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        parse_route(route)
+    message = str(caught.value)
+    assert problem in message
+    assert "nats:SUBJECT" in message
+    assert "amqp:EXCHANGE/ROUTING_KEY" in message
+
+
+def test_route_names_what_the_broker_side_uses() -> None:
+    nats = parse_route("nats:jobs.out")
+    assert (nats.stream, nats.dead_stream, nats.dead_subject) == (
+        "SQLAQ_jobs_out",
+        "SQLAQ_DEAD_jobs_out",
+        "sqlaq.dead.jobs.out",
+    )
+    amqp = parse_route("amqp:shop/emails")
+    assert (amqp.exchange, amqp.routing_key, amqp.amqp_queue, amqp.amqp_dead_queue) == (
+        "shop",
+        "emails",
+        "sqlaq.shop.emails",
+        "sqlaq.shop.emails.dead",
+    )
+    assert str(amqp) == "amqp:shop/emails"
+
+
+def test_the_database_refuses_a_route_that_bypasses_the_check(engine: Engine) -> None:
+    with pytest.raises(IntegrityError, match="ck_queues_route"), engine.begin() as conn:
+        conn.execute(text("UPDATE sqla_queue.queues SET route = 'ftp:x' WHERE name = 'default'"))
+
+
+def test_routing_an_unknown_queue_names_the_command_that_creates_it(engine: Engine) -> None:
+    with pytest.raises(Exception, match="sqla-queue queues create ghost"), engine.begin() as conn:
+        admin.set_route(conn, "ghost", "nats:ghost")
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+
+def test_queues_create_set_and_clear_a_route(database_url: str, engine: Engine) -> None:
+    created = cli("queues", "create", "out", "--route", "nats:jobs.out", url=database_url)
+    assert created.exit_code == 0, created.output
+    assert "route nats:jobs.out" in created.stdout
+
+    moved = cli("queues", "set", "out", "--route", "amqp:shop/out", url=database_url)
+    assert moved.exit_code == 0, moved.output
+    listed = cli("queues", "list", url=database_url)
+    assert "out\tactive\tretention=delete\troute=amqp:shop/out" in listed.stdout
+
+    cleared = cli("queues", "set", "out", "--no-route", url=database_url)
+    assert cleared.exit_code == 0, cleared.output
+    assert "route (none)" in cleared.stdout
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT route FROM sqla_queue.queues WHERE name = 'out'")) is None
+
+
+def test_queues_create_with_a_bad_route_creates_nothing(database_url: str, engine: Engine) -> None:
+    result = cli("queues", "create", "out", "--route", "nats:a b", url=database_url)
+
+    assert "not a NATS subject" in one_line_error(result)
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM sqla_queue.queues WHERE name = 'out'")) == 0
+
+
+def test_worker_from_a_broker_needs_a_routed_queue_of_that_broker(
+    database_url: str, engine: Engine
+) -> None:
+    base = ["worker", "--app", "apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
+    assert "-q NAME" in one_line_error(cli(*base, url=database_url))
+    assert "has no route" in one_line_error(cli(*base, "-q", "default", url=database_url))
+    with engine.begin() as conn:
+        admin.create_queue(conn, "out")
+        admin.set_route(conn, "out", "amqp:shop/out")
+    mismatch = one_line_error(cli(*base, "-q", "out", url=database_url))
+    assert "routes to amqp:shop/out" in mismatch
+    assert "amqp://" in mismatch
+    wrong_scheme = [*base[:-1], "redis://x"]
+    assert "neither nats:// nor amqp://" in one_line_error(
+        cli(*wrong_scheme, "-q", "out", url=database_url)
+    )
+
+
+def test_relay_needs_exactly_one_broker(database_url: str) -> None:
+    assert "exactly one of --nats" in one_line_error(cli("relay", url=database_url))
+    both = cli("relay", "--nats", "nats://x:1", "--amqp", "amqp://x:1/", url=database_url)
+    assert "exactly one of --nats" in one_line_error(both)
+
+
+@pytest.mark.parametrize(
+    ("option", "url"),
+    [("--nats", "nats://127.0.0.1:9"), ("--amqp", "amqp://guest:secret@127.0.0.1:9/")],
+)
+def test_relay_to_a_broker_that_does_not_answer_says_which_in_one_line(
+    database_url: str, engine: Engine, option: str, url: str
+) -> None:
+    with engine.begin() as conn:  # a routed queue, so the relay has a reason to connect
+        admin.create_queue(conn, "out")
+        admin.set_route(conn, "out", "nats:jobs.out" if option == "--nats" else "amqp:a/b")
+
+    line = one_line_error(cli("relay", option, url, url=database_url))
+
+    assert "Cannot reach the broker at" in line
+    assert "127.0.0.1:9" in line
+    assert "secret" not in line  # the password is not printed
