@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, tracing
-from sqla_queue.testing import run_until_empty
+from sqla_queue import Registry, enqueue, tracing
+from sqla_queue.testing import drain, run_until_empty
 from sqla_queue.worker import WorkerConfig
 
 
@@ -97,3 +97,59 @@ def test_the_enqueue_span_is_a_child_of_the_current_span(
     assert enqueued.parent is not None
     assert enqueued.parent.span_id == span.get_span_context().span_id
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+@pytest.mark.parametrize("runner", ["worker", "drain"])
+def test_one_trace_goes_from_the_enqueuing_request_to_the_handler(
+    engine: Engine, provider: TracerProvider, exporter: InMemorySpanExporter, runner: str
+) -> None:
+    registry = Registry()
+    app = provider.get_tracer("app")
+
+    @registry.task(name="send")
+    def send(to: str) -> None:
+        with app.start_as_current_span("smtp"):
+            pass
+
+    tracing.instrument(registry, provider)
+    with app.start_as_current_span("POST /orders") as request:
+        with Session(engine) as session, session.begin():
+            send.enqueue(session, {"to": "a@b.c"})
+        with Session(engine) as session:
+            meta = session.execute(text("SELECT meta FROM sqla_queue.jobs")).scalar_one()
+    assert set(meta[tracing.META_KEY]) >= {"traceparent"}
+
+    if runner == "worker":
+        run_until_empty(engine, registry, WorkerConfig(poll_only=True))
+    else:
+        assert drain(engine, registry).ran == 1
+
+    trace_id = request.get_span_context().trace_id
+    (enqueued,) = spans_named(exporter, "enqueue send")
+    (run,) = spans_named(exporter, "run send")
+    (smtp,) = spans_named(exporter, "smtp")
+    assert {s.context.trace_id for s in (enqueued, run, smtp) if s.context} == {trace_id}
+    assert enqueued.parent is not None
+    assert enqueued.parent.span_id == request.get_span_context().span_id
+    assert run.parent is not None
+    assert enqueued.context is not None
+    assert run.parent.span_id == enqueued.context.span_id
+    assert smtp.parent is not None
+    assert run.context is not None
+    assert smtp.parent.span_id == run.context.span_id
+
+
+def test_a_job_enqueued_outside_any_trace_starts_its_own(
+    engine: Engine, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    registry = Registry()
+    registry.task(name="plain")(lambda: None)
+    tracing.instrument(registry, provider)
+    with Session(engine) as session, session.begin():
+        enqueue(session, "plain")  # no registry in force: no hook, no context in meta
+
+    run_until_empty(engine, registry, WorkerConfig(poll_only=True))
+
+    (run,) = spans_named(exporter, "run plain")
+    assert run.parent is None
+    assert spans_named(exporter, "enqueue plain") == []

@@ -1,4 +1,5 @@
-"""The statements of the metrics timer (`sqla_queue.metrics`): queue depth and heartbeat lag."""
+"""Statements of the observability plugins: queue depth and heartbeat lag (`sqla_queue.metrics`),
+a job's trace context (`sqla_queue.tracing`)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,8 @@ def heartbeat_lag() -> Select[Any]:
     return select(func.extract("epoch", func.now() - workers.c.heartbeat_at)).where(
         workers.c.id == bindparam("worker_id")
     )
+
+
+def job_meta_entry(key: str) -> Select[Any]:
+    """`meta -> key` of job `:job_id` (NULL when absent): one entry, never the whole meta."""
+    return select(jobs.c.meta[key]).where(jobs.c.id == bindparam("job_id"))
