@@ -9,7 +9,7 @@ with Session(engine) as session, session.begin():
 from __future__ import annotations
 
 from .database import normalize_url
-from .enqueue import enqueue, enqueue_many, enqueue_many_async
+from .enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     AppLoadError,
     ConfigurationError,
@@ -29,6 +29,7 @@ from .hooks import InsertHook, NewJob, default_registry, set_default_registry
 from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
 from .registry import JobContext, Registry, Task, load_registry
 from .retry import RetryPolicy
+from .unique import Unique
 from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "Base",
     "ConfigurationError",
     "DatabaseUnavailableError",
+    "EnqueuedIds",
     "InsertHook",
     "InvalidJobError",
     "Job",
@@ -59,6 +61,7 @@ __all__ = [
     "SqlaQueueError",
     "Task",
     "TaskNotFoundError",
+    "Unique",
     "UnknownQueueError",
     "UnknownTaskError",
     "Worker",
@@ -66,6 +69,7 @@ __all__ = [
     "WorkerStats",
     "default_registry",
     "enqueue",
+    "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
     "limits",

@@ -369,7 +369,8 @@ def queue_depth(bind: Bind, queue: str, cap: int = DEFAULT_DEPTH_CAP) -> QueueDe
     """Due, scheduled and running jobs of one queue, from the claim index; cheap to poll.
 
     Counting stops at `cap` for due and scheduled jobs, so the cost is bounded whatever the
-    backlog (a few hundred microseconds at the default on a warm cache).
+    backlog (measured with 100,000 due jobs: 4.6 ms at the default cap, 1.8 ms at
+    cap=1000; `stats()` took 86 ms).
     """
     validate_name("queue", queue, task="(none)")
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:

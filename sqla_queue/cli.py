@@ -829,6 +829,51 @@ def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: boo
         sys.exit(1)
 
 
+@main.group()
+def periodic() -> None:
+    """Periodic jobs: their schedules, next and last runs."""
+
+
+@periodic.command("list")
+@_database_option
+@click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
+@_friendly_errors
+def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> None:
+    """Each periodic task of the registry: its schedule, next run, and last run (by anyone)."""
+    from .periodic import schedule_states
+    from .registry import load_registry
+
+    if "." not in sys.path and "" not in sys.path:  # as `worker --app` finds the app
+        sys.path.insert(0, "")
+    registry = load_registry(app_path)
+    with _transaction(database_url) as conn:
+        states = schedule_states(conn, registry)
+    if as_json:
+        _echo_json([{k: _iso(v) for k, v in dataclasses.asdict(s).items()} for s in states])
+        return
+    if not states:
+        click.echo(f"{app_path} has no periodic tasks (register one with @registry.periodic)")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("task", "schedule", "next run", "last run", "last job")
+    for state in states:
+        table.add_row(
+            state.task,
+            state.schedule,
+            str(state.next_run),
+            "never" if state.last_run is None else str(state.last_run),
+            "" if state.last_job_id is None else str(state.last_job_id),
+        )
+    Console().print(table)
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
 @main.command()
 @_database_option
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
@@ -907,6 +952,46 @@ def doctor(
         Console().print(table)
     if worst(findings) is Severity.critical:
         sys.exit(1)
+
+
+@main.command()
+@_database_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option(
+    "--auth",
+    envvar="SQLA_QUEUE_DASHBOARD_AUTH",
+    show_envvar=True,
+    default=None,
+    help="user:password (HTTP Basic) or a token (Bearer, or the Basic password). Required "
+    "on a host other than loopback.",
+)
+@click.option("--read-only", is_flag=True, help="Hide and refuse retry, cancel, delete, pause.")
+@_friendly_errors
+def dashboard(
+    database_url: str | None, host: str, port: int, auth: str | None, read_only: bool
+) -> None:
+    """Serve the web dashboard: queues, jobs, workers, doctor; retry, cancel, delete, pause."""
+    try:
+        import uvicorn
+
+        from .dashboard import Auth, check_exposure, create_app
+    except ImportError:
+        raise click.ClickException(
+            "the dashboard needs its extra: pip install 'sqla-queue[dashboard]'"
+        ) from None
+    credentials = Auth.parse(auth) if auth is not None else None
+    check_exposure(host, credentials)
+    engine = _engine(database_url, application_name="sqla-queue dashboard")
+    from .migrate import check_schema
+
+    check_schema(engine)
+    app = create_app(engine, read_only=read_only, auth=credentials)
+    click.echo(f"sqla-queue dashboard on http://{host}:{port}/", err=True)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        engine.dispose()
 
 
 @main.group("alembic")

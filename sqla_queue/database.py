@@ -39,7 +39,8 @@ def normalize_url(url: str) -> str:
     except ValueError:  # SQLAlchemy's int() of the port; the URL may hold a password: not shown
         raise ConfigurationError(
             detail="the database URL's port is not a number; expected "
-            "postgresql://user:password@host:5432/dbname"
+            "postgresql://user:password@host:5432/dbname (percent-encode a password that holds "
+            "@ : / or #, e.g. with urllib.parse.quote(password, safe=''))"
         ) from None
     if parsed.port is not None and not 0 < parsed.port < 65536:
         raise ConfigurationError(

@@ -19,7 +19,12 @@ import psycopg
 from sqlalchemy import Connection, event, func
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, SessionTransaction, UOWTransaction
+from sqlalchemy.orm import (
+    Session,
+    SessionTransaction,
+    UOWTransaction,
+    make_transient_to_detached,
+)
 
 from . import queries
 from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
@@ -27,12 +32,15 @@ from .hooks import NewJob, default_registry, prepare_job
 from .models import (
     HOOKS_DUE,
     PRIORITY_MAX,
+    SCHEMA,
     SCHEMA_MAX_ARGS_BYTES,
     SCHEMA_MAX_NAME_LENGTH,
+    UNIQUE_DUE,
     Job,
     validate_job,
     validate_tags_and_meta,
 )
+from .unique import UniqueOption, resolve_unique
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -48,6 +56,7 @@ _INSERT_JOBS = queries.insert_jobs()
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
 _NOTIFY_QUEUES = queries.notify_queues()
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
+_MAY_STAGE = queries.may_stage_jobs()
 _BIND = {"mapper": Job}
 """Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""
 COPY_MIN_ROWS = 100
@@ -98,6 +107,7 @@ def enqueue(
     max_attempts: int | None = None,
     tags: Iterable[str] | None = None,
     meta: Mapping[str, Any] | None = None,
+    unique: UniqueOption = None,
     flush: bool = False,
     registry: Registry | None = None,
 ) -> Job:
@@ -118,6 +128,11 @@ def enqueue(
     `max_attempts` not given take the task's own, and its insert hooks run. Without one,
     the job is written as given (queue "default", priority 0).
 
+    `unique` (True, a `sqla_queue.Unique`, or None for the task's default; see
+    `sqla_queue.unique`) writes the job at once, with a sync `Session` (for an
+    `AsyncSession`, `await enqueue_async(...)`): the returned job has its id, and if a job
+    with the same key was there already, nothing is written and the returned job is that
+    one, with `job.duplicate` True. A duplicate never raises, so the transaction goes on.
     """
     if flush and not isinstance(session, Session):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
@@ -131,8 +146,16 @@ def enqueue(
         delay=delay,
         tags=tags,
         meta=meta,
+        unique=unique,
         registry=registry,
     )
+    if new.unique is not None:
+        if not isinstance(session, Session):
+            raise TypeError(
+                "enqueue(unique=...) writes at once, which needs a sync Session; with an "
+                "AsyncSession, `await enqueue_async(session, ...)`"
+            )
+        return _enqueue_unique(session, new)
     interval = _schedule(new)
     fields: dict[str, Any] = {
         "task": new.task,
@@ -148,19 +171,42 @@ def enqueue(
     elif new.run_at is not None:
         fields["run_at"] = new.run_at
     job = Job(**fields)
-    job.__dict__.pop(HOOKS_DUE)
+    job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
     session.add(job)
     if flush:
         session.flush()
     return job
 
 
-def _run_due_hooks(job: Job) -> None:
-    """Task defaults and insert hooks for a `Job` constructed by the caller, at flush."""
-    not_given = job.__dict__.pop(HOOKS_DUE, None)
-    if not_given is None or default_registry() is None:  # nothing due, or no registry
-        return
+def _run_due_hooks(job: Job) -> NewJob | None:
+    """Task defaults and insert hooks for a `Job` constructed by the caller, at flush.
+
+    A pending Job that never passed `Job.__init__` (the copy `session.merge` makes) has no
+    record of what was given: its hooks run with every field taken as given. Returns the
+    job as prepared if it is unique (it must then be written by `_write_unique`, not by the
+    flush), else None.
+    """
+    not_given = job.__dict__.get(HOOKS_DUE, frozenset())
+    if not_given is None:  # made by enqueue, or already through the hooks
+        return None
+    raw_unique = job.__dict__.pop(UNIQUE_DUE, None)
+    job.__dict__[HOOKS_DUE] = None  # once: a flush that fails later does not run them again
     given_run_at = job.run_at if isinstance(job.run_at, dt.datetime) else None
+    if default_registry() is None:
+        unique = resolve_unique(raw_unique)
+        if unique is None:
+            return None
+        return NewJob(
+            job.task,
+            job.args,
+            job.queue,
+            job.priority,
+            job.max_attempts,
+            run_at=given_run_at,
+            tags=job.tags,
+            meta=job.meta,
+            unique=unique,
+        )
     new = prepare_job(
         job.task,
         job.args,
@@ -170,6 +216,7 @@ def _run_due_hooks(job: Job) -> None:
         run_at=given_run_at,
         tags=job.tags,
         meta=job.meta,
+        unique=raw_unique,
     )
     interval = _schedule(new)
     validate_job(new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at)
@@ -177,10 +224,13 @@ def _run_due_hooks(job: Job) -> None:
     for field in ("task", "args", "queue", "priority", "max_attempts", "tags", "meta"):
         if getattr(job, field) != getattr(new, field):
             setattr(job, field, getattr(new, field))
+    if new.unique is not None:
+        return new
     if interval is not None:
         job.run_at = func.now() + interval
     elif new.run_at is not given_run_at:
         job.run_at = new.run_at  # type: ignore[assignment]
+    return None
 
 
 @event.listens_for(Session, "before_flush")
@@ -188,12 +238,131 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
     for obj in list(session.new):
         if isinstance(obj, Job):
             try:
-                _run_due_hooks(obj)
+                unique = _run_due_hooks(obj)
             except Exception:
                 # Refused (or a hook broke) before anything is sent: the transaction goes on
                 # without this job, which must not be written later with its hooks skipped.
                 session.expunge(obj)
                 raise
+            if unique is not None:
+                _write_unique(session, obj, unique)
+
+
+UNIQUE_ROUNDS = 10
+"""Attempts to settle a unique row whose blocking job finished between insert and lookup."""
+_INSERT_UNIQUE_ONE = queries.insert_unique_jobs(with_ids=False)
+_INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
+_UNIQUE_HOLDERS = queries.unique_holders()
+_WRITTEN_BY_US = frozenset(
+    {"id", "task", "args", "queue", "priority", "max_attempts", "tags", "meta"}
+)
+
+
+def _insert_unique(
+    connection: Connection,
+    params: list[dict[str, Any]],
+    driver: psycopg.Connection[Any] | None = None,
+    reserve: bool = True,
+) -> list[tuple[int, bool]]:
+    """Write unique rows by `INSERT ... ON CONFLICT DO NOTHING`; per row (id, duplicate).
+
+    With `driver`, the first round COPYs them into a staging table and inserts from there
+    (2.9 times faster than multi-row INSERTs at 10,000 rows, measured). Without `reserve`
+    (a role that may not draw ids from the sequence) each row is its own statement.
+
+    A skipped row's id is the job that blocks it (looked up by key; our own transaction's
+    rows included). If that job finished in between (no longer blocking), the row is tried
+    again: no read decides whether to write, the unique index does.
+    """
+    results: dict[int, tuple[int, bool]] = {}
+    pending = list(range(len(params)))
+    for round_number in range(UNIQUE_ROUNDS):
+        if round_number == 0 and driver is not None:
+            written = _copy_unique(connection, driver, params)
+        elif len(pending) == 1 or not reserve:
+            written = {}
+            for i in pending:
+                inserted = connection.execute(_INSERT_UNIQUE_ONE, params[i]).scalar()
+                if inserted is not None:
+                    written[i] = int(inserted)
+        else:
+            reserved = [
+                int(r[0]) for r in connection.execute(_RESERVE_JOB_IDS, {"count": len(pending)})
+            ]
+            batch = [
+                {**params[i], "job_id": job_id} for i, job_id in zip(pending, reserved, strict=True)
+            ]
+            got = set(connection.execute(_INSERT_UNIQUE_MANY, batch).scalars())
+            written = {
+                i: job_id for i, job_id in zip(pending, reserved, strict=True) if job_id in got
+            }
+        results.update({i: (job_id, False) for i, job_id in written.items()})
+        skipped = [i for i in pending if i not in written]
+        if not skipped:
+            break
+        keys = [params[i]["job_unique_key"] for i in skipped]
+        holders = {
+            bytes(key): int(job_id)
+            for key, job_id in connection.execute(_UNIQUE_HOLDERS, {"keys": keys})
+        }
+        pending = []
+        for i in skipped:
+            holder = holders.get(params[i]["job_unique_key"])
+            if holder is None:
+                pending.append(i)
+            else:
+                results[i] = (holder, True)
+        if not pending:
+            break
+    else:
+        raise SqlaQueueError(
+            f"a unique job of task {params[pending[0]]['job_task']!r} kept meeting a blocking "
+            f"job that finished before it could be read, {UNIQUE_ROUNDS} times; enqueue again"
+        )
+    return [results[i] for i in range(len(params))]
+
+
+def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
+    """Write `job` (transient, as prepared in `new`) as a unique job, now; returns it.
+
+    Written: it becomes persistent with its id, its server-set columns loaded on first
+    use. A duplicate: nothing is written and it leaves the session; its id is the blocking
+    job's and `job.duplicate` is True.
+    """
+    params = _row_params(new)
+    if job in session:
+        session.expunge(job)
+    connection = session.connection(bind_arguments=_BIND)
+    ((job_id, duplicate),) = _insert_unique(connection, [params])
+    job.id = job_id
+    job.duplicate = duplicate
+    if duplicate:
+        return job
+    make_transient_to_detached(job)
+    session.add(job)
+    unset = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
+    session.expire(job, unset)
+    _notify(session, {new.queue})
+    return job
+
+
+def _enqueue_unique(session: Session, new: NewJob) -> Job:
+    """`enqueue`'s path for a unique job: written at once, or found to be a duplicate."""
+    params = _row_params(new)  # validates before anything is sent
+    job = Job(
+        task=new.task,
+        args=new.args,
+        queue=new.queue,
+        priority=new.priority,
+        max_attempts=new.max_attempts,
+        tags=params["job_tags"],
+        meta=new.meta,
+    )
+    job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
+    job.__dict__.pop(UNIQUE_DUE)
+    if session.autoflush:  # as a flush would: pending queues must exist first
+        session.flush()
+    return _write_unique(session, job, new)
 
 
 _ROW_KEYS = frozenset(
@@ -207,6 +376,7 @@ _ROW_KEYS = frozenset(
         "max_attempts",
         "tags",
         "meta",
+        "unique",
     }
 )
 
@@ -228,6 +398,7 @@ def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, An
         delay=row.get("delay"),
         tags=row.get("tags"),
         meta=row.get("meta"),
+        unique=row.get("unique"),
         registry=registry,
     )
     return _row_params(new)
@@ -240,6 +411,7 @@ def _row_params(new: NewJob) -> dict[str, Any]:
         new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at
     )
     tags, meta_json = validate_tags_and_meta(new.task, new.tags, new.meta)
+    unique = new.unique
     return {
         "job_task": new.task,
         "job_args": new.args,
@@ -252,33 +424,81 @@ def _row_params(new: NewJob) -> dict[str, Any]:
         "job_tags": tags,
         "job_meta": new.meta,
         "job_meta_json": meta_json,
+        "job_unique_key": None if unique is None else unique.key_for(new.task, new.queue, new.args),
+        "job_unique_states": None if unique is None else unique.state_bits,
     }
+
+
+class EnqueuedIds(list[int]):
+    """`enqueue_many`'s result: the ids in input order, and `duplicates`, one flag per row.
+
+    A row that was a unique job's duplicate was not written: its id is the job that blocks
+    it (an earlier row of the same call included), and its flag is True.
+    """
+
+    duplicates: list[bool]
+
+    def __init__(self, ids: Iterable[int] = (), duplicates: Iterable[bool] | None = None):
+        super().__init__(ids)
+        self.duplicates = [False] * len(self) if duplicates is None else list(duplicates)
 
 
 def enqueue_many(
     session: Session, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
-) -> list[int]:
+) -> EnqueuedIds:
     """Insert many jobs in the session's transaction; returns their ids in input order.
 
     Each row is a dict of `Job` fields (`task`, `args`, `queue`, `priority`, `run_at` or
-    `delay`, `max_attempts`, `tags`, `meta`), checked as `enqueue` checks them (task
-    defaults and insert hooks of `registry` or the default registry included); `args` is a
-    dict or None. From COPY_MIN_ROWS rows on (with psycopg) they are sent with COPY on the
-    session's own connection, else as multi-row INSERTs (about 1,000 rows a round trip);
-    never one statement per job, and nothing is committed.
+    `delay`, `max_attempts`, `tags`, `meta`, `unique`), checked as `enqueue` checks them
+    (task defaults and insert hooks of `registry` or the default registry included); `args`
+    is a dict or None. From COPY_MIN_ROWS rows on (with psycopg) they are sent with COPY on
+    the session's own connection, else as multi-row INSERTs (about 1,000 rows a round
+    trip); never one statement per job, and nothing is committed.
+
+    Unique rows go by `INSERT ... ON CONFLICT DO NOTHING` (COPY cannot skip a duplicate),
+    with ids reserved first so each row's fate is known: multi-row INSERTs, or from
+    COPY_MIN_ROWS rows on a COPY into a temporary staging table and one INSERT from it
+    (10,000 unique rows: 0.8 s staged, 2.3 s by INSERTs, 0.45-0.64 s for plain COPY;
+    measured on a shared 2-core machine). The result's `duplicates` says which rows were
+    duplicates.
     """
     params = [_bulk_row(row, registry) for row in rows]
     if not params:
-        return []
+        return EnqueuedIds()
     if session.autoflush:  # as the INSERT path would: pending queues must exist first
         session.flush()
-    ids = _write_plain(session, params)
-    _notify(session, {p["job_queue"] for p in params})
-    return ids
+    connection = session.connection(bind_arguments=_BIND)
+    plain = [i for i, p in enumerate(params) if p["job_unique_key"] is None]
+    unique = [i for i, p in enumerate(params) if p["job_unique_key"] is not None]
+    ids = [0] * len(params)
+    duplicates = [False] * len(params)
+    if plain:
+        for i, job_id in zip(plain, _write_plain(session, [params[i] for i in plain]), strict=True):
+            ids[i] = job_id
+    if unique:
+        driver = connection.connection.driver_connection
+        reserve = len(unique) > 1 and bool(connection.execute(_MAY_RESERVE_IDS).scalar())
+        staged = (
+            reserve
+            and len(unique) >= COPY_MIN_ROWS
+            and isinstance(driver, psycopg.Connection)
+            and connection.execute(_MAY_STAGE).scalar()  # a temporary table too
+        )
+        results = _insert_unique(
+            connection, [params[i] for i in unique], driver if staged else None, reserve
+        )
+        for i, (job_id, duplicate) in zip(unique, results, strict=True):
+            ids[i], duplicates[i] = job_id, duplicate
+    written = {
+        p["job_queue"] for p, duplicate in zip(params, duplicates, strict=True) if not duplicate
+    }
+    if written:
+        _notify(session, written)
+    return EnqueuedIds(ids, duplicates)
 
 
 def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
-    """COPY the rows from COPY_MIN_ROWS on (psycopg), else INSERT them; their ids in order."""
+    """Rows that are not unique: COPY from COPY_MIN_ROWS on (psycopg), else INSERT."""
     connection = session.connection(bind_arguments=_BIND)
     driver = connection.connection.driver_connection
     if (
@@ -291,35 +511,41 @@ def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
 
 
 def _copy_jobs(
-    connection: Connection, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
+    connection: Connection,
+    driver: psycopg.Connection[Any],
+    params: list[dict[str, Any]],
+    statement: str = queries.COPY_JOBS,
 ) -> list[int]:
-    """COPY the rows in the session's transaction, with ids reserved from the id sequence."""
+    """COPY the rows in the session's transaction, with ids reserved from the id sequence
+    (into the staging table, unique columns included, with `COPY_STAGED_JOBS`)."""
+    staged = statement == queries.COPY_STAGED_JOBS
     reserved = connection.execute(_RESERVE_JOB_IDS, {"count": len(params)})
     ids: list[int] = []
     try:
-        with driver.cursor() as cursor, cursor.copy(queries.COPY_JOBS) as copy:
+        with driver.cursor() as cursor, cursor.copy(statement) as copy:
             for (job_id, now), p in zip(reserved, params, strict=True):
                 # now() is fixed for the transaction: the same run_at the INSERT would compute.
                 try:
                     run_at = p["job_run_at"] or now + (p["job_delay"] or _NO_DELAY)
                 except OverflowError:  # the server's clock is past ours near the year 9999
                     raise _too_far(p["job_task"], p["job_delay"]) from None
-                copy.write_row(
-                    (
-                        job_id,
-                        p["job_task"],
-                        p["job_args_json"],
-                        p["job_queue"],
-                        p["job_priority"],
-                        run_at,
-                        p["job_max_attempts"],
-                        p["job_tags"],
-                        p["job_meta_json"],
-                    )
+                row: tuple[Any, ...] = (
+                    job_id,
+                    p["job_task"],
+                    p["job_args_json"],
+                    p["job_queue"],
+                    p["job_priority"],
+                    run_at,
+                    p["job_max_attempts"],
+                    p["job_tags"],
+                    p["job_meta_json"],
                 )
+                if staged:
+                    row = (*row, p["job_unique_key"], p["job_unique_states"])
+                copy.write_row(row)
                 ids.append(job_id)
     except psycopg.Error as exc:
-        wrapped = DBAPIError.instance(queries.COPY_JOBS, None, exc, psycopg.Error)
+        wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
         explained = _unknown_queue(exc) or _refused_by_check(exc, None)
         if explained is None:
             raise wrapped from exc
@@ -327,9 +553,26 @@ def _copy_jobs(
     return ids
 
 
+def _copy_unique(
+    connection: Connection, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
+) -> dict[int, int]:
+    """COPY unique rows to the staging table, insert them from there skipping duplicates;
+    returns {row index: id} of the rows written."""
+    connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
+    reserved = _copy_jobs(connection, driver, params, queries.COPY_STAGED_JOBS)
+    # An unknown queue or a refused row is explained by the engine's handle_error hook.
+    got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
+    return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}
+
+
+async def enqueue_async(session: AsyncSession, task: str, *args: Any, **kwargs: Any) -> Job:
+    """`enqueue` for an `AsyncSession`, run in its sync session (for `unique=` and `flush`)."""
+    return await session.run_sync(lambda sync_session: enqueue(sync_session, task, *args, **kwargs))
+
+
 async def enqueue_many_async(
     session: AsyncSession, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
-) -> list[int]:
+) -> EnqueuedIds:
     """`enqueue_many` for an `AsyncSession`."""
     materialised = list(rows)
     return await session.run_sync(
@@ -360,15 +603,31 @@ def _forget_notified(session: Session, transaction: SessionTransaction) -> None:
         session.info.pop(_NOTIFIED_KEY, None)
 
 
+_ABORTED = (
+    "; PostgreSQL has aborted this transaction, so nothing in it can commit: roll it back "
+    "and write it again without this job"
+)
+"""Said of every row the database refused: a caller who catches the error and commits
+would otherwise lose the whole transaction without a word (COMMIT of it rolls back)."""
+
+
+def _ours(exc: BaseException) -> str | None:
+    """The name of the constraint `exc` reports, if it is on one of the queue's own tables."""
+    diag = getattr(exc, "diag", None)
+    if diag is None or getattr(diag, "schema_name", None) != SCHEMA:
+        return None  # an application's own `jobs` table may use the same constraint names
+    return getattr(diag, "constraint_name", None)
+
+
 def _unknown_queue(exc: BaseException) -> UnknownQueueError | None:
     """The clear error for a job whose queue does not exist (under the queue FK), if it is one."""
-    diag = getattr(exc, "diag", None)
-    if diag is None or getattr(diag, "constraint_name", None) != _QUEUE_FK:
+    if _ours(exc) != _QUEUE_FK:
         return None
-    match = _MISSING_KEY.search(getattr(diag, "message_detail", None) or "")
+    match = _MISSING_KEY.search(getattr(exc.diag, "message_detail", None) or "")  # type: ignore[attr-defined]
     if match is None:  # the FK also fires when a queue with jobs is deleted
         return None
-    return UnknownQueueError(queue=match.group("queue"))
+    message = (UnknownQueueError.__doc__ or "").strip().rstrip(".") + _ABORTED + "."
+    return UnknownQueueError(message, queue=match.group("queue"))
 
 
 _CHECKS = {
@@ -385,7 +644,7 @@ _CHECKS = {
 
 def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError | None:
     """The clear error for a row one of our CHECK constraints refused, if it is one."""
-    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) or ""
+    constraint = _ours(exc) or ""
     rule = _CHECKS.get(constraint)
     if rule is None:
         return None
@@ -395,7 +654,7 @@ def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError
     return InvalidJobError(
         task=task if isinstance(task, str) else "(not known)",
         detail=f"the database refused the row: {rule} (CHECK constraint {constraint}, "
-        "which holds for every writer, also Core inserts and later attribute changes)",
+        f"which holds for every writer, also Core inserts and later attribute changes){_ABORTED}",
     )
 
 

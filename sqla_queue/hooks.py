@@ -1,7 +1,9 @@
 """Insert hooks and the default registry: what every job passes on its way into the table.
 
 Every way of writing a job (`enqueue`, `Task.enqueue`, `enqueue_many` by INSERT or COPY,
-`enqueue_many_async`, and `session.add(Job(...))` at flush) calls `prepare_job` once:
+`enqueue_many_async`, and `session.add(Job(...))` or `session.merge(Job(...))` at flush)
+calls `prepare_job` once. (`insert(Job)` statements and `bulk_save_objects` skip the ORM's
+flush and these steps with it; the database's CHECK constraints still hold for them.)
 
 1. the registry in force is the one given (a task's `.enqueue` gives its own), else the
    application's default registry (`set_default_registry`), else none;
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJobError, UnknownTaskError
 from .models import DEFAULT_QUEUE
+from .unique import Unique, resolve_unique
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -50,6 +53,8 @@ class NewJob:
     delay: dt.timedelta | float | None = None
     tags: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    unique: Unique | None = None
+    """How the job is unique (None: it is not); a hook may set or clear it."""
 
 
 InsertHook = Callable[[NewJob], None]
@@ -91,12 +96,13 @@ def prepare_job(
     delay: Any = None,
     tags: Any = None,
     meta: Any = None,
+    unique: Any = None,
     registry: Registry | None = None,
 ) -> NewJob:
     """Apply the registry's task defaults and insert hooks; refuse unknown task names.
 
     None for `queue`, `priority` or `max_attempts` means "not given"; None for `tags` or
-    `meta` means none. The result is not
+    `meta` means none; None for `unique` means the task's default. The result is not
     validated yet: the caller validates what the hooks leave (`models.validate_job`,
     `models.validate_tags_and_meta`).
     """
@@ -117,6 +123,7 @@ def prepare_job(
         # Copies: a hook changing them must not change the caller's own list or dict.
         tags=[] if tags is None else (list(tags) if _is_collection(tags) else tags),
         meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
+        unique=resolve_unique(unique, known.unique if known is not None else None),
     )
     if in_force is None:
         return job

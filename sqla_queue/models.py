@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     Text,
@@ -98,6 +100,7 @@ PRIORITY_MAX = 32767
 _HUGE_INT = 10**MAX_INT_DIGITS
 # Fast pre-checks on the JSON text; only a hit costs a walk of the args.
 _LONG_DIGIT_RUN = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
+_EXPONENT = re.compile(r"\de[-+]\d")
 
 
 # A \u0000 escape in json.dumps output (not an escaped backslash followed by "u0000").
@@ -183,10 +186,14 @@ def encode_json_object(
         problem = _args_problem(value, limits.max_args_depth, label)
         if problem is not None:
             raise InvalidJobError(task=name, detail=problem)
-    if len(encoded) > max_bytes:
+    size = len(encoded)
+    if _EXPONENT.search(encoded):  # a float in exponent form, perhaps: see _jsonb_growth
+        size += _jsonb_growth(value)
+    if size > max_bytes:
+        stored = f" as jsonb ({len(encoded)} as JSON text)" if size != len(encoded) else " as JSON"
         raise InvalidJobError(
             task=name,
-            detail=f"{label} are {len(encoded)} bytes as JSON; the limit is {max_bytes} "
+            detail=f"{label} are {size} bytes{stored}; the limit is {max_bytes} "
             f"({limit_name}). Store large payloads elsewhere and pass a key.",
         )
     if _NUL_ESCAPE.search(encoded):
@@ -202,6 +209,25 @@ def encode_json_object(
             "decoded with surrogateescape), which PostgreSQL's jsonb cannot store",
         )
     return encoded
+
+
+def _jsonb_growth(args: object) -> int:
+    """How much longer `args` are as jsonb text than as JSON text: floats in exponent form.
+
+    jsonb stores numbers as `numeric`, which writes them out in full: `1e+300` (6 characters)
+    is 301 digits as jsonb text, which the schema's size CHECK measures. Nothing else grows.
+    """
+    growth = 0
+    stack = [args]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, float) and "e" in (short := repr(value)):
+            growth += len(format(Decimal(short), "f")) - len(short)
+    return growth
 
 
 def validate_job(
@@ -262,6 +288,13 @@ MAX_TAGS = 50
 def validate_tags_and_meta(task: object, tags: object, meta: object) -> tuple[list[str], str]:
     """A job's `tags` (a list of names; None is none) and `meta` (a dict; None is empty):
     returns the tags without repeats, in order, and meta as JSON text."""
+    if (
+        not tags
+        and not meta
+        and (tags is None or type(tags) is list)
+        and (meta is None or type(meta) is dict)
+    ):
+        return [], "{}"  # the common case, nothing to check: skip the encoder (bulk enqueue)
     name = task if isinstance(task, str) else repr(task)
     if tags is None:
         tags = []
@@ -329,6 +362,21 @@ CHECK_ARGS_OBJECT = "jsonb_typeof(args) = 'object'"
 CHECK_ARGS_SIZE = f"octet_length(args::text) <= {SCHEMA_MAX_ARGS_BYTES}"
 CHECK_PRIORITY = f"priority BETWEEN 0 AND {PRIORITY_MAX}"
 NO_TAGS = text("'{}'::text[]")
+
+
+def unique_predicate(table: str = "") -> str:
+    """`UNIQUE_PREDICATE` over the columns of `table` (an alias name), or unqualified."""
+    of = f"{table}." if table else ""
+    return (
+        f"{of}unique_key IS NOT NULL AND ({of}unique_states & CASE {of}status "
+        "WHEN 'queued' THEN 1 WHEN 'running' THEN 2 WHEN 'done' THEN 4 WHEN 'failed' THEN 8 "
+        "WHEN 'cancelled' THEN 16 ELSE 0 END) <> 0"
+    )
+
+
+UNIQUE_PREDICATE = unique_predicate()
+"""Rows that block their duplicates: a key, and a status among the row's own unique states
+(bits in JobStatus order: sqla_queue.unique.STATE_BITS)."""
 NO_META = text("'{}'::jsonb")
 
 
@@ -362,7 +410,10 @@ class Queue(Base):
 
 
 HOOKS_DUE = "_sqla_queue_hooks_due"
-"""Instance key of a constructed Job not yet through the insert hooks: the fields not given."""
+"""Instance key of a constructed Job: the fields not given while its insert hooks are due,
+None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
+UNIQUE_DUE = "_sqla_queue_unique"
+"""Instance key of a constructed Job's `unique=` option (None: the task's default)."""
 _TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
 
 
@@ -410,6 +461,12 @@ class Job(Base):
         ),
         CheckConstraint("jsonb_typeof(meta) = 'object'", name="meta_object"),
         Index("ix_jobs_tags", "tags", postgresql_using="gin"),
+        Index(
+            "ux_jobs_unique_key",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(UNIQUE_PREDICATE),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
@@ -443,6 +500,14 @@ class Job(Base):
     """Names to find the job by (`sqla-queue jobs list --tag`); GIN-indexed."""
     meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
     """Context that is not the handler's arguments (trace ids, who enqueued it)."""
+    unique_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """A unique job's key (SHA-256, see `sqla_queue.unique`); NULL for other jobs."""
+    unique_states: Mapped[int | None] = mapped_column(SmallInteger)
+    """The statuses (as bits) in which this job blocks its duplicates."""
+
+    duplicate = False
+    """Set True on the job `enqueue(..., unique=...)` returns when one with the same key was
+    there already (the returned job is that one); not a column."""
 
     queue_row: Mapped[Queue | None] = relationship(
         back_populates="jobs",
@@ -462,6 +527,7 @@ class Job(Base):
             kwargs.get("task"), kwargs.get("tags"), kwargs.get("meta")
         )
         kwargs["meta"] = {} if kwargs.get("meta") is None else kwargs["meta"]
+        unique = kwargs.pop("unique", None)
         validate_job(
             kwargs.get("task"),
             kwargs["args"],
@@ -473,6 +539,7 @@ class Job(Base):
         super().__init__(**kwargs)
         # The flush hook (sqla_queue.enqueue) pops it: task defaults and insert hooks are due.
         self.__dict__[HOOKS_DUE] = not_given
+        self.__dict__[UNIQUE_DUE] = unique
 
     def __repr__(self) -> str:
         return (
@@ -538,5 +605,18 @@ class BrokerDone(Base):
 
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     done_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+
+class PeriodicSlot(Base):
+    """A slot a periodic job was enqueued for: the primary key lets exactly one worker win."""
+
+    __tablename__ = "periodic_slots"
+
+    task: Mapped[str] = mapped_column(Text, primary_key=True)
+    slot: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    enqueued_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )

@@ -14,7 +14,10 @@ from .errors import AppLoadError, ConfigurationError, JobCancelledError, JobLost
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
 from .models import PRIORITY_MAX
+from .periodic import Schedule
+from .periodic import install as install_scheduler
 from .retry import DEFAULT_RETRY, RetryPolicy
+from .unique import Unique, UniqueOption, resolve_unique
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
@@ -43,11 +46,11 @@ class JobContext:
         "_heartbeat",
         "_lost",
         "_meta",
+        "_state",
         "attempt",
         "job_id",
         "queue",
         "resources",
-        "state",
         "tags",
         "task",
     )
@@ -68,8 +71,7 @@ class JobContext:
         self.queue = queue
         self.attempt = attempt
         self.resources: Mapping[str, Any] = resources if resources is not None else {}
-        self.state: dict[str, Any] = {}
-        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
+        self._state: dict[str, Any] | None = None
         self._heartbeat = heartbeat
         self._lost: str | None = None
         self.tags: list[str] = list(tags or ())
@@ -85,6 +87,13 @@ class JobContext:
             decoded = json.loads(meta) if isinstance(meta, str) else meta
             meta = self._meta = dict(decoded) if isinstance(decoded, Mapping) else {}
         return meta
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Scratch space for middleware and hooks of this one job (e.g. a start time)."""
+        if self._state is None:
+            self._state = {}
+        return self._state
 
     @property
     def cancelled(self) -> bool:
@@ -145,6 +154,8 @@ class Task:
     middleware: Sequence[Middleware] = ()
     lease: float | None = None
     """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
+    unique: Unique | None = None
+    """Its jobs' uniqueness by default (`enqueue(..., unique=False)` opts one job out)."""
     is_async: bool = field(init=False)
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
@@ -170,6 +181,7 @@ class Task:
         max_attempts: int | None = None,
         tags: Iterable[str] | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique: UniqueOption = None,
         flush: bool = False,
     ) -> Job:
         """`enqueue(session, self.name, args, ...)` with this task's registry and defaults.
@@ -190,6 +202,7 @@ class Task:
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             tags=tags,
             meta=meta,
+            unique=self.unique if unique is None else unique,
             flush=flush,
             registry=self.registry,
         )
@@ -224,6 +237,8 @@ class Registry:
         self.middleware: list[Middleware] = list(middleware)
         self.resources: dict[str, Any] = dict(resources or {})
         self.hooks = LifecycleHooks()
+        self.schedules: dict[str, Schedule] = {}
+        """The periodic tasks' schedules by task name (`@registry.periodic`)."""
 
     def on_job_claimed(self, hook: H) -> H:
         """Register `hook(ctx)`, called for every job this registry's worker claims."""
@@ -274,6 +289,7 @@ class Registry:
         pass_context: bool = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
+        unique: UniqueOption = None,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -290,6 +306,7 @@ class Registry:
         pass_context: bool = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
+        unique: UniqueOption = None,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
@@ -298,7 +315,8 @@ class Registry:
         default registry), `max_attempts` (used when the job row does not set it),
         `retry` (a `RetryPolicy`), `timeout` in seconds, `pass_context` to receive a
         `JobContext` as the first argument, `middleware` of its own (inside the registry's),
-        and `lease`: its own seconds without a heartbeat before it is reaped (at least 1).
+        `lease`: its own seconds without a heartbeat before it is reaped (at least 1), and
+        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`).
         """
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
@@ -315,6 +333,7 @@ class Registry:
             )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(detail=f"retry must be a RetryPolicy, got {retry!r}")
+        unique_default = resolve_unique(unique)
 
         def register(f: Callable[..., Any]) -> Task:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
@@ -332,11 +351,56 @@ class Registry:
                 registry=self,
                 middleware=tuple(middleware),
                 lease=lease,
+                unique=unique_default,
             )
             self._tasks[task_name] = task
             return task
 
         return register(func) if func is not None else register
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | dt.timedelta | None = None,
+        timezone: str = "UTC",
+        args: Mapping[str, Any] | None = None,
+        catch_up: int | dt.timedelta = 1,
+        **task_options: Any,
+    ) -> Callable[[Callable[..., Any]], Task]:
+        """Register a task (as `@registry.task(**task_options)`) that is enqueued on a schedule.
+
+        `cron` (read by cronsim, in `timezone`) or `every` (seconds or a timedelta, aligned to
+        the epoch) says when; `args` are the jobs' arguments. Every worker of this registry
+        enqueues each due slot and the database keeps one (`sqla_queue.periodic`); of the
+        slots missed while no worker ran, `catch_up` are enqueued when one starts (a count,
+        newest first: 1, the default, is the last missed slot only; 0 none; a timedelta:
+        those within that long).
+        """
+        seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float)
+        ):
+            raise ConfigurationError(detail=f"every is seconds or a timedelta, got {every!r}")
+        register = self.task(**task_options)
+
+        def schedule(f: Callable[..., Any]) -> Task:
+            task_name = task_options.get("name") or f"{f.__module__}.{f.__qualname__}"
+            plan = Schedule(
+                task_name,
+                cron=cron,
+                every=None if seconds is None else float(seconds),
+                timezone=timezone,
+                args=dict(args or {}),
+                catch_up=catch_up,
+            )
+            task = register(f)
+            if not self.schedules:
+                install_scheduler(self)
+            self.schedules[task.name] = plan
+            return task
+
+        return schedule
 
     def get(self, name: str) -> Task | None:
         """The task registered under `name`, or None."""

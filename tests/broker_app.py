@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import psycopg
 
 from sqla_queue import JobContext, Registry, RetryPolicy
 
-registry = Registry()
 _connection: psycopg.Connection[tuple[object, ...]] | None = None
 
 EFFECTS_TABLE = """
@@ -31,6 +31,27 @@ def _record(job_id: int, attempt: int) -> None:
         "INSERT INTO public.broker_effects (job_id, attempt, pid) VALUES (%s, %s, %s)",
         (job_id, attempt, os.getpid()),
     )
+
+
+def _record_middleware(job_id: int, task: str) -> None:
+    global _connection
+    if _connection is None or _connection.closed:
+        _connection = psycopg.connect(os.environ["BROKER_APP_DSN"], autocommit=True)
+    _connection.execute(
+        "CREATE TABLE IF NOT EXISTS public.broker_middleware (job_id bigint, task text)"
+    )
+    _connection.execute(
+        "INSERT INTO public.broker_middleware (job_id, task) VALUES (%s, %s)", (job_id, task)
+    )
+
+
+def seen_by_middleware(ctx: JobContext, call_next: Callable[[], object]) -> object:
+    """The registry's middleware: broker workers run it around every job, as table workers do."""
+    _record_middleware(ctx.job_id, ctx.task)
+    return call_next()
+
+
+registry = Registry(middleware=[seen_by_middleware])
 
 
 @registry.task(name="effect", pass_context=True)

@@ -86,6 +86,9 @@ def test_relayed_job_runs_once_through_the_broker_and_leaves_the_table(
     assert worker.wait(60) == 0, worker.log()
     assert effects.runs() == {job_id: 1}
     assert broker.waiting() == 0
+    with engine.connect() as conn:  # the registry's middleware ran around the handler
+        seen = conn.execute(text("SELECT job_id, task FROM public.broker_middleware")).all()
+    assert [tuple(row) for row in seen] == [(job_id, "effect")]
 
 
 @pytest.mark.slow

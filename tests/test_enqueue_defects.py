@@ -259,19 +259,3 @@ def test_doctor_names_no_command_for_text_that_does_not_start_with_one() -> None
     assert _command("hunter2 oops") is None
     assert _command("/* secret */ SELECT 1") is None
     assert _command(None) is None
-
-
-@pytest.mark.parametrize("path", ["insert", "copy"])
-def test_args_that_grow_past_the_size_limit_in_jsonb_are_refused_by_the_database(
-    engine: Engine, path: str
-) -> None:
-    # 1e300 is 6 characters of JSON but 301 digits of jsonb numeric: Python's check passes.
-    args = {"v": [1e300] * 3400}
-    assert len(json.dumps(args)) < limits.max_args_bytes
-    with Session(engine) as session:
-        with pytest.raises(InvalidJobError) as raised:
-            PATHS[path](session, {"task": "t", "args": args})
-        session.rollback()
-    assert "CHECK constraint ck_jobs_args_size" in str(raised.value)
-    assert "at most 1000000 bytes as jsonb text" in str(raised.value)
-    assert jobs_by_id(engine) == {}

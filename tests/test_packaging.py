@@ -78,7 +78,7 @@ def test_wheel_registers_the_pytest_plugin_and_carries_the_license(installed_whe
             str(installed_wheel / "bin" / "python"),
             "-c",
             "from importlib.metadata import distribution, entry_points; "
-            "(plugin,) = entry_points(group='pytest11', name='sqla_queue'); "
+            "(plugin,) = entry_points(group='pytest11', name='sqla_queue.testing.pytest_plugin'); "
             "print(plugin.value); "
             "files = distribution('sqla-queue').files or []; "
             "print(any(f.name == 'LICENSE' for f in files))",

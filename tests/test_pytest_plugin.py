@@ -80,7 +80,7 @@ def test_plugin_is_loaded_by_its_entry_point_and_lists_its_fixtures(
     result.stdout.fnmatch_lines(
         ["plugins:*sqla-queue*", "sqla_queue_session -- *", "queue -- *"], consecutive=False
     )
-    disabled = pytester.runpytest("--fixtures", "-p", "no:sqla_queue")
+    disabled = pytester.runpytest("--fixtures", "-p", "no:sqla_queue.testing.pytest_plugin")
     assert "sqla_queue_session" not in disabled.stdout.str()
 
 

@@ -30,7 +30,7 @@ from sqla_queue.cli import main
 from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 from sqla_queue.hooks import NewJob
-from sqla_queue.testing import drain
+from sqla_queue.testing import drain, run_until_empty
 
 
 @pytest.fixture(autouse=True)
@@ -156,6 +156,22 @@ def test_a_handler_sees_its_jobs_tags_and_meta_in_the_context(engine: Engine) ->
         enqueue(session, "t")
     drain(engine, registry)
     assert sorted(seen, key=len) == sorted([(["a", "b"], {"trace": {"id": 7}}), ([], {})], key=len)
+
+
+def test_a_real_worker_hands_its_jobs_tags_and_meta_to_the_handler(engine: Engine) -> None:
+    registry = Registry()
+    seen: dict[int, tuple[list[str], dict[str, Any]]] = {}
+
+    @registry.task(name="t", pass_context=True)
+    def handler(ctx: JobContext, n: int) -> None:
+        seen[n] = (ctx.tags, ctx.meta)
+
+    with Session(engine) as session, session.begin():
+        enqueue(session, "t", {"n": 1}, tags=["a", "b"], meta={"trace": {"id": 7}})
+        enqueue(session, "t", {"n": 2})
+    stats = run_until_empty(engine, registry)
+    assert stats.succeeded == 2
+    assert seen == {1: (["a", "b"], {"trace": {"id": 7}}), 2: ([], {})}
 
 
 def test_the_claim_returns_tags_and_meta_for_the_workers_context(engine: Engine) -> None:

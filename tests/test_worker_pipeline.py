@@ -281,6 +281,13 @@ def test_a_lease_under_one_second_is_refused_with_a_clear_error() -> None:
         Registry().task(name="t", lease=0.5)(lambda: None)
 
 
+def test_a_bad_retry_policy_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="invalid RetryPolicy"):
+        RetryPolicy(base=-1)
+    with pytest.raises(ConfigurationError, match="invalid RetryPolicy"):
+        RetryPolicy(max_delay=float("inf"))
+
+
 def test_doctor_calls_stuck_exactly_what_the_reaper_requeues(engine: Engine) -> None:
     from sqla_queue import queries
     from sqla_queue.doctor import DoctorOptions, check_stuck_jobs

@@ -20,7 +20,7 @@ def place_order(session: Session, email: str, total: float) -> Order:
     order = Order(email=email, total=total)
     session.add(order)
     session.flush()  # the order's id, for the job's args
-    enqueue(session, "shop.send_receipt", {"order_id": order.id, "email": email})
+    send_receipt.enqueue(session, {"order_id": order.id, "email": email})
     return order
 
 
@@ -28,16 +28,29 @@ def main() -> None:
     engine = create_engine(normalize_url(os.environ["SQLA_QUEUE_DATABASE_URL"]))
     Base.metadata.create_all(engine)
 
+    first_id = None
     for email, total in [("ada@example.com", 12.5), ("alan@example.com", 99.0)]:
         with Session(engine) as session, session.begin():
-            place_order(session, email, total)
+            order_id = place_order(session, email, total).id
+            first_id = first_id or order_id
 
-    # Task-bound sugar does the same: the job commits with the order.
+    # By name, with the task's unique default given explicitly (no default registry here).
     with Session(engine) as session, session.begin():
         order = Order(email="grace@example.com", total=7.0)
         session.add(order)
         session.flush()
-        send_receipt.enqueue(session, {"order_id": order.id, "email": order.email})
+        enqueue(
+            session,
+            "shop.send_receipt",
+            {"order_id": order.id, "email": order.email},
+            unique=send_receipt.unique,
+        )
+
+    # A retried request for the first order: one receipt per order, so the database skips
+    # it and says so; the transaction goes on.
+    with Session(engine) as session, session.begin():
+        again = send_receipt.enqueue(session, {"order_id": first_id, "email": "ada@example.com"})
+    print(f"receipt for order {first_id} again: duplicate={again.duplicate} (job {again.id})")
 
     # A failed request: the order and its job roll back together; nothing is enqueued.
     try:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import os
 import signal
 import threading
 import traceback
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +31,12 @@ from sqla_queue.errors import (
     TaskNotFoundError,
     UnknownQueueError,
 )
+from sqla_queue.middleware import compose
 from sqla_queue.migrate import check_schema
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.queries import brokers as queries
 from sqla_queue.registry import JobContext, Registry, Task
+from sqla_queue.worker.executor import resources_of
 
 from .messages import JobMessage
 from .routes import AMQP, NATS, Route, broker_kind, parse_route, redact
@@ -84,8 +88,12 @@ class BrokerWorkerStats:
     duplicates: int = 0
 
 
-def _invoke(task: Task, ctx: JobContext | None, args: dict[str, Any]) -> Any:
-    return task.func(ctx, **args) if ctx is not None else task.func(**args)
+def _invoke(task: Task, ctx: JobContext, args: dict[str, Any]) -> Any:
+    return task.func(ctx, **args) if task.pass_context else task.func(**args)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 class BrokerWorker:
@@ -246,7 +254,9 @@ class BrokerWorker:
             self._running_ids.discard(job.id)
             await self._skip_duplicate(delivery, job)
             return
-        ctx = JobContext(job.id, job.task, job.queue, attempt) if task.pass_context else None
+        ctx = JobContext(
+            job.id, job.task, job.queue, attempt, resources=resources_of(self.registry, {})
+        )
         try:
             await self._run_keeping_alive(delivery, task, ctx, job)
         except Exception as exc:
@@ -276,7 +286,7 @@ class BrokerWorker:
         self.stats.duplicates += 1
 
     async def _run_keeping_alive(
-        self, delivery: Delivery, task: Task, ctx: JobContext | None, job: JobMessage
+        self, delivery: Delivery, task: Task, ctx: JobContext, job: JobMessage
     ) -> None:
         handler = asyncio.ensure_future(self._call_handler(task, ctx, job))
         try:
@@ -289,15 +299,28 @@ class BrokerWorker:
         finally:
             handler.cancel()
 
-    async def _call_handler(self, task: Task, ctx: JobContext | None, job: JobMessage) -> None:
-        """The one call of a handler (sync in a thread of the pool, async on this loop)."""
-        if task.is_async:
+    async def _call_handler(self, task: Task, ctx: JobContext, job: JobMessage) -> None:
+        """The one call of a handler (sync in a thread of the pool, async on this loop),
+        inside the registry's and the task's middleware as the table worker runs it:
+        middleware runs on a pool thread and an async handler's `call_next()` waits for it
+        on this loop."""
+        loop = asyncio.get_running_loop()
+        chain = [*self.registry.middleware, *task.middleware]
+        if task.is_async and not chain:
             call: Any = _invoke(task, ctx, job.args)
-        else:
-            loop = asyncio.get_running_loop()
+        elif not chain:
             call = loop.run_in_executor(
                 self._executor, functools.partial(_invoke, task, ctx, job.args)
             )
+        else:
+
+            def call_handler(c: JobContext) -> Any:
+                result = _invoke(task, c, job.args)
+                if inspect.isawaitable(result):
+                    return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+                return result
+
+            call = loop.run_in_executor(self._executor, compose(chain, call_handler), ctx)
         try:
             await asyncio.wait_for(call, task.timeout)
         except asyncio.TimeoutError:

@@ -19,11 +19,12 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     union_all,
     update,
 )
 
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus, unique_predicate
 
 from .common import _is, archive, jobs
 
@@ -102,12 +103,27 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Update:
     if queue:
         before = before.where(jobs.c.queue == bindparam("retry_queue", type_=Text))
     locked = before.with_for_update().cte("before")
+    # A job whose key another live job holds now stays where it is, not an index violation.
+    other = jobs.alias("other")
+    key_taken = (
+        select(other.c.id)
+        .where(
+            other.c.unique_key == jobs.c.unique_key,
+            other.c.id != jobs.c.id,
+            text(unique_predicate("other")),
+        )
+        .exists()
+    )
     budget = func.coalesce(
         bindparam("budget", None, type_=Integer), jobs.c.max_attempts, DEFAULT_MAX_ATTEMPTS
     )
     return (
         update(jobs)
-        .where(jobs.c.id == locked.c.id, or_(*(_is(s) for s in retryable)))
+        .where(
+            jobs.c.id == locked.c.id,
+            or_(*(_is(s) for s in retryable)),
+            or_(jobs.c.unique_key.is_(None), ~key_taken),
+        )
         .values(
             status=JobStatus.queued.value,
             run_at=func.now(),

@@ -30,17 +30,23 @@ queues = cast(Table, Queue.__table__)
 archive = cast(Table, ArchivedJob.__table__)
 workers = cast(Table, WorkerRegistration.__table__)
 
-CLAIMED_COLUMNS = (
-    jobs.c.id,
-    jobs.c.task,
-    jobs.c.args.cast(Text).label("args_json"),
-    jobs.c.attempts,
-    jobs.c.max_attempts,
-    jobs.c.queue,
-    jobs.c.status,
-    jobs.c.tags,
-    jobs.c.meta.cast(Text).label("meta_json"),
-)
+
+def claimed_columns(table: Any = jobs) -> tuple[Any, ...]:
+    """The columns a claim returns (of `jobs`, or of an alias of it)."""
+    return (
+        table.c.id,
+        table.c.task,
+        table.c.args.cast(Text).label("args_json"),
+        table.c.attempts,
+        table.c.max_attempts,
+        table.c.queue,
+        table.c.status,
+        table.c.tags,
+        table.c.meta.cast(Text).label("meta_json"),
+    )
+
+
+CLAIMED_COLUMNS = claimed_columns()
 """The columns a claim returns: id, task, args_json, attempts, max_attempts, queue, status,
 tags, meta_json.
 
@@ -52,14 +58,15 @@ its batch. `JobContext(..., tags=row["tags"], meta=row["meta_json"])` decodes me
 FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 
 
-def _is(status: JobStatus) -> ColumnElement[bool]:
+def _is(status: JobStatus, table: Any = jobs) -> ColumnElement[bool]:
     """`status = 'queued'` with the status as a literal, never a bound parameter.
 
     The partial indexes are defined `WHERE status = '...'`: a generic plan of a prepared
     statement with `status = $1` could not prove the predicate and would scan the table.
     The value comes from our enum, never from input.
     """
-    return jobs.c.status == literal_column(f"'{status.value}'", Text)
+    condition: ColumnElement[bool] = table.c.status == literal_column(f"'{status.value}'", Text)
+    return condition
 
 
 def _seconds(name: str) -> Any:
@@ -81,9 +88,10 @@ def _claimed_batch(*extra: tuple[str, str, Any]) -> TableValuedAlias:
     return func.unnest(*arrays).table_valued(*names).render_derived(name="f")
 
 
-def _fenced(batch: TableValuedAlias) -> tuple[Any, ...]:
+def _fenced(batch: TableValuedAlias, table: Any = jobs) -> tuple[Any, ...]:
+    """The rows of `table` (jobs, or an alias) that `batch` names and still holds."""
     return (
-        jobs.c.id == batch.c.id,
-        jobs.c.attempts == batch.c.attempt,
-        _is(JobStatus.running),
+        table.c.id == batch.c.id,
+        table.c.attempts == batch.c.attempt,
+        _is(JobStatus.running, table),
     )

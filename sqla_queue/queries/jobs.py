@@ -16,6 +16,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Interval,
+    LargeBinary,
     Select,
     SmallInteger,
     Text,
@@ -28,7 +29,6 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    literal,
     literal_column,
     null,
     or_,
@@ -43,16 +43,17 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     NOTIFY_CHANNEL,
+    UNIQUE_PREDICATE,
     JobStatus,
     Retention,
 )
 
 from .common import (
-    CLAIMED_COLUMNS,
     _claimed_batch,
     _fenced,
     _is,
     archive,
+    claimed_columns,
     jobs,
     queues,
     workers,
@@ -91,20 +92,63 @@ def insert_jobs() -> Insert:
     )
 
 
+def insert_unique_jobs(with_ids: bool) -> Insert:
+    """Insert unique jobs, skipping each whose key a blocking row holds; returns the ids
+    written (a skipped row returns none).
+
+    Parameters: those of `insert_jobs`, `job_unique_key`, `job_unique_states`, and with
+    `with_ids` the `job_id` reserved for each row (so a batch's skipped rows are known by
+    the ids missing from the result). `ON CONFLICT DO NOTHING` without a target: the unique
+    partial index is the only one a fresh id can meet, and it waits for (never locks) a
+    conflicting row of an open transaction.
+    """
+    values = _inserted_values()
+    values["unique_key"] = bindparam("job_unique_key", type_=LargeBinary)
+    values["unique_states"] = bindparam("job_unique_states", type_=SmallInteger)
+    if with_ids:
+        values["id"] = bindparam("job_id", type_=BigInteger)
+    return pg_insert(jobs).values(**values).on_conflict_do_nothing().returning(jobs.c.id)
+
+
+def unique_holders() -> Select[Any]:
+    """(unique_key, id) of the rows that now block `:keys`, by the unique index."""
+    return select(jobs.c.unique_key, jobs.c.id).where(
+        jobs.c.unique_key == any_(bindparam("keys", type_=ARRAY(LargeBinary))),
+        text(UNIQUE_PREDICATE),
+    )
+
+
 # -- claim -----------------------------------------------------------------------------------
 
 
-def _task_number(name: str, type_: Any) -> Any:
+def _task_number(name: str, type_: Any, table: Any = jobs) -> Any:
     """`(:name ->> jobs.task)::type`: a task's own setting from a JSON object of them, or NULL."""
-    return bindparam(name, {}, type_=JSONB)[jobs.c.task].astext.cast(type_)
+    return bindparam(name, {}, type_=JSONB)[table.c.task].astext.cast(type_)
 
 
-def _max_attempts() -> Any:
+def _text(value: str) -> Any:
+    """A constant of our own as an SQL literal, not a bound parameter: hot statements bind
+    only what changes (fewer parameters to convert on every execution)."""
+    return literal_column("'" + value.replace("'", "''") + "'", Text)
+
+
+_ONE: Any = literal_column("1", Integer)
+
+
+def _alias(name: str) -> Any:
+    """The jobs table under a one-letter name, for statements whose text must stay short."""
+    return jobs.alias(name)
+
+
+_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
+
+
+def _max_attempts(table: Any = jobs) -> Any:
     """A job's max_attempts: its own, else its task's (`:task_max_attempts`), else the default."""
     return func.coalesce(
-        jobs.c.max_attempts,
-        _task_number("task_max_attempts", Integer),
-        DEFAULT_MAX_ATTEMPTS,
+        table.c.max_attempts,
+        _task_number("task_max_attempts", Integer, table),
+        literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer),
     )
 
 
@@ -122,63 +166,74 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
     """
-    paused = exists().where(
-        queues.c.name == jobs.c.queue, or_(queues.c.paused, queues.c.route.is_not(None))
-    )
+    # Short aliases and max_attempts computed once keep the text (with a completion folded
+    # in) within the 4 KiB that psycopg caches its parsing of.
+    c = _alias("c")
     conditions = [
-        _is(JobStatus.queued),
-        jobs.c.run_at <= func.now(),
-        ~paused,
+        _is(JobStatus.queued, c),
+        c.c.run_at <= func.now(),
+        # routed queues' jobs are the relay's (sqla_queue.brokers)
+        ~exists().where(
+            queues.c.name == c.c.queue, or_(queues.c.paused, queues.c.route.is_not(None))
+        ),
     ]
     if queue_names is not None:
-        conditions.append(jobs.c.queue == any_(bindparam("queues", type_=ARRAY(Text))))
+        conditions.append(c.c.queue == any_(bindparam("queues", type_=ARRAY(Text))))
     candidates = (
-        select(jobs.c.id)
+        select(c.c.id, _max_attempts(c).label("max_attempts"))
         .where(*conditions)
-        .order_by(jobs.c.priority, jobs.c.run_at, jobs.c.id)
+        .order_by(c.c.priority, c.c.run_at, c.c.id)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("candidates")
         .prefix_with("MATERIALIZED")
     )
-    lease = func.coalesce(_task_number("task_leases", Float), bindparam("lease", 60.0, type_=Float))
-    exhausted = jobs.c.attempts >= _max_attempts()
+    j = _alias("j")
+    lease = func.coalesce(
+        _task_number("task_leases", Float, j), bindparam("lease", 60.0, type_=Float)
+    )
+    exhausted = j.c.attempts >= candidates.c.max_attempts
     return (
-        update(jobs)
-        .where(jobs.c.id == candidates.c.id)
+        update(j)
+        .where(j.c.id == candidates.c.id)
         .values(
             status=case(
                 (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
                 else_=literal_column(f"'{JobStatus.running.value}'"),
             ),
-            attempts=jobs.c.attempts + 1,
+            attempts=j.c.attempts + _ONE,
             locked_at=func.now(),
             heartbeat_at=func.now(),
             locked_by=bindparam("worker_id", type_=Text),
-            lease_expires_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, lease),
+            lease_expires_at=func.now() + lease * _SECOND,
             started_at=null(),
             finished_at=case((exhausted, func.now())),
             last_error=case(
                 (
                     exhausted,
                     func.concat(
-                        "attempt ",
-                        jobs.c.attempts + 1,
-                        " exceeds max_attempts ",
-                        _max_attempts(),
-                        " (the previous attempt's worker stopped heartbeating)",
+                        _text("attempt "),
+                        j.c.attempts + _ONE,
+                        _text(" exceeds max_attempts "),
+                        candidates.c.max_attempts,
+                        _text(" (the previous attempt's worker stopped heartbeating)"),
                     ),
                 ),
-                else_=jobs.c.last_error,
+                else_=j.c.last_error,
             ),
         )
-        .returning(*CLAIMED_COLUMNS)
+        .returning(*claimed_columns(j))
     )
 
 
 # -- finish ----------------------------------------------------------------------------------
 
-_ENDED = {"locked_by": None, "heartbeat_at": None, "lease_expires_at": None, "started_at": None}
+_ENDED = {
+    "locked_by": null(),
+    "heartbeat_at": null(),
+    "lease_expires_at": null(),
+    "started_at": null(),
+}
 """Values that clear a claim: nothing holds the job any more."""
 
 
@@ -202,7 +257,7 @@ def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
     """The archive's column names, and what each takes from `source` (deleted job rows)."""
     names = [c.name for c in archive.c]
     values = [
-        literal(JobStatus.done.value).label("status")
+        _text(JobStatus.done.value).label("status")
         if name == "status"
         else func.now().label("finished_at")
         if name == "finished_at"
@@ -217,25 +272,22 @@ def _completion_ctes() -> tuple[CTE, ...]:
 
     The retention is read in the same statement (a queue without a row deletes), so a queue
     whose retention just changed is honoured at once. Archiving skips ids already archived.
+    Each part joins the id arrays to the jobs' primary key, as the other finishing
+    statements do (no CTE in between, whose size the planner could not know).
     """
-    batch = _claimed_batch()
-    target = (
-        select(
-            jobs.c.id,
-            func.coalesce(queues.c.retention, literal_column(f"'{Retention.delete.value}'")).label(
-                "retention"
-            ),
+
+    def retention(table: Any) -> Any:
+        return func.coalesce(
+            select(queues.c.retention).where(queues.c.name == table.c.queue).scalar_subquery(),
+            literal_column(f"'{Retention.delete.value}'"),
         )
-        .select_from(
-            jobs.join(batch, and_(*_fenced(batch))).outerjoin(queues, queues.c.name == jobs.c.queue)
-        )
-        .cte("target")
-    )
+
     keep: ColumnElement[str] = literal_column(f"'{Retention.keep.value}'")
+    d, k = _alias("d"), _alias("k")  # short names keep the text short (see claim_jobs)
     removed = (
-        delete(jobs)
-        .where(jobs.c.id == target.c.id, target.c.retention != keep, _is(JobStatus.running))
-        .returning(*jobs.c, target.c.retention)
+        delete(d)
+        .where(*_fenced(_claimed_batch(), d), retention(d) != keep)
+        .returning(*(d.c[column.name] for column in archive.c), retention(d).label("retention"))
         .cte("removed")
     )
     names, values = _archived_values(removed)
@@ -251,28 +303,45 @@ def _completion_ctes() -> tuple[CTE, ...]:
         .cte("archived")
     )
     kept = (
-        update(jobs)
-        .where(jobs.c.id == target.c.id, target.c.retention == keep, _is(JobStatus.running))
-        .values(status=JobStatus.done.value, finished_at=func.now(), **_ENDED)
+        update(k)
+        .where(*_fenced(_claimed_batch(), k), retention(k) == keep)
+        .values(status=_text(JobStatus.done.value), finished_at=func.now(), **_ENDED)
+        .returning(k.c.id)
         .cte("kept")
     )
-    return target, removed, archived, kept
+    return removed, archived, kept
 
 
 def complete_jobs() -> Select[Any]:
     """Finish succeeded jobs by their queue's retention (delete, keep or archive), in one
     statement. Parameters: `job_ids`, `job_attempts`. Returns how many were still ours."""
-    target, removed, archived, kept = _completion_ctes()
-    return select(func.count()).select_from(target).add_cte(removed, archived, kept)
+    removed, archived, kept = _completion_ctes()
+    finished = (
+        select(func.count()).select_from(removed).scalar_subquery()
+        + select(func.count()).select_from(kept).scalar_subquery()
+    )
+    return select(finished).add_cte(archived)
 
 
 def complete_and_claim(queue_names: Sequence[str] | None) -> Update:
-    """`complete_jobs` then `claim_jobs` in one statement: one commit per cycle, not two.
+    """Delete succeeded jobs of queues whose retention is `delete`, then `claim_jobs`, in one
+    statement: one commit per cycle, not two.
 
-    Parameters: those of both. The finished rows were `running`, so they are never among
-    the candidates.
+    Parameters: those of both. Each claimed row also carries `finished`, the ids deleted
+    (the same on every row). A success not among them (its queue keeps or archives, or the
+    job is no longer ours), or every success when nothing was claimed, is for
+    `complete_jobs`, whose statement is fenced: running it again changes nothing. The
+    deleted rows were `running`, so they are never among the candidates.
     """
-    return claim_jobs(queue_names).add_cte(*_completion_ctes())
+    d = _alias("d")
+    keeps_rows = exists().where(
+        queues.c.name == d.c.queue, queues.c.retention != _text(Retention.delete.value)
+    )
+    removed = (
+        delete(d).where(*_fenced(_claimed_batch(), d), ~keeps_rows).returning(d.c.id).cte("removed")
+    )
+    finished = select(func.array_agg(removed.c.id)).scalar_subquery().label("finished")
+    return claim_jobs(queue_names).add_cte(removed).returning(finished)
 
 
 def complete_archive() -> Insert:
@@ -364,7 +433,7 @@ def heartbeat_jobs() -> Update:
         .where(jobs.c.id == mine.c.id)
         .values(
             heartbeat_at=func.now(),
-            lease_expires_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, mine.c.lease),
+            lease_expires_at=func.now() + mine.c.lease * _SECOND,
             started_at=func.coalesce(jobs.c.started_at, case((mine.c.started, func.now()))),
         )
         .returning(jobs.c.id)
@@ -539,6 +608,36 @@ COPY_JOB_COLUMNS = (
 )
 COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
 """Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
+
+STAGED_JOBS = "sqla_queue_staged_jobs"
+"""A temporary table of this session, emptied at each commit: unique rows COPYed for
+`insert_staged_jobs` (COPY cannot skip a duplicate; an INSERT from the staging table can)."""
+STAGED_JOB_COLUMNS = (*COPY_JOB_COLUMNS, "unique_key", "unique_states")
+CREATE_STAGED_JOBS = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGED_JOBS} (id bigint, task text, args jsonb, "
+    "queue text, priority smallint, run_at timestamptz, max_attempts integer, tags text[], "
+    "meta jsonb, unique_key bytea, unique_states smallint) ON COMMIT DELETE ROWS"
+)
+"""Not expressible in Core: created once per session (IF NOT EXISTS), rows gone at commit."""
+COPY_STAGED_JOBS = f"COPY {STAGED_JOBS} ({', '.join(STAGED_JOB_COLUMNS)}) FROM STDIN"
+_STAGED = ", ".join(STAGED_JOB_COLUMNS)
+INSERT_STAGED_JOBS = (
+    f"WITH staged AS (DELETE FROM {STAGED_JOBS} RETURNING {_STAGED}) "
+    f"INSERT INTO {jobs.fullname} ({_STAGED}) SELECT {_STAGED} FROM staged ORDER BY id "
+    "ON CONFLICT DO NOTHING RETURNING id"
+)
+"""Not expressible in Core on a temporary table: the staged rows into jobs, duplicates
+skipped by the unique index; returns the ids written."""
+
+
+def may_stage_jobs() -> Select[Any]:
+    """Whether this role may draw job ids and create a temporary table (the staged COPY)."""
+    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
+    return select(
+        func.has_sequence_privilege(sequence, "USAGE")
+        & func.has_database_privilege(func.current_database(), "TEMPORARY")
+    )
+
 
 CANCEL_CHANNEL = f"{NOTIFY_CHANNEL}_cancel"
 """The channel on which a cancel names the running jobs it cancelled (comma-separated ids)."""

@@ -41,7 +41,7 @@ class TemplateDatabases:
         self.admin_url = normalize_url(admin_url)
         self.prefix = prefix
         self.template = f"{prefix}_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        self._prepare = prepare
+        self.prepare = prepare
         self._admin = create_engine(
             self.admin_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool
         )
@@ -59,8 +59,8 @@ class TemplateDatabases:
         engine = create_engine(self.url_for(self.template), poolclass=pool.NullPool)
         try:
             upgrade(engine)
-            if self._prepare is not None:
-                self._prepare(engine)
+            if self.prepare is not None:
+                self.prepare(engine)
         finally:
             engine.dispose()
         return self.template

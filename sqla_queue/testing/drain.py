@@ -73,7 +73,9 @@ def drain(
 
     A handler that fails is retried by its policy (later: see `include_scheduled`) or
     failed once out of attempts, exactly as the worker would; a job of an unknown task
-    fails. Jobs a handler enqueues and commits are run in the same call.
+    fails. A handler's `BaseException` (`pytest.fail`, `KeyboardInterrupt`) is written as a
+    failed attempt too, then always raised. Jobs a handler enqueues and commits are run in
+    the same call.
     """
     if not isinstance(target, Session | Connection | Engine):
         raise ConfigurationError(
@@ -184,7 +186,7 @@ def _run_job(
     )
     try:
         _call_handler(registry, task, context, args)
-    except Exception as exc:
+    except BaseException as exc:  # pytest.fail, KeyboardInterrupt: never leave the job running
         text = error_text(exc)
         result.errors.append((row.id, text))
         max_attempts = row.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
@@ -195,6 +197,8 @@ def _run_job(
             delay = task.retry.delay(row.attempts)
             run(queries.retry_jobs(), {**fence, "job_delays": [delay], "job_errors": [text]})
             result.retried += 1
+        if not isinstance(exc, Exception):
+            raise  # its outcome is written; a test failure or an interrupt goes on up
         return exc
     run(queries.complete_jobs(), fence)  # by the queue's retention, decided in the SQL
     result.succeeded += 1

@@ -25,7 +25,7 @@ class QueueHelper:
 
     def test_order_sends_receipt(queue, sqla_queue_session):
         place_order(sqla_queue_session, "ada@example.com")
-        queue.assert_enqueued(task="shop.send_receipt", args={"email": "ada@example.com"})
+        queue.assert_enqueued(task="shop.tasks.send_receipt", args={"email": "ada@example.com"})
         assert queue.drain().succeeded == 1
     """
 

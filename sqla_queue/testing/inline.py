@@ -14,11 +14,13 @@ and finished by the real statements. What it does not model:
 - jobs scheduled for later (`delay`, `run_at`, retries waiting on backoff) do not run at
   the commit that enqueued them, unless `include_scheduled=True`;
 - isolation between tests: each commit runs every due job of that database, not only its
-  own (give each test its own database, as the plugin's fixtures do);
+  own (give each test its own database, as the plugin's fixtures do); a commit on a
+  database without sqla-queue's schema (another of the application's) runs nothing;
 - a rolled-back transaction runs nothing (as in production: its jobs never existed).
 
 A handler's exception is raised from `commit()` (after its outcome is written) unless
-`reraise=False`. Jobs the handlers enqueue run in the same round, not by a nested one.
+`reraise=False`. Jobs the handlers enqueue run in the same round, not by a nested one; so do
+the jobs of a commit made on another thread while a round runs (one round at a time).
 """
 
 from __future__ import annotations
@@ -30,12 +32,25 @@ from contextlib import contextmanager
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
+from sqla_queue import queries
 from sqla_queue.models import Job
 from sqla_queue.registry import Registry
 
 from .drain import DrainResult, drain
 
-_draining = threading.local()
+_round = threading.Lock()
+"""Held while a round runs, on any thread: a commit made meanwhile (a handler's own, also on
+the thread an async handler runs on) leaves its jobs to that round."""
+
+
+def _holds_the_queue(bind: Connection | Engine) -> bool:
+    """False for a database without sqla-queue's schema: another database of the application."""
+    if bind.dialect.name != "postgresql":
+        return False
+    if isinstance(bind, Engine):
+        with bind.connect() as connection:
+            return _holds_the_queue(connection)
+    return bind.execute(queries.schema_revision()).scalar() is not None
 
 
 @contextmanager
@@ -49,16 +64,20 @@ def inline(
     totals = DrainResult()
 
     def run_at_commit(session: Session) -> None:
-        if getattr(_draining, "active", False):  # a handler committed: the outer round runs it
+        if not _round.acquire(blocking=False):
             return
-        bind = session.get_bind(mapper=Job)
-        if not isinstance(bind, Connection | Engine):
-            return
-        _draining.active = True
         try:
-            drain(bind, registry, include_scheduled=include_scheduled, reraise=reraise, into=totals)
+            bind = session.get_bind(mapper=Job)
+            if isinstance(bind, Connection | Engine) and _holds_the_queue(bind):
+                drain(
+                    bind,
+                    registry,
+                    include_scheduled=include_scheduled,
+                    reraise=reraise,
+                    into=totals,
+                )
         finally:
-            _draining.active = False
+            _round.release()
 
     event.listen(Session, "after_commit", run_at_commit)
     try:

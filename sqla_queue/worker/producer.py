@@ -171,6 +171,11 @@ class Producer:
                 log.warning("finishing and claiming at once failed (%s)", describe(exc))
                 self.completer.write_successes(successes)
                 rows = self.db.execute(self._claim, self._params).mappings().all()
+            else:
+                deleted = set(rows[0]["finished"] or ()) if rows else set()
+                rest = [job for job in successes if job.id not in deleted]
+                if rest:  # kept or archived by their queue (or nothing claimed to tell)
+                    self.completer.write_successes(rest)
             self.stats.succeeded += len(successes)
         if not rows:
             return 0

@@ -1,4 +1,9 @@
-"""sqla-queue: tags (a text array, GIN-indexed) and meta (a JSON object) on jobs and the archive.
+"""sqla-queue: tags and meta on jobs, unique jobs, and the slots periodic jobs were enqueued for.
+
+Tags (a text array, GIN-indexed) and meta (a JSON object) on jobs and the archive. Unique
+jobs: a key (a SHA-256 hash) and the statuses in which a job blocks its duplicates, held by
+a unique partial index. `periodic_slots`: one row per (task, slot) a periodic job was
+enqueued for, whose primary key lets every worker try and exactly one succeed.
 
 Both columns have a constant default, so adding them rewrites no row. Building the GIN
 index reads the whole jobs table once, holding off writers meanwhile: upgrade when the
@@ -26,6 +31,12 @@ depends_on: str | Sequence[str] | None = None
 SCHEMA = "sqla_queue"
 NO_TAGS = sa.text("'{}'::text[]")
 NO_META = sa.text("'{}'::jsonb")
+UNIQUE_PREDICATE = (
+    "unique_key IS NOT NULL AND (unique_states & CASE status WHEN 'queued' THEN 1 "
+    "WHEN 'running' THEN 2 WHEN 'done' THEN 4 WHEN 'failed' THEN 8 WHEN 'cancelled' THEN 16 "
+    "ELSE 0 END) <> 0"
+)
+TZ = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
@@ -45,10 +56,35 @@ def upgrade() -> None:
         "CHECK (jsonb_typeof(meta) = 'object')"
     )
     op.create_index("ix_jobs_tags", "jobs", ["tags"], schema=SCHEMA, postgresql_using="gin")
+    op.add_column("jobs", sa.Column("unique_key", sa.LargeBinary(), nullable=True), schema=SCHEMA)
+    op.add_column(
+        "jobs", sa.Column("unique_states", sa.SmallInteger(), nullable=True), schema=SCHEMA
+    )
+    op.create_index(
+        "ux_jobs_unique_key",
+        "jobs",
+        ["unique_key"],
+        unique=True,
+        schema=SCHEMA,
+        postgresql_where=sa.text(UNIQUE_PREDICATE),
+    )
+    op.create_table(
+        "periodic_slots",
+        sa.Column("task", sa.Text(), nullable=False),
+        sa.Column("slot", TZ, nullable=False),
+        sa.Column("job_id", sa.BigInteger(), nullable=True),
+        sa.Column("enqueued_at", TZ, server_default=sa.text("now()"), nullable=False),
+        sa.PrimaryKeyConstraint("task", "slot", name="pk_periodic_slots"),
+        schema=SCHEMA,
+    )
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 
 
 def downgrade() -> None:
+    op.drop_table("periodic_slots", schema=SCHEMA)
+    op.drop_index("ux_jobs_unique_key", table_name="jobs", schema=SCHEMA)
+    op.drop_column("jobs", "unique_states", schema=SCHEMA)
+    op.drop_column("jobs", "unique_key", schema=SCHEMA)
     op.drop_index("ix_jobs_tags", table_name="jobs", schema=SCHEMA)
     op.execute(f"ALTER TABLE {SCHEMA}.jobs DROP CONSTRAINT IF EXISTS ck_jobs_meta_object")
     for table in ("jobs", "jobs_archive"):

@@ -1,0 +1,465 @@
+"""The web dashboard: see queues, jobs, workers and doctor's findings; retry, cancel, delete
+jobs and pause queues. Needs the `dashboard` extra (`pip install 'sqla-queue[dashboard]'`).
+
+`create_app(engine)` is a Starlette (ASGI) app: serve it with `sqla-queue dashboard`, or
+mount it in FastAPI/Starlette (`app.mount("/queue", create_app(engine))`). `wsgi_app(...)`
+is the same app for Flask and other WSGI servers (through a2wsgi). Pages are rendered on
+the server (Jinja2, escaped); htmx, vendored under static/, refreshes the counts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hmac
+import ipaddress
+import json
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+try:
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.datastructures import FormData
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the dashboard needs its extra: pip install 'sqla-queue[dashboard]'") from exc
+
+from sqlalchemy import Engine
+
+from sqla_queue import admin
+from sqla_queue.doctor import DoctorOptions, Severity, diagnose
+from sqla_queue.errors import ConfigurationError, SqlaQueueError
+from sqla_queue.models import JobStatus
+
+from . import reads
+
+HERE = Path(__file__).parent
+CSRF_COOKIE = "sqla_queue_csrf"
+CSRF_FIELD = "csrf_token"
+JOB_ACTIONS = ("retry", "cancel", "delete")
+
+
+@dataclass(frozen=True)
+class Auth:
+    """HTTP Basic credentials (`user:password`), or a token (no colon): the token is
+    accepted as `Authorization: Bearer TOKEN` or as the Basic password of any user."""
+
+    user: str | None
+    secret: str
+
+    @classmethod
+    def parse(cls, value: str) -> Auth:
+        user, colon, password = value.partition(":")
+        if not colon:
+            if not value:
+                raise ConfigurationError(detail="--auth is empty; pass user:password or a token")
+            return cls(None, value)
+        if not user or not password:
+            raise ConfigurationError(detail="--auth must be user:password with neither empty")
+        return cls(user, password)
+
+    def allows(self, header: str | None) -> bool:
+        if not header:
+            return False
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and self.user is None:
+            return hmac.compare_digest(value.strip().encode(), self.secret.encode())
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        user, _, password = decoded.partition(":")
+        user_ok = self.user is None or hmac.compare_digest(user.encode(), self.user.encode())
+        password_ok = hmac.compare_digest(password.encode(), self.secret.encode())
+        return user_ok and password_ok
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, auth: Auth | None) -> None:
+    """Refuse to serve beyond this machine without credentials: the pages act on jobs."""
+    if auth is None and not is_loopback(host):
+        raise ConfigurationError(
+            detail=f"refusing to serve the dashboard on {host} without --auth: anyone who "
+            "reaches it could retry, cancel and delete jobs. Pass --auth user:password (or "
+            "--auth TOKEN), or listen on 127.0.0.1"
+        )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _when(value: dt.datetime | None) -> str:
+    return "—" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _bars(values: list[int], failed: list[int], width: int = 240, height: int = 32) -> str:
+    """An inline SVG bar chart, one bar per minute; numbers only, so nothing to escape."""
+    top = max(values) or 1
+    step = width / len(values)
+    parts = [
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'role="img" aria-label="jobs finished per minute, last hour">'
+    ]
+    for i, (count, bad) in enumerate(zip(values, failed, strict=False)):
+        if not count:
+            continue
+        h = max(1.0, height * count / top)
+        bad_h = height * bad / top
+        x = i * step
+        parts.append(
+            f'<rect class="ok" x="{x:.1f}" y="{height - h:.1f}" width="{step * 0.8:.1f}" '
+            f'height="{h:.1f}"><title>{count}</title></rect>'
+        )
+        if bad:
+            parts.append(
+                f'<rect class="bad" x="{x:.1f}" y="{height - bad_h:.1f}" '
+                f'width="{step * 0.8:.1f}" height="{bad_h:.1f}"></rect>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+class _Security(BaseHTTPMiddleware):
+    """Authentication, the CSRF cookie, and headers that keep injected markup inert."""
+
+    def __init__(self, app: Any, auth: Auth | None) -> None:
+        super().__init__(app)
+        self.auth = auth
+
+    async def dispatch(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if self.auth is not None and not self.auth.allows(request.headers.get("authorization")):
+            return PlainTextResponse(
+                "authentication required",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="sqla-queue", charset="UTF-8"'},
+            )
+        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        request.state.csrf = token
+        response = await call_next(request)
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(
+                CSRF_COOKIE,
+                token,
+                httponly=True,
+                samesite="strict",
+                path=request.scope.get("root_path") or "/",
+            )
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "frame-ancestors 'none'; form-action 'self'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        return response
+
+
+class Dashboard:
+    """The pages and actions over one engine. `app` is the ASGI application."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        read_only: bool = False,
+        auth: Auth | str | None = None,
+        poll_seconds: float = 2.0,
+    ) -> None:
+        self.engine = engine
+        self.read_only = read_only
+        self.poll_seconds = poll_seconds
+        self.auth = Auth.parse(auth) if isinstance(auth, str) else auth
+        self._counts_lock = threading.Lock()
+        self._counts: tuple[float, list[reads.QueueRow] | None, float] = (0.0, None, 0.0)
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+        )
+        self.templates.filters["duration"] = _duration
+        self.templates.filters["when"] = _when
+        routes = [
+            Route("/", self.queues_page, name="queues"),
+            Route("/partials/queues", self.queues_partial, name="queues_partial"),
+            Route("/jobs", self.jobs_page, name="jobs"),
+            Route("/jobs/action", self.jobs_action, methods=["POST"], name="jobs_action"),
+            Route("/jobs/{job_id:int}", self.job_page, name="job"),
+            Route("/queues/{name:path}/pause", self.pause, methods=["POST"], name="pause"),
+            Route("/queues/{name:path}/resume", self.resume, methods=["POST"], name="resume"),
+            Route("/workers", self.workers_page, name="workers"),
+            Route("/doctor", self.doctor_page, name="doctor"),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        self.app = Starlette(routes=routes, middleware=[Middleware(_Security, auth=self.auth)])
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def _render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/")
+        page = self.templates.get_template(template).render(
+            base=base,
+            csrf_field=CSRF_FIELD,
+            csrf=request.state.csrf,
+            read_only=self.read_only,
+            poll_seconds=self.poll_seconds,
+            notice=request.query_params.get("notice"),
+            **context,
+        )
+        return HTMLResponse(page, status_code=status)
+
+    def _back(self, request: Request, path: str, notice: str) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/")
+        separator = "&" if "?" in path else "?"
+        return RedirectResponse(
+            f"{base}{path}{separator}{urlencode({'notice': notice})}", status_code=303
+        )
+
+    def _queue_rows(self) -> tuple[list[reads.QueueRow], float, float]:
+        """The queues' counts, shared by every viewer: (rows, seconds since counted, ms
+        the count took). Counting reads every job, so it runs at most once per poll and
+        never more than a tenth of the time: on a big table the counts age a little."""
+        with self._counts_lock:
+            now = time.monotonic()
+            counted_at, rows, took = self._counts
+            if rows is None or now - counted_at >= max(self.poll_seconds * 0.9, took * 10):
+                with self.engine.connect() as conn:
+                    rows = reads.queue_rows(conn)
+                took = time.monotonic() - now
+                counted_at = time.monotonic()
+                self._counts = (counted_at, rows, took)
+            return rows, time.monotonic() - counted_at, took * 1000
+
+    def _forget_counts(self) -> None:
+        with self._counts_lock:
+            self._counts = (0.0, None, 0.0)
+
+    def _queues_context(self) -> dict[str, Any]:
+        rows, age, took_ms = self._queue_rows()
+        charts = {row.name: _bars(row.per_minute, row.failed_per_minute) for row in rows}
+        return {
+            "queues": rows,
+            "charts": charts,
+            "statuses": [s.value for s in JobStatus],
+            "counted_ago": age,
+            "count_ms": took_ms,
+        }
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def queues_page(self, request: Request) -> Response:
+        return self._render(request, "queues.html", **self._queues_context())
+
+    def queues_partial(self, request: Request) -> Response:
+        return self._render(request, "_queues_table.html", **self._queues_context())
+
+    def jobs_page(self, request: Request) -> Response:
+        params = request.query_params
+        status = params.get("status") or None
+        try:
+            where = reads.JobFilter(
+                queue=params.get("queue") or None,
+                task=params.get("task") or None,
+                status=JobStatus(status) if status else None,
+                tag=params.get("tag") or None,
+            )
+            before = int(params["before"]) if params.get("before") else None
+        except ValueError:
+            choices = ", ".join(s.value for s in JobStatus)
+            return self._render(
+                request,
+                "error.html",
+                status=400,
+                message=f"bad filter: status is one of {choices}; before is a job id",
+            )
+        with self.engine.connect() as conn:
+            page = reads.list_jobs(conn, where, before)
+        filters = {
+            "queue": where.queue or "",
+            "task": where.task or "",
+            "status": where.status.value if where.status else "",
+            "tag": where.tag or "",
+        }
+        return self._render(
+            request,
+            "jobs.html",
+            page=page,
+            filters=filters,
+            statuses=[s.value for s in JobStatus],
+            first_page=before is None,
+        )
+
+    def job_page(self, request: Request) -> Response:
+        job_id = int(request.path_params["job_id"])
+        with self.engine.connect() as conn:
+            job = admin.get_job(conn, job_id)
+        if job is None:
+            return self._render(
+                request,
+                "error.html",
+                status=404,
+                message=f"no job {job_id}: never enqueued, or deleted once finished "
+                "(by its queue's retention, prune, or from this page)",
+            )
+        began = job.started_at or job.locked_at
+        timings = {
+            "waited": reads.seconds_between(job.created_at, began),
+            "ran": reads.seconds_between(began, job.finished_at),
+            "total": reads.seconds_between(job.created_at, job.finished_at),
+        }
+        args = json.dumps(job.args, indent=2, ensure_ascii=False, sort_keys=True)
+        meta = json.dumps(job.meta, indent=2, ensure_ascii=False, sort_keys=True)
+        return self._render(request, "job.html", job=job, args=args, meta=meta, timings=timings)
+
+    def workers_page(self, request: Request) -> Response:
+        with self.engine.connect() as conn:
+            workers = reads.live_workers(conn)
+        return self._render(request, "workers.html", workers=workers)
+
+    def doctor_page(self, request: Request) -> Response:
+        # No MultiXact sampling: a page must not sleep for a second.
+        findings = diagnose(self.engine, DoctorOptions(sample=0))
+        return self._render(request, "doctor.html", findings=findings, Severity=Severity)
+
+    # -- actions -----------------------------------------------------------------------------
+
+    async def _checked_form(self, request: Request) -> FormData | Response:
+        """The POSTed form if the dashboard may act and its CSRF token matches the cookie."""
+        if self.read_only:
+            return PlainTextResponse("this dashboard is read-only (--read-only)", status_code=403)
+        form = await request.form()
+        sent = form.get(CSRF_FIELD)
+        cookie = request.cookies.get(CSRF_COOKIE)
+        if not isinstance(sent, str) or not cookie or not hmac.compare_digest(sent, cookie):
+            return PlainTextResponse(
+                "missing or wrong CSRF token: reload the page and try again", status_code=403
+            )
+        return form
+
+    async def jobs_action(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        action = form.get("action")
+        back = str(form.get("back") or "/jobs")
+        # Only a path of this app: never another site (`//host`, `/\host` in browsers).
+        if not back.startswith("/") or back[1:2] in ("/", "\\"):
+            back = "/jobs"
+        if action not in JOB_ACTIONS:
+            return PlainTextResponse(f"action must be one of {', '.join(JOB_ACTIONS)}", 400)
+        try:
+            ids = [int(str(value)) for value in form.getlist("job_id")]
+        except ValueError:
+            return PlainTextResponse("job_id must be job ids (integers)", status_code=400)
+        if not ids:
+            return self._back(request, back, "no job selected")
+        done = await run_in_threadpool(self._act, str(action), ids)
+        verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[str(action)]
+        skipped = len(ids) - done
+        notice = f"{done} job(s) {verb}"
+        if skipped:
+            notice += f"; {skipped} left alone (not in a state that allows it)"
+        return self._back(request, back, notice)
+
+    def _act(self, action: str, ids: list[int]) -> int:
+        with self.engine.begin() as conn:
+            if action == "retry":
+                done = len(admin.retry_jobs(conn, ids))
+            elif action == "cancel":
+                done = len(admin.cancel_jobs(conn, ids))
+            else:
+                done = len(admin.delete_jobs(conn, ids))
+        self._forget_counts()
+        return done
+
+    async def _set_paused(self, request: Request, paused: bool) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        name = request.path_params["name"]
+        try:
+            await run_in_threadpool(self._pause, name, paused)
+        except SqlaQueueError as exc:
+            return self._back(request, "/", str(exc))
+        return self._back(request, "/", f"queue {name} {'paused' if paused else 'resumed'}")
+
+    def _pause(self, name: str, paused: bool) -> None:
+        with self.engine.begin() as conn:
+            admin.set_paused(conn, name, paused)
+        self._forget_counts()
+
+    async def pause(self, request: Request) -> Response:
+        return await self._set_paused(request, True)
+
+    async def resume(self, request: Request) -> Response:
+        return await self._set_paused(request, False)
+
+
+def create_app(
+    engine: Engine | str,
+    *,
+    read_only: bool = False,
+    auth: Auth | str | None = None,
+    poll_seconds: float = 2.0,
+) -> Starlette:
+    """The dashboard as an ASGI app over `engine` (or a database URL)."""
+    if isinstance(engine, str):
+        from sqla_queue.database import create_queue_engine
+
+        engine = create_queue_engine(engine, pool_size=4, max_overflow=4)
+    return Dashboard(engine, read_only=read_only, auth=auth, poll_seconds=poll_seconds).app
+
+
+def wsgi_app(
+    engine: Engine | str,
+    *,
+    read_only: bool = False,
+    auth: Auth | str | None = None,
+    poll_seconds: float = 2.0,
+) -> Any:
+    """The dashboard as a WSGI app (Flask: `DispatcherMiddleware(app.wsgi_app, {"/queue":
+    wsgi_app(engine)})`)."""
+    from a2wsgi import ASGIMiddleware
+
+    asgi = create_app(engine, read_only=read_only, auth=auth, poll_seconds=poll_seconds)
+    return ASGIMiddleware(asgi)  # type: ignore[arg-type]
+
+
+__all__ = ["Auth", "Dashboard", "check_exposure", "create_app", "is_loopback", "wsgi_app"]

@@ -1,0 +1,128 @@
+"""What the dashboard reads and does, as calls on a `Connection` (no HTTP here).
+
+One job, retry, delete and cancel are `sqla_queue.admin`'s. The job list is the dashboard's
+own: unlike `admin.list_jobs`, a page searches a bounded window of jobs, so a filter that
+matches few jobs or none still answers in milliseconds on a table of millions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from sqla_queue import admin, queries
+from sqla_queue.models import JobStatus
+from sqla_queue.queries import dashboard as statements
+
+PAGE_SIZE = 50
+MINUTES = 60
+
+
+@dataclass
+class QueueRow:
+    """One queue on the queues page: counts, oldest due job, last hour per minute."""
+
+    name: str
+    paused: bool | None
+    retention: str | None
+    counts: dict[str, int]
+    oldest_due_age: float | None
+    route: str | None = None
+    """The broker its jobs are routed to (`nats:...`, `amqp:...`), None for table workers."""
+    per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
+    failed_per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
+
+    @property
+    def finished_last_hour(self) -> int:
+        return sum(self.per_minute)
+
+
+def queue_rows(conn: Connection) -> list[QueueRow]:
+    """Every queue with its counts by status and its last hour of finished jobs."""
+    settings = {q.name: q for q in admin.list_queues(conn)}
+    rows: dict[str, QueueRow] = {}
+    for s in admin.stats(conn):
+        info = settings.get(s.queue)
+        rows[s.queue] = QueueRow(
+            s.queue,
+            s.paused,
+            info.retention if info else None,
+            s.counts,
+            s.oldest_due_age,
+            route=info.route if info else None,
+        )
+    for queue, ago, status, count in conn.execute(statements.throughput()):
+        row = rows.get(queue)
+        if row is None or not 0 <= ago < MINUTES:
+            continue
+        # Index 0 is the oldest minute, so the chart reads left to right.
+        row.per_minute[MINUTES - 1 - ago] += int(count)
+        if status == JobStatus.failed.value:
+            row.failed_per_minute[MINUTES - 1 - ago] += int(count)
+    return list(rows.values())
+
+
+@dataclass
+class JobFilter:
+    queue: str | None = None
+    task: str | None = None
+    status: JobStatus | None = None
+    tag: str | None = None
+
+
+@dataclass
+class JobPage:
+    jobs: list[dict[str, Any]]
+    next_before: int | None
+    """The `before` of the next (older) page, or None on the last page."""
+    searched: int = 0
+    """When the page is short: how many jobs were searched for it (the window), else 0."""
+
+
+SEARCH_WINDOW = 20_000
+"""Jobs one page searches at most: a filter matching few jobs costs a bounded read."""
+
+
+def list_jobs(
+    conn: Connection,
+    where: JobFilter,
+    before: int | None = None,
+    limit: int = PAGE_SIZE,
+    window: int = SEARCH_WINDOW,
+) -> JobPage:
+    """A page of jobs newest first, older than job `before` if given (keyset pagination).
+
+    A page searches at most `window` jobs; when fewer than `limit` of them match, the page
+    is short and `next_before` continues the search below them.
+    """
+    statement = statements.job_page(
+        where.queue, where.task, where.status, before is not None, where.tag
+    )
+    params: dict[str, Any] = {
+        "tags": [where.tag] if where.tag is not None else None,
+        "limit": limit + 1,
+        "window": window,
+        "queue": where.queue,
+        "task": where.task,
+    }
+    if before is not None:
+        params["before_id"] = before
+    rows = [dict(row) for row in conn.execute(statement, params).mappings()]
+    if len(rows) > limit:
+        return JobPage(rows[:limit], int(rows[limit - 1]["id"]))
+    oldest, searched = conn.execute(statements.window_end(before is not None), params).one()
+    more = searched >= window
+    return JobPage(rows, int(oldest) if more else None, int(searched) if more else 0)
+
+
+def live_workers(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(row) for row in conn.execute(queries.live_workers()).mappings()]
+
+
+def seconds_between(start: dt.datetime | None, end: dt.datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()

@@ -1,0 +1,139 @@
+"""Unique jobs: at most one job per key among jobs in chosen states, held by the database.
+
+    enqueue(session, "app.send_receipt", {"order_id": 7}, unique=True)
+    enqueue(session, "app.sync", {"account": 3, "page": 1}, unique=Unique(args=["account"]))
+
+A job's key is a SHA-256 hash of its task, its queue (unless `by_queue=False`), the chosen
+args (all by default, or the named ones), a caller's own `key` text if given, and the
+current time slot when a `period` is set. A unique partial index over (key) admits one row
+per key among the rows whose status is one of the job's own `states`; every enqueue path
+writes with `INSERT ... ON CONFLICT DO NOTHING`, so a duplicate is skipped inside the
+statement: no advisory lock, no read-then-write, no error in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigurationError
+from .models import JobStatus
+
+STATE_BITS = {status.value: 1 << index for index, status in enumerate(JobStatus)}
+"""Each status's bit in a job's `unique_states` (the index predicate spells the same)."""
+DEFAULT_STATES = frozenset({JobStatus.queued.value, JobStatus.running.value})
+EVERY_STATE = frozenset(STATE_BITS)
+"""`states=EVERY_STATE`: once ever, while the row is kept (see the retention note)."""
+
+
+@dataclass(frozen=True)
+class Unique:
+    """How a job's uniqueness key is made, and among which states it holds.
+
+    `args`: None for all the job's args, or the names of the ones that count (a name the
+    args lack counts as null). `by_queue`: whether the same job in another queue is another
+    job. `key`: your own text, added to the key. `period`: seconds (or a timedelta): at most
+    one job per key per period, by UTC time slots of that length from the epoch. `states`:
+    the statuses in which a job blocks its duplicates: queued and running (the default)
+    and any of done, failed, cancelled.
+    A done job stays in the table only under retention `keep`: "once ever" (adding done,
+    failed and cancelled) holds as long as the row does.
+    """
+
+    args: Sequence[str] | None = None
+    by_queue: bool = True
+    key: str | None = None
+    period: float | dt.timedelta | None = None
+    states: Collection[str] = field(default=DEFAULT_STATES)
+
+    def __post_init__(self) -> None:
+        if self.args is not None and (
+            isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args)
+        ):
+            raise ConfigurationError(
+                detail=f"Unique(args=...) takes a list of arg names, got {self.args!r}"
+            )
+        states = frozenset(self.states)
+        bad = sorted(states - EVERY_STATE)
+        if bad or not states or isinstance(self.states, str):
+            raise ConfigurationError(
+                detail=f"Unique(states=...) takes statuses among {sorted(EVERY_STATE)}, "
+                f"got {self.states!r}"
+            )
+        if not states >= DEFAULT_STATES:
+            # The worker moves jobs between queued and running (claim, retry, release,
+            # reap): a key that blocked in one and not the other could refuse that move.
+            raise ConfigurationError(
+                detail=f"Unique(states=...) must include 'queued' and 'running' (a job "
+                f"moves between them), got {sorted(states)}; add finished statuses for "
+                "'once ever'"
+            )
+        object.__setattr__(self, "states", states)
+        seconds = self.period_seconds
+        if seconds is not None and not seconds >= 1:
+            raise ConfigurationError(
+                detail=f"Unique(period=...) is at least 1 second, got {self.period!r}"
+            )
+        if self.key is not None and not isinstance(self.key, str):
+            raise ConfigurationError(detail=f"Unique(key=...) is a str, got {self.key!r}")
+
+    @property
+    def period_seconds(self) -> float | None:
+        if self.period is None:
+            return None
+        if isinstance(self.period, dt.timedelta):
+            return self.period.total_seconds()
+        if isinstance(self.period, bool) or not isinstance(self.period, int | float):
+            raise ConfigurationError(
+                detail=f"Unique(period=...) is seconds or a timedelta, got {self.period!r}"
+            )
+        return float(self.period)
+
+    @property
+    def state_bits(self) -> int:
+        """The states as the bitmask stored in `jobs.unique_states`."""
+        return sum(STATE_BITS[s] for s in self.states)
+
+    def key_for(
+        self, task: str, queue: str, args: Mapping[str, Any], now: float | None = None
+    ) -> bytes:
+        """The job's uniqueness key: 32 bytes of SHA-256 over its canonical JSON parts."""
+        chosen = dict(args) if self.args is None else {name: args.get(name) for name in self.args}
+        slot = None
+        seconds = self.period_seconds
+        if seconds is not None:
+            slot = int((time.time() if now is None else now) // seconds)
+        parts = {
+            "task": task,
+            "queue": queue if self.by_queue else None,
+            "args": chosen,
+            "key": self.key,
+            "slot": slot,
+        }
+        canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).digest()
+
+
+UniqueOption = bool | Unique | None
+"""What `unique=` takes: True (the defaults), a `Unique`, False (not unique), or None (the
+task's own default)."""
+
+
+def resolve_unique(value: object, task_default: Unique | None = None) -> Unique | None:
+    """`unique=` as given (None: the task's default) as a `Unique`, or None for not unique."""
+    if value is None:
+        return task_default
+    if value is True:
+        return Unique()
+    if value is False:
+        return None
+    if isinstance(value, Unique):
+        return value
+    raise ConfigurationError(
+        detail=f"unique= takes True, False or a sqla_queue.Unique(...), got {value!r}"
+    )

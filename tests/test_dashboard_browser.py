@@ -1,0 +1,210 @@
+"""The dashboard in a real browser: Playwright driving Debian's chromium (/usr/bin/chromium).
+
+Never `playwright install`: its browser download cannot work here. `.ci/run` installs the
+chromium package when it is missing. Set SQLA_QUEUE_SCREENSHOTS=docs/images to refresh the
+README's screenshots from these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apps.support import WorkerThread, enqueue_jobs, jobs_by_id, wait_for
+from sqlalchemy import Engine, text
+
+from sqla_queue import Registry, admin
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+uvicorn = pytest.importorskip("uvicorn")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
+
+from sqla_queue.dashboard import create_app  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def dashboard_url(engine: Engine) -> Iterator[str]:
+    """The dashboard served by uvicorn in a thread, polling every half second."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(engine, poll_seconds=0.5), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=15)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def page(dashboard_url: str) -> Iterator[Any]:
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(
+            base_url=dashboard_url, viewport={"width": 1280, "height": 720}
+        )
+        tab = context.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.on(
+            "console",
+            lambda msg: errors.append(msg.text) if msg.type == "error" else None,
+        )
+        yield tab
+        browser.close()
+        # No script error and no CSP violation on any page the test opened.
+        assert errors == []
+
+
+def screenshot(tab: Any, name: str) -> None:
+    folder = os.environ.get("SQLA_QUEUE_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def flaky_registry(state: dict[str, bool]) -> Registry:
+    """Task `send` fails until `state["fixed"]`, as after a bug fix is deployed."""
+    registry = Registry()
+
+    @registry.task(name="send", queue="mail", max_attempts=1)
+    def send(to: str) -> None:
+        if not state["fixed"]:
+            raise ConnectionError(f"SMTP server refused {to}")
+
+    @registry.task(name="resize", queue="images")
+    def resize(size: int) -> None:
+        del size
+
+    return registry
+
+
+def make_queues(engine: Engine) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "mail", retention="keep")
+        admin.create_queue(conn, "images", retention="keep")
+
+
+def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine, page: Any) -> None:
+    expect = playwright_api.expect
+    make_queues(engine)
+    state = {"fixed": False}
+    registry = flaky_registry(state)
+    (job_id,) = enqueue_jobs(
+        engine, "send", 1, queue="mail", args={"to": "ada@example.com"}, tags=["signup"]
+    )
+    enqueue_jobs(engine, "resize", 3, queue="images", args={"size": 128})
+    with WorkerThread(engine, registry, poll_interval=0.2):
+        wait_for(lambda: jobs_by_id(engine, [job_id])[job_id].status == "failed")
+        wait_for(
+            lambda: all(j.status == "done" for j in jobs_by_id(engine).values() if j.id != job_id)
+        )
+
+    page.goto("/")
+    mail = page.locator('tr[data-queue="mail"]')
+    expect(mail.locator(".count-failed")).to_have_text("1")
+    mail.locator(".count-failed a").click()
+    page.locator(f'tr[data-job="{job_id}"] a[href$="/jobs/{job_id}"]').click()
+    expect(page.locator("pre.traceback")).to_contain_text("Traceback (most recent call last)")
+    expect(page.locator("dl.facts a.tag")).to_have_text("signup")
+    expect(page.locator("pre.traceback")).to_contain_text(
+        "ConnectionError: SMTP server refused ada@example.com"
+    )
+    screenshot(page, "dashboard-job.png")
+
+    page.get_by_role("button", name="Retry").click()
+    expect(page.locator(".notice")).to_have_text("1 job(s) retried")
+    expect(page.locator("h1 .status")).to_have_text("queued")
+    state["fixed"] = True
+    with WorkerThread(engine, registry, poll_interval=0.2):
+        wait_for(lambda: jobs_by_id(engine, [job_id])[job_id].status == "done")
+    page.reload()
+    expect(page.locator("h1 .status")).to_have_text("done")
+
+
+def test_the_queues_page_charts_the_last_hour_per_minute(engine: Engine, page: Any) -> None:
+    expect = playwright_api.expect
+    make_queues(engine)
+    with engine.begin() as conn:
+        admin.create_queue(conn, "reports")
+        admin.set_paused(conn, "reports", True)
+    # Finished jobs spread over the last hour (done and failed), as workers would leave them
+    # in `keep` queues; 12 distinct minutes for mail, 30 for images, and a queued backlog.
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.jobs (queue, task, status, attempts, finished_at, "
+                "created_at, run_at, last_error) "
+                "SELECT q, t, CASE WHEN (m + g) % 6 = 0 THEN 'failed' ELSE 'done' END, 1, "
+                "now() - make_interval(mins => m) - interval '10 seconds', now() - interval "
+                "'2 hours', now() - interval '2 hours', "
+                "CASE WHEN (m + g) % 6 = 0 THEN 'boom' END "
+                "FROM (VALUES ('mail', 'send', 5), ('images', 'resize', 2)) AS s(q, t, every), "
+                "generate_series(0, 59) AS m, "
+                "LATERAL generate_series(1, 2 + (m * 7) % 9) AS g WHERE m % every = 0"
+            )
+        )
+    enqueue_jobs(engine, "resize", 40, queue="images", args={"size": 64})
+    enqueue_jobs(engine, "report", 7, queue="reports", args={})
+    page.goto("/")
+    for queue, minutes in (("mail", 12), ("images", 30)):
+        bars = page.locator(f'tr[data-queue="{queue}"] svg.chart rect.ok')
+        expect(bars).to_have_count(minutes)
+    failed = int(page.locator('tr[data-queue="images"] .count-failed').inner_text())
+    assert failed > 0
+    assert page.locator('tr[data-queue="images"] svg.chart rect.bad').count() > 0
+    expect(page.locator('tr[data-queue="images"] .count-queued')).to_have_text("40")
+    expect(page.locator('tr[data-queue="reports"] td').nth(1)).to_have_text("paused")
+    screenshot(page, "dashboard-queues.png")
+
+
+def test_pause_a_queue_from_the_page_and_the_worker_stops_claiming_from_it(
+    engine: Engine, page: Any
+) -> None:
+    expect = playwright_api.expect
+    make_queues(engine)
+    registry = flaky_registry({"fixed": True})
+    page.goto("/")
+    mail = page.locator('tr[data-queue="mail"]')
+    mail.get_by_role("button", name="Pause").click()
+    expect(page.locator(".notice")).to_have_text("queue mail paused")
+    expect(mail.locator("td").nth(1)).to_have_text("paused")
+
+    with WorkerThread(engine, registry, poll_interval=0.2):
+        held = enqueue_jobs(engine, "send", 3, queue="mail", args={"to": "x@example.com"})
+        control = enqueue_jobs(engine, "resize", 3, queue="images", args={"size": 1})
+        # The counts refresh without a reload (htmx poll): the paused queue's 3 wait.
+        expect(mail.locator(".count-queued")).to_have_text("3", timeout=10_000)
+        wait_for(lambda: {j.status for j in jobs_by_id(engine, control).values()} == {"done"})
+        time.sleep(1.0)  # several poll intervals after the other queue drained
+        assert {j.status for j in jobs_by_id(engine, held).values()} == {"queued"}
+
+        mail.get_by_role("button", name="Resume").click()
+        expect(page.locator(".notice")).to_have_text("queue mail resumed")
+        wait_for(lambda: {j.status for j in jobs_by_id(engine, held).values()} == {"done"})
+        expect(mail.locator(".count-done")).to_have_text("3", timeout=10_000)

@@ -1,0 +1,171 @@
+"""A refused job never costs the caller's business write silently (review of issues 8 and 15).
+
+A refusal in Python leaves the transaction usable; a refusal by the database aborts it, and
+then the error says so. The queue's error translation never claims another table's errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from apps.support import jobs_by_id
+from sqlalchemy import Engine, insert, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sqla_queue import (
+    InvalidJobError,
+    Job,
+    NewJob,
+    Registry,
+    UnknownQueueError,
+    UnknownTaskError,
+    enqueue,
+    enqueue_many,
+    limits,
+    set_default_registry,
+)
+from sqla_queue.enqueue import COPY_MIN_ROWS
+
+Write = Callable[[Session, dict[str, Any]], Any]
+PATHS: dict[str, Write] = {
+    "enqueue": lambda s, row: enqueue(s, **row, flush=True),
+    "session.add": lambda s, row: (s.add(Job(**row)), s.flush()),
+    "insert": lambda s, row: enqueue_many(s, [row]),
+    "copy": lambda s, row: enqueue_many(s, [row] * COPY_MIN_ROWS),
+}
+
+
+@pytest.fixture
+def orders(engine: Engine) -> Engine:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.orders (id serial PRIMARY KEY)"))
+    return engine
+
+
+def order_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(text("SELECT count(*) FROM public.orders")) or 0)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_args_that_grow_past_the_limit_as_jsonb_are_refused_before_the_transaction_is_harmed(
+    orders: Engine, path: str
+) -> None:
+    # 1e300 is 6 characters of JSON but 301 digits as jsonb numeric: the CHECK would refuse it.
+    args = {"v": [1e300] * 3400}
+    assert len(json.dumps(args)) < limits.max_args_bytes
+    with Session(orders) as session:
+        session.execute(text("INSERT INTO public.orders DEFAULT VALUES"))
+        with pytest.raises(InvalidJobError, match="as jsonb") as raised:
+            PATHS[path](session, {"task": "t", "args": args})
+        assert "CHECK constraint" not in str(raised.value)  # refused before anything was sent
+        session.commit()  # the caller caught the refusal and goes on: the order must commit
+    assert order_count(orders) == 1
+    assert jobs_by_id(orders) == {}
+
+
+def test_floats_in_exponent_form_within_the_limit_are_accepted(engine: Engine) -> None:
+    args = {"small": [1.5e-07] * 10, "big": [-1e300] * 10, "text": "e+1 e-5"}
+    with Session(engine) as session, session.begin():
+        (job_id,) = enqueue_many(session, [{"task": "t", "args": args}])
+    stored = jobs_by_id(engine)[job_id].args
+    assert stored["small"] == args["small"]
+    assert stored["text"] == args["text"]
+    assert [float(v) for v in stored["big"]] == args["big"]  # jsonb writes 1e300 out in full
+
+
+@pytest.mark.parametrize("path", ["insert", "copy"])
+def test_a_job_the_database_refuses_says_the_transaction_is_aborted(
+    orders: Engine, path: str
+) -> None:
+    with Session(orders) as session:
+        session.execute(text("INSERT INTO public.orders DEFAULT VALUES"))
+        with pytest.raises(UnknownQueueError) as raised:
+            PATHS[path](session, {"task": "t", "queue": "missing"})
+        session.rollback()
+    message = str(raised.value)
+    assert "sqla-queue queues create missing" in message
+    assert "aborted" in message
+    assert "roll it back" in message
+    assert "\n" not in message
+
+
+def test_a_check_violation_says_the_transaction_is_aborted(engine: Engine) -> None:
+    with engine.connect() as conn, pytest.raises(InvalidJobError) as raised:
+        conn.execute(insert(Job).values(task="t", priority=-1))
+    assert "CHECK constraint ck_jobs_priority" in str(raised.value)
+    assert "aborted" in str(raised.value)
+
+
+def test_an_applications_own_jobs_table_keeps_its_own_errors(engine: Engine) -> None:
+    # Same table and constraint names as the queue's (a common naming convention), other schema.
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.queues (name text PRIMARY KEY)"))
+        conn.execute(
+            text(
+                "CREATE TABLE public.jobs (id serial PRIMARY KEY,"
+                " queue text CONSTRAINT fk_jobs_queue_queues REFERENCES public.queues (name),"
+                " priority int CONSTRAINT ck_jobs_priority CHECK (priority < 10))"
+            )
+        )
+    for statement in (
+        "INSERT INTO public.jobs (priority) VALUES (50)",
+        "INSERT INTO public.jobs (queue) VALUES ('nope')",
+    ):
+        with engine.connect() as conn, pytest.raises(IntegrityError) as raised:
+            conn.execute(text(statement))
+        assert not isinstance(raised.value, InvalidJobError | UnknownQueueError)
+
+
+# -- session.merge -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def strict_default() -> Iterator[Registry]:
+    registry = Registry()
+    registry.task(name="known", queue="default")(lambda **kwargs: None)
+
+    @registry.on_insert
+    def stamp_or_refuse(job: NewJob) -> None:
+        if job.args.get("refuse"):
+            raise ValueError("refused by policy")
+        job.args = {**job.args, "stamped": True}
+
+    set_default_registry(registry)
+    yield registry
+    set_default_registry(None)
+
+
+def test_a_merged_job_passes_the_insert_hooks(engine: Engine, strict_default: Registry) -> None:
+    with Session(engine) as session, session.begin():
+        merged = session.merge(Job(task="known", args={"n": 1}))
+        session.flush()
+        assert merged.args == {"n": 1, "stamped": True}
+    with Session(engine) as session:
+        session.merge(Job(task="known", args={"refuse": True}))
+        with pytest.raises(InvalidJobError, match="refused by policy"):
+            session.flush()
+        session.merge(Job(task="knwon", args={}))
+        with pytest.raises(UnknownTaskError, match="did you mean 'known'"):
+            session.flush()
+        session.commit()
+    assert [job.args for job in jobs_by_id(engine).values()] == [{"n": 1, "stamped": True}]
+
+
+def test_a_job_whose_flush_failed_is_not_hooked_twice(
+    engine: Engine, strict_default: Registry
+) -> None:
+    with Session(engine) as session:
+        job = Job(task="known", args={}, queue="missing")
+        session.add(job)
+        with pytest.raises(UnknownQueueError):
+            session.flush()
+        session.rollback()
+        job.queue = "default"
+        session.add(job)
+        session.commit()
+    assert [job.args for job in jobs_by_id(engine).values()] == [{"stamped": True}]
