@@ -111,22 +111,21 @@ def _transaction(database_url: str | None, check: bool = True) -> Iterator[Conne
         engine.dispose()
 
 
-def _configure_logging(level: str) -> None:
-    from rich.logging import RichHandler
+def _configure_logging(level: str, log_format: str = "text") -> None:
+    from .logs import configure_logging
 
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(message)s",
-        datefmt="[%X]",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=False, console=_stderr())],
-        force=True,
-    )
+    configure_logging(level, log_format)
 
 
-def _stderr() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
+def _log_format_option(func: F) -> F:
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default=None,
+        envvar="SQLA_QUEUE_LOG_FORMAT",
+        show_envvar=True,
+        help="Log records as human-readable text (default) or one JSON object per line.",
+    )(func)
 
 
 @click.group()
@@ -137,10 +136,13 @@ def _stderr() -> Any:
     help=f"PostgreSQL URL for the command that follows (or its own --database-url, or "
     f"{URL_ENV_VAR}).",
 )
+@_log_format_option
 @click.pass_context
-def main(ctx: click.Context, database_url: str | None) -> None:
+def main(ctx: click.Context, database_url: str | None, log_format: str | None) -> None:
     """sqla-queue: a PostgreSQL job queue for SQLAlchemy applications."""
-    ctx.obj = {"database_url": database_url}
+    ctx.obj = {"database_url": database_url, "log_format": log_format}
+    if log_format == "json":  # every command's log records, as JSON lines on stderr
+        _configure_logging("warning", log_format)
 
 
 @main.command()
@@ -252,6 +254,13 @@ def _worker_default(name: str) -> Any:
     default="info",
     show_default=True,
 )
+@_log_format_option
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (needs sqla-queue[metrics]).",
+)
 @click.option(
     "--from",
     "broker_url",
@@ -263,8 +272,10 @@ def _worker_default(name: str) -> Any:
     default=None,
     help="With --from: skip job ids already run (default: on for amqp, off for nats).",
 )
+@click.pass_context
 @_friendly_errors
 def worker(
+    ctx: click.Context,
     database_url: str | None,
     app_path: str,
     queues: str | None,
@@ -277,6 +288,8 @@ def worker(
     shutdown_timeout: float,
     give_up_after: float | None,
     log_level: str,
+    log_format: str | None,
+    metrics_port: int | None,
     broker_url: str | None,
     dedup: bool | None,
 ) -> None:
@@ -285,16 +298,25 @@ def worker(
     from .registry import load_registry
     from .worker import Worker, WorkerConfig
 
-    _configure_logging(log_level)
+    log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
+    _configure_logging(log_level, log_format)
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")
+    registry = load_registry(app_path)
+    if log_format == "json":
+        from .logs import log_jobs
+
+        log_jobs(registry)
+    if metrics_port is not None:
+        from . import metrics
+
+        metrics.instrument(registry)
+        metrics.serve(metrics_port)
     if broker_url is not None:
         from .brokers.cli import run_broker_worker
 
         settings = (concurrency, lease, poll_interval, burst, shutdown_timeout, dedup)
-        run_broker_worker(
-            _engine(database_url), load_registry(app_path), broker_url, queues, *settings
-        )
+        run_broker_worker(_engine(database_url), registry, broker_url, queues, *settings)
         _exit_past_stuck_handlers()
         return
     config = WorkerConfig(
@@ -308,7 +330,6 @@ def worker(
         shutdown_timeout=shutdown_timeout,
         give_up_after=give_up_after,
     )
-    registry = load_registry(app_path)
     engine = _engine(
         database_url, application_name=WORKER_APPLICATION_NAME, pool_size=3, max_overflow=4
     )
@@ -317,10 +338,11 @@ def worker(
     finally:
         engine.dispose()
     if burst:
-        click.echo(
-            f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed",
-            err=True,
-        )
+        done = f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed"
+        if log_format == "json":  # stderr stays one JSON object per line
+            log.warning(done, extra=dataclasses.asdict(stats))
+        else:
+            click.echo(done, err=True)
     _exit_past_stuck_handlers()
 
 

@@ -1,0 +1,47 @@
+"""Statements of the observability plugins: queue depth and heartbeat lag (`sqla_queue.metrics`),
+a job's trace context (`sqla_queue.tracing`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Select, and_, bindparam, func, or_, select
+
+from sqla_queue.models import JobStatus
+
+from .common import _is, jobs, workers
+
+
+def queue_depth() -> Select[Any]:
+    """Per queue with unfinished jobs: (queue, queued, due, running, oldest_due_seconds).
+
+    Reads only queued and running rows (the partial indexes' rows), never finished ones,
+    so its cost follows the backlog, not the table's history.
+    """
+    queued, running = _is(JobStatus.queued), _is(JobStatus.running)
+    due = and_(queued, jobs.c.run_at <= func.now())
+    return (
+        select(
+            jobs.c.queue,
+            func.count().filter(queued).label("queued"),
+            func.count().filter(due).label("due"),
+            func.count().filter(running).label("running"),
+            func.extract("epoch", func.now() - func.min(jobs.c.run_at).filter(due)).label(
+                "oldest_due_seconds"
+            ),
+        )
+        .where(or_(queued, running))
+        .group_by(jobs.c.queue)
+    )
+
+
+def heartbeat_lag() -> Select[Any]:
+    """Seconds since worker `:worker_id` last beat its registration (no row: not registered)."""
+    return select(func.extract("epoch", func.now() - workers.c.heartbeat_at)).where(
+        workers.c.id == bindparam("worker_id")
+    )
+
+
+def job_meta_entry(key: str) -> Select[Any]:
+    """`meta -> key` of job `:job_id` (NULL when absent): one entry, never the whole meta."""
+    return select(jobs.c.meta[key]).where(jobs.c.id == bindparam("job_id"))
