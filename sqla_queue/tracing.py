@@ -7,8 +7,8 @@
   whatever span is current where the job is enqueued (a web request), and writes the
   span's context into the job's `meta` (W3C `traceparent`, under the key `otel`);
 - a middleware wraps every execution in a span (`run TASK`, kind CONSUMER) whose parent is
-  the context read back from the job (`ctx.meta`, else its `otel` entry by primary key),
-  so one trace goes from the request to the handler.
+  the context read back from the job's `ctx.meta`, so one trace goes from the request to
+  the handler.
   Spans the handler opens on its thread are children of it; an exception marks it failed.
 
 The insert hook runs wherever the registry is in force: its tasks' `.enqueue`, or every
@@ -23,15 +23,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
-from .queries.metrics import job_meta_entry
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
-    from sqlalchemy import Engine
 
     from .hooks import NewJob
     from .registry import JobContext, Registry
-    from .worker import Worker
 
 META_KEY = "otel"
 """The key in a job's `meta` that holds its enqueuer's trace context."""
@@ -50,23 +47,6 @@ class Tracing:
 
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
-        self.engine: Engine | None = None
-        self._read = job_meta_entry(META_KEY)
-        """The running worker's engine, for `_read_carrier`."""
-
-    def worker_started(self, worker: Worker) -> None:
-        self.engine = worker.engine
-
-    def _read_carrier(self, ctx: JobContext) -> Any:
-        """The trace context of a job whose `ctx.meta` came empty, read by primary key.
-
-        The worker does not hand `JobContext` its job's meta yet (the claim returns it; the
-        inline `drain` passes it): until it does, one indexed read per job with no meta.
-        """
-        if self.engine is None:
-            return None
-        with self.engine.connect() as conn:
-            return conn.execute(self._read, {"job_id": ctx.job_id}).scalar()
 
     def on_insert(self, job: NewJob) -> None:
         """Open and close the enqueue span; carry its context in the job's meta."""
@@ -91,7 +71,7 @@ class Tracing:
         """Run the job inside its span, a child of the enqueuer's context when it has one."""
         from opentelemetry import propagate, trace
 
-        carrier = ctx.meta.get(META_KEY) if ctx.meta else self._read_carrier(ctx)
+        carrier = ctx.meta.get(META_KEY)
         parent = propagate.extract(carrier) if isinstance(carrier, Mapping) else None
         with self.tracer.start_as_current_span(
             f"run {ctx.task}",
@@ -126,5 +106,4 @@ def instrument(registry: Registry, tracer_provider: TracerProvider | None = None
     )
     registry.on_insert(tracing.on_insert)
     registry.middleware.insert(0, tracing.middleware)
-    registry.on_worker_started(tracing.worker_started)
     return tracing

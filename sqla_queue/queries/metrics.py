@@ -40,8 +40,3 @@ def heartbeat_lag() -> Select[Any]:
     return select(func.extract("epoch", func.now() - workers.c.heartbeat_at)).where(
         workers.c.id == bindparam("worker_id")
     )
-
-
-def job_meta_entry(key: str) -> Select[Any]:
-    """`meta -> key` of job `:job_id` (NULL when absent): one entry, never the whole meta."""
-    return select(jobs.c.meta[key]).where(jobs.c.id == bindparam("job_id"))
