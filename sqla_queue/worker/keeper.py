@@ -180,9 +180,16 @@ class Keeper:
                 "job_started": [True],
             }
             owned = conn.execute(queries.heartbeat_jobs(), params).all()
-        if not owned:
+            # A row locked at this instant (the keeper's own beat, a cancel in progress) was
+            # skipped, not lost: ask without a lock whether this attempt still holds it.
+            held = bool(owned) or bool(
+                conn.execute(
+                    queries.held_jobs(), {"job_ids": [job.id], "job_attempts": [job.attempt]}
+                ).first()
+            )
+        if not held:
             job.ctx.mark_lost()
-        return bool(owned)
+        return held
 
     def _reap(self, conn: Connection, reap: Any, notify: Any) -> None:
         reaped = conn.execute(reap, {"task_max_attempts": self.task_max_attempts}).mappings().all()
