@@ -163,6 +163,38 @@ def test_one_locked_row_does_not_stop_the_heartbeats_of_the_others(engine: Engin
     assert jobs_by_id(engine)[locked].status == "cancelled"
 
 
+def test_a_handlers_own_heartbeat_on_a_row_locked_elsewhere_is_not_a_lost_job(
+    engine: Engine,
+) -> None:
+    """The handler's `ctx.heartbeat()` meets its row locked at that instant (the keeper's
+    own beat, a cancel being decided): the job is still its own, not lost."""
+    registry = Registry()
+    beats: list[bool] = []
+    started = threading.Event()
+    locked = threading.Event()
+
+    @registry.task(name="beat", pass_context=True)
+    def beat(ctx: JobContext) -> None:
+        started.set()
+        assert locked.wait(10)
+        beats.append(ctx.heartbeat())
+        beats.append(ctx.cancelled)
+
+    (job_id,) = enqueue_jobs(engine, "beat", 1)
+    with WorkerThread(engine, registry, lease=60, concurrency=1) as runner:
+        assert started.wait(10)
+        with engine.begin() as conn:  # another session holds the row while the handler beats
+            conn.execute(
+                text("SELECT id FROM sqla_queue.jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
+            )
+            locked.set()
+            wait_for(lambda: len(beats) == 2)
+        wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0)
+        succeeded = runner.worker.stats.succeeded
+    assert beats == [True, False]  # still ours, and not cancelled
+    assert succeeded == 1
+
+
 def test_a_raising_retry_policy_still_settles_the_job(engine: Engine) -> None:
     """Defect 5: the backoff computation raises; the job is retried, not wedged."""
 
