@@ -678,3 +678,11 @@ LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"; LISTEN "{CANCEL_CHANNEL}"'
 def notify_cancelled() -> Select[Any]:
     """`pg_notify(CANCEL_CHANNEL, :job_ids)`: running jobs that were cancelled, on commit."""
     return select(func.pg_notify(CANCEL_CHANNEL, bindparam("job_ids", type_=Text)))
+
+
+def make_scheduled_due(queue_names: Sequence[str] | None) -> Update:
+    """Queued jobs due later become due now, in the given queues (None: all); for `drain`."""
+    statement = update(jobs).where(_is(JobStatus.queued), jobs.c.run_at > func.now())
+    if queue_names is not None:
+        statement = statement.where(jobs.c.queue.in_(queue_names))
+    return statement.values(run_at=func.now())

@@ -16,13 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, func, update
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session
 
 from sqla_queue import queries
 from sqla_queue.errors import ConfigurationError, JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job, JobStatus
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job
 from sqla_queue.registry import JobContext, Registry, Task
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 from sqla_queue.worker.executor import resources_of
@@ -98,7 +98,7 @@ def drain(
         with _connection_for(target) as run:
             while max_jobs is None or result.ran - ran < max_jobs:
                 if include_scheduled:
-                    run(_make_scheduled_due(queue_names))
+                    run(queries.make_scheduled_due(queue_names))
                 row = run(claim, params).first()
                 if row is None:
                     break
@@ -144,17 +144,6 @@ class _BufferedResult:
 
     def first(self) -> Any:
         return self._rows[0] if self._rows else None
-
-
-def _make_scheduled_due(queue_names: Sequence[str] | None) -> Any:
-    """Queued jobs due later become due now (in the given queues)."""
-    jobs = _JOBS
-    statement = update(jobs).where(
-        jobs.c.status == JobStatus.queued.value, jobs.c.run_at > func.now()
-    )
-    if queue_names is not None:
-        statement = statement.where(jobs.c.queue.in_(queue_names))
-    return statement.values(run_at=func.now())
 
 
 def _run_job(
