@@ -218,19 +218,27 @@ def test_a_sigkilled_child_is_restarted_and_no_job_is_lost(
     assert parent.stop() == 0
 
 
+def four_jobs_running(
+    db: FaultDatabase, workers: StartWorker, queue: str, seconds: float
+) -> tuple[WorkerProcess, list[int]]:
+    """A parent of two children, each running two `sleep` jobs of `seconds`."""
+    parent = workers(db.url, "--processes", "2", "-q", queue, "-c", "2", "--batch", "1")
+    enqueue_jobs(db.url, queue, "sleep", [])
+    wait_until(lambda: children_registered(db), 60, what="two children")
+    ids = enqueue_jobs(db.url, queue, "sleep", [{"seconds": seconds}] * 4)
+    wait_until(
+        lambda: db.value("SELECT count(*) FROM public.fault_runs") == 4,
+        60,
+        what="four jobs started (each child holds two at most)",
+    )
+    return parent, ids
+
+
 @pytest.mark.slow
 def test_sigterm_to_the_parent_lets_children_finish_their_jobs_and_exits_0(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
-    parent = workers(fault_db.url, "--processes", "2", "-q", "term", "-c", "2", "--batch", "1")
-    enqueue_jobs(fault_db.url, "term", "sleep", [])
-    wait_until(lambda: children_registered(fault_db), 60, what="two children")
-    ids = enqueue_jobs(fault_db.url, "term", "sleep", [{"seconds": 2.0}] * 4)
-    wait_until(
-        lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") == 4,
-        60,
-        what="four jobs started (each child holds two at most)",
-    )
+    parent, ids = four_jobs_running(fault_db, workers, "term", seconds=2.0)
 
     parent.signal(signal.SIGTERM)
     assert parent.proc is not None
@@ -246,15 +254,7 @@ def test_sigterm_to_the_parent_lets_children_finish_their_jobs_and_exits_0(
 def test_a_second_signal_makes_the_children_requeue_their_jobs_and_exit_now(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
-    parent = workers(fault_db.url, "--processes", "2", "-q", "twice", "-c", "2", "--batch", "1")
-    enqueue_jobs(fault_db.url, "twice", "sleep", [])
-    wait_until(lambda: children_registered(fault_db), 60, what="two children")
-    enqueue_jobs(fault_db.url, "twice", "sleep", [{"seconds": 600.0}] * 4)
-    wait_until(
-        lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") == 4,
-        60,
-        what="four jobs started",
-    )
+    parent, _ = four_jobs_running(fault_db, workers, "twice", seconds=600.0)
 
     parent.signal(signal.SIGINT)
     wait_until(lambda: "received SIGINT: stopping" in parent.log(), 10, what="the first signal")
