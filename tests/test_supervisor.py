@@ -4,7 +4,9 @@ restarted with nothing lost, signals forwarded, and no restart loop on a broken 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from sqla_queue.cli import main
 from sqla_queue.retry import RetryPolicy
 from sqla_queue.supervisor import EXIT_CONFIG, EXIT_USAGE, RestartPolicy, Supervisor
 
+REPO = Path(__file__).resolve().parent.parent
 fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
 workers = pytest.fixture(workers_fixture, name="workers")
 
@@ -314,3 +317,17 @@ def test_burst_children_drain_the_queue_and_the_parent_exits_0(
     assert done.stderr.count("finished: nothing is due") == 2
     assert fault_db.status_counts() == {"done": 100}
     assert set(executions(fault_db)) == set(ids)
+
+
+@pytest.mark.slow
+def test_the_processes_benchmark_drains_with_two_children(admin_url: str) -> None:
+    command = [
+        sys.executable, "-m", "benchmarks.processes", "--database-url", admin_url,
+        "--jobs", "500", "--processes", "2", "--repeat", "1",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    match = re.search(r"drain --processes 2 -c 4 --batch 50: ([\d,]+) jobs/s", done.stdout)
+    assert match is not None, done.stdout
+    assert int(match[1].replace(",", "")) > 0
