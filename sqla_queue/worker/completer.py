@@ -19,7 +19,7 @@ from sqla_queue import queries
 
 from .board import JobBoard
 from .config import WorkerStats
-from .connection import DatabaseLink, describe, is_row_error
+from .connection import JOB_ARRAYS, DatabaseLink, DriverStatement, describe, is_row_error
 from .jobs import WRITES_NOTHING, ClaimedJob, Outcome, OutcomeKind, storable
 
 log = logging.getLogger("sqla_queue.worker")
@@ -35,7 +35,7 @@ class Completer:
         self.board = board
         self.db = db
         self.stats = stats
-        self._complete = queries.complete_jobs()
+        self._complete = DriverStatement(queries.complete_jobs(), db.engine, {}, JOB_ARRAYS)
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()

@@ -11,6 +11,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -101,6 +102,67 @@ class FailureLog:
         self._log.warning("database reachable again after %.1f s (%d failed attempts)", took, count)
 
 
+JOB_ARRAYS = ("job_ids", "job_attempts")
+"""The integer-list parameters of the statements that finish a batch of jobs."""
+
+
+class DriverStatement:
+    """A statement compiled once for the engine's dialect, run as its SQL text with the
+    bind values converted as SQLAlchemy would (`DatabaseLink.execute` runs it with
+    `exec_driver_sql`): no compile-cache lookup and no result processing per execution,
+    and psycopg prepares it server-side after a few runs, as it does any repeated text.
+    Rows come back as plain tuples of driver values (read them by position: `result.keys()`).
+
+    `static` are bind values that never change for this worker: converted once here.
+    `int_arrays` name parameters that are lists of integers: sent as the text of an array
+    literal (the SQL casts them), built in C by `str.join`, where psycopg's list dumper
+    inspects every element in Python to choose a type.
+    """
+
+    def __init__(
+        self,
+        statement: Any,
+        engine: Engine,
+        static: Mapping[str, Any],
+        int_arrays: tuple[str, ...] = (),
+    ) -> None:
+        compiled = statement.compile(dialect=engine.dialect)
+        self.sql: str = compiled.string
+        dialect = engine.dialect
+        self._processors: dict[str, Callable[[Any], Any]] = {}
+        self._int_arrays = frozenset(int_arrays)
+        # The names the SQL text uses, and the values that never change, converted once:
+        # the static ones, then defaults (a bindparam's own value).
+        self._static: dict[str, Any] = {}
+        self._names: dict[str, str] = {}
+        for bind, name in compiled.bind_names.items():
+            name = compiled.escaped_bind_names.get(name, name)
+            self._names[bind.key] = name
+            processor = bind.type._cached_bind_processor(dialect)
+            if processor is not None:
+                self._processors[name] = processor
+            if bind.key in static:
+                self._static[name] = self._convert(name, static[bind.key])
+            elif not bind.required:
+                self._static[name] = self._convert(name, bind.effective_value)
+
+    def _convert(self, name: str, value: Any) -> Any:
+        processor = self._processors.get(name)
+        return value if processor is None or value is None else processor(value)
+
+    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The driver's parameters: the static ones and `values`, converted."""
+        params = dict(self._static)
+        names = self._names
+        for key, value in values.items():
+            name = names[key]
+            if key in self._int_arrays:
+                params[name] = "{" + ",".join(map(str, value)) + "}"
+            else:
+                params[name] = self._convert(name, value)
+        return params
+
+
 class Stopped(Exception):
     """Internal: the worker is stopping and the database is unreachable."""
 
@@ -159,7 +221,10 @@ class DatabaseLink:
                 if conn is None:  # stopping while the database is away
                     raise Stopped
             try:
-                result = conn.execute(statement, params)
+                if isinstance(statement, DriverStatement):
+                    result = conn.exec_driver_sql(statement.sql, statement.params(params or {}))
+                else:
+                    result = conn.execute(statement, params)
             except DBAPIError as exc:
                 if exc.connection_invalidated:
                     self.failures.failed(
