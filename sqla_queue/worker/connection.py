@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -162,6 +162,54 @@ class DriverStatement:
                 params[name] = self._convert(name, value)
         return params
 
+    def run(self, conn: Connection, values: Mapping[str, Any]) -> DriverRows:
+        """Run on `conn` with `values`. Straight on the driver's cursor unless the engine
+        has event listeners (metrics, tracing), which then see it through SQLAlchemy.
+        A driver error is raised as SQLAlchemy's (`DBAPIError`), the connection invalidated
+        when it is lost, as SQLAlchemy would."""
+        params = self.params(values)
+        if conn._has_events or conn.engine._has_events:
+            result = conn.exec_driver_sql(self.sql, params)
+            return DriverRows(list(result.keys()), result.all())
+        dialect = conn.dialect
+        driver = conn.connection.driver_connection
+        assert driver is not None  # a checked-out connection has its driver's
+        try:
+            with driver.cursor() as cursor:
+                cursor.execute(self.sql, params)
+                if cursor.description is None:
+                    return DriverRows([], [])
+                return DriverRows([c.name for c in cursor.description], cursor.fetchall())
+        except dialect.loaded_dbapi.Error as exc:
+            lost = dialect.is_disconnect(exc, driver, None)
+            if lost:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(
+                self.sql,
+                params,
+                exc,
+                dialect.loaded_dbapi.Error,
+                hide_parameters=True,
+                connection_invalidated=lost,
+                dialect=dialect,
+            ) from exc
+
+
+class DriverRows:
+    """The rows of a `DriverStatement`: plain tuples, and the names of their columns."""
+
+    __slots__ = ("_keys", "_rows")
+
+    def __init__(self, keys: list[str], rows: Sequence[Any]) -> None:
+        self._keys = keys
+        self._rows = rows
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def all(self) -> Sequence[Any]:
+        return self._rows
+
 
 class Stopped(Exception):
     """Internal: the worker is stopping and the database is unreachable."""
@@ -221,8 +269,9 @@ class DatabaseLink:
                 if conn is None:  # stopping while the database is away
                     raise Stopped
             try:
+                result: Any
                 if isinstance(statement, DriverStatement):
-                    result = conn.exec_driver_sql(statement.sql, statement.params(params or {}))
+                    result = statement.run(conn, params or {})
                 else:
                     result = conn.execute(statement, params)
             except DBAPIError as exc:
