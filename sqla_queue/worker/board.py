@@ -12,7 +12,16 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from .jobs import ClaimedJob, Outcome
+from .jobs import ClaimedJob, Outcome, OutcomeKind
+
+WAKE_AT_ONCE = 4
+"""Idle handler threads woken for a claimed batch: enough for quick jobs, which they run
+back to back. Waking every thread (64 at -c 64) for jobs that take microseconds costs a
+thread switch per job."""
+
+WAKE_MORE_AFTER = 0.001
+"""Seconds a ready job may wait before the producer wakes another idle thread for it (the
+awake ones are busy: blocking handlers get a thread each within about this)."""
 
 
 class JobBoard:
@@ -47,10 +56,28 @@ class JobBoard:
             for job in jobs:
                 self.held[job.key] = job
             self.ready.extend(jobs)
-            woken = min(len(jobs), self._idle)
-            if woken:
-                self._idle -= woken
-                self.lock.notify(woken)
+            self._notify(min(len(jobs), WAKE_AT_ONCE))
+
+    def wake_waiting(self, now: float) -> bool:
+        """Wake an idle handler thread for each ready job that has waited `WAKE_MORE_AFTER`
+        seconds (the awake ones are not keeping up: blocking handlers). Returns whether the
+        producer must check again (jobs wait and threads are idle)."""
+        with self.mutex:
+            late = 0
+            for job in self.ready:
+                if now - job.claimed_at < WAKE_MORE_AFTER:
+                    break
+                late += 1
+            if late:
+                self._notify(late)
+            return bool(self.ready and self._idle)
+
+    def _notify(self, count: int) -> None:
+        """Under the lock: wake up to `count` idle handler threads, no more than jobs wait."""
+        woken = min(count, self._idle, len(self.ready))
+        if woken:
+            self._idle -= woken
+            self.lock.notify(woken)
 
     def room(self, batch: int) -> int:
         """How many more jobs the worker may claim: it holds concurrency + batch - 1 at most."""
@@ -117,17 +144,17 @@ class JobBoard:
     def settle(self, job: ClaimedJob, outcome: Outcome | None) -> None:
         """Record the outcome of a running job the caller has taken (`job.take()`)."""
         with self.mutex:
-            self._settle(job, outcome)
+            self._settle(job, outcome, taker=False)
 
-    def _settle(self, job: ClaimedJob, outcome: Outcome | None, running: bool = True) -> None:
+    def _settle(self, job: ClaimedJob, outcome: Outcome | None, taker: bool = True) -> None:
+        """Under the lock: record the outcome of a running job. A `taker` (a handler
+        thread) takes the next ready job itself; otherwise an idle thread is woken for it."""
         # Outcome first: a producer that sees nothing running must also see it to flush.
         if outcome is not None:
             self.outcomes.append(outcome)
-        if running:
-            self.running -= 1
-            if self._idle and self.ready:
-                self._idle -= 1
-                self.lock.notify()  # its slot is free for a waiting handler thread
+        self.running -= 1
+        if not taker:
+            self._notify(1)  # its slot is free for a waiting handler thread
         pending = len(self.outcomes)
         # Wake the producer only when it has something to do, not once per job: to start
         # the flush delay, to flush a full batch, to claim, or to exit in burst mode.
@@ -163,15 +190,24 @@ class JobBoard:
             self.outcomes.clear()
             return taken
 
-    def peek_outcomes(self) -> list[Outcome]:
+    def take_successes(self) -> list[ClaimedJob] | None:
+        """If every settled outcome is a success, take them all and forget their jobs (one
+        lock round); else None, and nothing changes."""
         with self.mutex:
-            return list(self.outcomes)
-
-    def drop_outcomes(self, count: int) -> None:
-        """Remove the `count` oldest outcomes (those a `peek_outcomes` returned)."""
-        with self.mutex:
-            for _ in range(count):
-                self.outcomes.popleft()
+            outcomes = self.outcomes
+            if not outcomes:
+                return None
+            succeeded = OutcomeKind.succeeded
+            for outcome in outcomes:
+                if outcome.kind is not succeeded:
+                    return None
+            jobs = [outcome.job for outcome in outcomes]
+            outcomes.clear()
+            held = self.held
+            for job in jobs:
+                if held.get(job.key) is job:
+                    del held[job.key]
+            return jobs
 
     def forget(self, jobs: Iterable[ClaimedJob]) -> None:
         with self.mutex:

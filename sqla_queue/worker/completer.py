@@ -41,15 +41,9 @@ class Completer:
         self._snooze = queries.snooze_jobs()
 
     def take_successes(self) -> list[ClaimedJob] | None:
-        """Pop the pending outcomes if all are successes (for the claim to finish); else
-        None. The caller counts them once its statement has run."""
-        pending = self.board.peek_outcomes()
-        if not pending or any(o.kind is not OutcomeKind.succeeded for o in pending):
-            return None
-        self.board.drop_outcomes(len(pending))
-        jobs = [o.job for o in pending]
-        self.board.forget(jobs)
-        return jobs
+        """Take the pending outcomes' jobs if all are successes (for the claim to finish);
+        else None. The caller counts them once its statement has run."""
+        return self.board.take_successes()
 
     def write_successes(self, jobs: Sequence[ClaimedJob]) -> None:
         """Finish succeeded jobs on their own (when folding them into a claim failed)."""

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -116,7 +118,10 @@ class DriverStatement:
     `static` are bind values that never change for this worker: converted once here.
     `int_arrays` name parameters that are lists of integers: sent as the text of an array
     literal (the SQL casts them), built in C by `str.join`, where psycopg's list dumper
-    inspects every element in Python to choose a type.
+    inspects every element in Python to choose a type. With `unparsed_bigint_arrays`,
+    result columns of type bigint[] come back as the bytes of their text (read them with
+    `int_array`): the claim repeats the ids it finished on each of its rows, and parsing
+    that array 50 times for 50 rows cost more than the rest of the rows together.
     """
 
     def __init__(
@@ -125,7 +130,9 @@ class DriverStatement:
         engine: Engine,
         static: Mapping[str, Any],
         int_arrays: tuple[str, ...] = (),
+        unparsed_bigint_arrays: bool = False,
     ) -> None:
+        self._unparsed = unparsed_bigint_arrays
         compiled = statement.compile(dialect=engine.dialect)
         self.sql: str = compiled.string
         dialect = engine.dialect
@@ -176,6 +183,8 @@ class DriverStatement:
         assert driver is not None  # a checked-out connection has its driver's
         try:
             with driver.cursor() as cursor:
+                if self._unparsed:
+                    cursor.adapters.register_loader(BIGINT_ARRAY_OID, _TextBytesLoader)
                 cursor.execute(self.sql, params)
                 if cursor.description is None:
                     return DriverRows([], [])
@@ -193,6 +202,28 @@ class DriverStatement:
                 connection_invalidated=lost,
                 dialect=dialect,
             ) from exc
+
+
+BIGINT_ARRAY_OID = 1016
+"""PostgreSQL's type oid of bigint[] (int8[])."""
+
+
+class _TextBytesLoader(Loader):
+    """A column's text as bytes, not parsed (copied: the driver's buffer is freed)."""
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+def int_array(value: Any) -> list[int]:
+    """A bigint[] column's value: a list (parsed by the driver), or the bytes of its text
+    (`unparsed_bigint_arrays`), or NULL (an empty list)."""
+    if value is None:
+        return []
+    if isinstance(value, bytes):
+        inner = value.strip(b"{}")
+        return [int(item) for item in inner.split(b",")] if inner else []
+    return list(value)
 
 
 class DriverRows:

@@ -17,10 +17,18 @@ from sqlalchemy.exc import DBAPIError
 
 from sqla_queue import queries
 
-from .board import JobBoard
+from .board import WAKE_MORE_AFTER, JobBoard
 from .completer import FLUSH_DELAY, Completer
 from .config import WorkerConfig, WorkerStats
-from .connection import JOB_ARRAYS, DatabaseLink, DriverStatement, Stopped, describe, is_row_error
+from .connection import (
+    JOB_ARRAYS,
+    DatabaseLink,
+    DriverStatement,
+    Stopped,
+    describe,
+    int_array,
+    is_row_error,
+)
 from .executor import Executor
 from .jobs import ClaimColumns, ClaimedJob, Outcome
 from .keeper import Keeper
@@ -71,7 +79,11 @@ class Producer:
         # settings): each claim only sends its limit and the successes it finishes.
         self._claim = DriverStatement(queries.claim_jobs(config.queues), db.engine, static)
         self._complete_and_claim = DriverStatement(
-            queries.complete_and_claim(config.queues), db.engine, static, JOB_ARRAYS
+            queries.complete_and_claim(config.queues),
+            db.engine,
+            static,
+            JOB_ARRAYS,
+            unparsed_bigint_arrays=True,
         )
         self._behind_warned = False
 
@@ -138,6 +150,8 @@ class Producer:
                         timeouts.append(deadline - now)
                 if self._keeper_behind():
                     timeouts.append(self.keeper.tick)
+                if board.ready and board.wake_waiting(now):
+                    timeouts.append(WAKE_MORE_AFTER)
                 self.wake.wait(max(0.0, min(timeouts)) if timeouts else None)
                 self.wake.clear()
         except Stopped:
@@ -181,7 +195,7 @@ class Producer:
             else:
                 deleted: set[int] = set()
                 if rows:  # the same on every row: read it once
-                    deleted = set(rows[0][list(result.keys()).index("finished")] or ())
+                    deleted = set(int_array(rows[0][list(result.keys()).index("finished")]))
                 rest = [job for job in successes if job.id not in deleted]
                 if rest:  # kept or archived by their queue (or nothing claimed to tell)
                     self.completer.write_successes(rest)
