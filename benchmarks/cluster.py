@@ -109,8 +109,7 @@ class PrivateCluster:
             self.remove()
             raise ClusterError(f"initdb failed: {initdb.stderr.strip() or initdb.stdout.strip()}")
         options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 "
-            f"-c unix_socket_directories={self.folder}"
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.folder}"
         )
         started = self._run(
             str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l",
