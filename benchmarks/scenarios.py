@@ -477,9 +477,11 @@ def _windows(
                 raise RuntimeError(f"the {system.name} worker exited with {proc.returncode}")
             if time.monotonic() - begun > 120:
                 raise TimeoutError(f"the {system.name} worker did no job within 120 s")
-            time.sleep(0.01 if fine else 0.2)
+            time.sleep(0.005 if fine else 0.2)
             t0, left = time.monotonic(), system.pending()
         startup = t0 - begun
+        if left == 0:  # emptied between two polls: time it from the worker's start (a floor)
+            return [backlog / startup], startup
         rates: list[float] = []
         for _ in range(windows):
             end = t0 + window
@@ -684,9 +686,16 @@ def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
         say(_latency_line("idle", result["idle"]))
 
         duration = plan.warmup + 3 + plan.repeat * (plan.latency_load_probes * 0.012 + 1)
-        until = time.time() + duration
         share = plan.load_rate / plan.load_producers
-        loads = [spawn("steady", db.url, share, until) for _ in range(plan.load_producers)]
+        loads = [spawn("steady", db.url, share, stdin=True) for _ in range(plan.load_producers)]
+        for load in loads:  # started and connected: the load runs from here
+            assert load.stdout is not None
+            load.stdout.readline()
+        until = time.time() + duration
+        for load in loads:
+            assert load.stdin is not None
+            load.stdin.write(f"{until}\n")
+            load.stdin.flush()
         time.sleep(plan.warmup + 1)
         load_runs = []
         for _ in range(plan.repeat):
