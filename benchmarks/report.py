@@ -112,18 +112,24 @@ the worker claims from it, as pgbench's ceiling script does.
 HOW_TO_RUN = """\
 ## How to run
 
-    .venv/bin/pip install -e '.[bench]'          # matplotlib, for the chart (optional)
-    .venv/bin/python -m benchmarks                # the local server, full sizes (~15 min)
-    .venv/bin/python -m benchmarks --quick        # smaller sizes, a few minutes
-    .venv/bin/python -m benchmarks --database-url postgresql://user@host/postgres \\
-        --seconds 3 --repeat 3
+    .venv/bin/pip install -e '.[bench]'      # the chart, and the peers (pgqueuer, procrastinate)
+    .venv/bin/python -m benchmarks            # full plan, private cluster (~25 min on 2 CPUs)
+    .venv/bin/python -m benchmarks --quick    # smaller sizes (~10 min); deep backlog 100,000
+    .venv/bin/python -m benchmarks --database-url postgresql://user@host/postgres
 
-The harness creates a database of its own (`sqlaq_bench_<random>`) on that server, migrates
-it, runs every scenario, and drops it; it never touches another database. It needs the
-`pgbench` and `psql` client programs for the ceiling (`../shared/bench/ceiling/run`, found
-relative to the repository); without them it says so and reports absolute figures only.
+By default the harness starts a private PostgreSQL cluster for the run: `initdb` into a
+temporary folder (as the `postgres` user when run as root), stock settings (autovacuum on),
+a free port (`--cluster-port` to choose), stopped and removed at the end. The binaries are
+found with `pg_config --bindir`, else the newest `/usr/lib/postgresql/*/bin`, or
+`$SQLA_QUEUE_PG_BINDIR`. `--database-url` measures on a server of your choice instead; the
+harness then creates a database of its own there (`sqlaq_bench_<random>`, and one per peer)
+and drops them. The pgbench ceiling (`../shared/bench/ceiling/run`, found relative to the
+repository) runs against the same server; without `pgbench`/`psql` it is skipped and the
+figures are absolute only. Peers that are not installed are reported as not measured.
+Sizes are options (`--help`): `--backlog-large`, `--deep-seconds`, `--drain-jobs`,
+`--health-jobs`, `--seconds`, `--repeat`, `--peers NAME ...` (none: `--peers` alone).
 Results go to `benchmarks/results/latest.json`, this file, and
-`benchmarks/results/drain_concurrency.png` (skipped, with a message, without matplotlib).
+`benchmarks/results/drain_concurrency.png` (`--output-dir` to write them elsewhere).
 Each timed scenario runs a warm-up that is not counted, then `--repeat` measured repetitions
 of `--seconds` each; tables show the median and the spread ((max - min) / median).
 """
