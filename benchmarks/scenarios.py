@@ -29,7 +29,21 @@ from .database import JOBS, BenchDatabase
 from .stats import latency_summary, summary
 
 REPO = Path(__file__).resolve().parent.parent
-CEILING_SCRIPT = REPO.parent / "shared" / "bench" / "ceiling" / "run"
+
+
+def _ceiling_script() -> Path:
+    """$SQLA_QUEUE_CEILING, else `shared/bench/ceiling/run` beside the checkout or beside one
+    of its parents (a git worktree may sit deeper than the main checkout)."""
+    if os.environ.get("SQLA_QUEUE_CEILING"):
+        return Path(os.environ["SQLA_QUEUE_CEILING"])
+    for parent in REPO.parents:
+        candidate = parent / "shared" / "bench" / "ceiling" / "run"
+        if candidate.exists():
+            return candidate
+    return REPO.parent / "shared" / "bench" / "ceiling" / "run"
+
+
+CEILING_SCRIPT = _ceiling_script()
 CEILING_LINE = re.compile(
     r"ceiling batch=(?P<batch>\d+)(?: finish=(?P<finish>\w+))? "
     r"clients=(?P<clients>\d+) jobs_per_s=(?P<rate>\d+)"
