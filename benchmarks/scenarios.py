@@ -92,6 +92,8 @@ class Plan:
     backlog_small: int = 10_000
     backlog_large: int = 1_000_000
     """Deep backlog: jobs waiting when the drain starts (ours and every peer's)."""
+    small_window: float = 15.0
+    """The longest a small-backlog repetition is timed (a slow peer does not empty it)."""
     backlog_concurrency: int = 16
     backlog_batch: int = 50
     """Concurrency and batch of every system's worker in the backlog and peer comparison."""
@@ -514,11 +516,12 @@ def _windows(
 
 
 def _small_backlog(system: _Ours | _Peer, plan: Plan, say: Say) -> dict[str, Any]:
-    """`repeat` times: fill the small backlog, start a worker, time it until empty."""
+    """`repeat` times: fill the small backlog, start a worker, time it until empty (or for
+    `small_window` seconds, for a system too slow to empty it sooner)."""
     rates = []
     for _ in range(plan.repeat):
         system.fill(plan.backlog_small)
-        window_rates, _ = _windows(system, plan.backlog_small, plan, 1, 600.0)
+        window_rates, _ = _windows(system, plan.backlog_small, plan, 1, plan.small_window)
         rates.append(window_rates[0])
     small = summary(rates)
     say(f"backlog {plan.backlog_small:,} {system.name}: {small['median']:,.0f} jobs/s")
