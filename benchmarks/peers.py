@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import logging
 import signal
 import sys
 import time
@@ -95,6 +96,10 @@ def unavailable(name: str) -> str | None:
 
 def _procrastinate_app(dsn: str) -> Any:
     import procrastinate
+
+    # Its warning that the app is built in the __main__ module concerns apps that tasks
+    # import; this one is built here on purpose.
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
