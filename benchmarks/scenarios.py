@@ -69,6 +69,8 @@ NAMES = (
 class Plan:
     """Sizes and durations of one run."""
 
+    is_quick: bool = False
+    """Built by `Plan.quick()` (smaller sizes; optional sections scale down too)."""
     seconds: float = 3.0
     """Length of one measured repetition of a timed scenario."""
     repeat: int = 3
@@ -110,6 +112,7 @@ class Plan:
     @classmethod
     def quick(cls, **overrides: Any) -> Plan:
         base = cls(
+            is_quick=True,
             seconds=1.0,
             warmup=0.5,
             ceiling_seconds=2,

@@ -157,12 +157,37 @@ def test_missing_postgres_binaries_name_the_fix(
 
 
 def test_an_absent_or_failing_optional_section_is_reported_not_measured() -> None:
-    absent = optional.Section("x", "benchmarks.no_such_module", "run", "X", "x things")
+    absent = optional.Section("x", "benchmarks.no_such_module", "X", "x things")
     assert absent.run(None, None, print) == {
         "available": False,
         "reason": "benchmarks.no_such_module is not in this tree",
     }
-    failing = optional.Section("x", "benchmarks.stats", "percentile", "X", "x things")
+    failing = optional.Section("x", "benchmarks.stats", "X", "x things")  # stats has no run()
     result = failing.run(None, None, print)
     assert result["available"] is False
-    assert result["reason"].startswith("failed: TypeError")
+    assert result["reason"].startswith("failed: AttributeError")
+
+
+def test_enqueue_paths_figures_fill_the_issue13_rows() -> None:
+    """The enqueue helper's documented keys become target rows 1 and 2."""
+    side = {"median": 100.0, "runs": [100.0]}
+    result = {
+        "available": True,
+        "business_tx": {"without": side, "with": {"median": 90.0}, "ratio": 0.9,
+                        "job_cost": 0.1, "ratio_range": [0.85, 0.95]},
+        "core_enqueue": {"raw": side, "core": {"median": 70.0}, "ratio": 0.7},
+        "bulk_fk": {"raw_copy": side, "enqueue_many": {"median": 85.0}, "ratio": 0.85},
+        "bulk_no_fk": {"raw_copy": side, "enqueue_many": {"median": 50.0}, "ratio": 0.5},
+    }  # fmt: skip
+    results = {
+        "meta": {"plan": {}, "quick": False},
+        "scenarios": {"enqueue_paths": result},
+    }
+    rows = {t["name"]: t for t in report.targets13(results)}
+    assert rows["t1_business_tx"]["met"] is True
+    assert "the job costs 10%" in rows["t1_business_tx"]["measured"]
+    assert rows["t1_core"]["met"] is False
+    assert rows["t1_core"]["limited_by"]
+    assert rows["t2_bulk_fk"]["met"] is True
+    assert rows["t2_bulk_nofk"]["met"] is False
+    assert rows["t5_c64"]["met"] is None  # nothing measured for it here
