@@ -102,7 +102,7 @@ class Plan:
     deep_seconds: float = 60.0
     """How long our large-backlog drain runs while claim latency is sampled (autovacuum on
     the jobs table comes by once per autovacuum_naptime, 60 s on a stock server)."""
-    claim_probe_interval: float = 0.05
+    claim_probe_interval: float = 0.1
     peers: tuple[str, ...] = ("pgqueuer", "procrastinate")
     processes: int = 2
     """Worker processes of the `worker --processes N` drain line (when the CLI has it)."""
@@ -481,12 +481,15 @@ class _Peer:
 
 
 def _windows(
-    system: _Ours | _Peer, backlog: int, plan: Plan, windows: int, window: float
+    system: _Ours | _Peer, backlog: int, plan: Plan, windows: int, window: float, fine: bool
 ) -> tuple[list[float], float]:
     """Start the worker on a filled backlog; once its first jobs are done, the completion rate
     in up to `windows` consecutive windows (fewer if the backlog empties). Returns the rates
-    and the seconds from the worker's start to its first completions."""
-    fine = backlog <= 100_000  # counting a deep backlog is itself work: count at the edges
+    and the seconds from the worker's start to its first completions.
+
+    `fine`: poll every 20 ms to catch the moment the backlog empties (small backlogs only:
+    counting a deep backlog is itself work that would slow the drain it measures, so a deep
+    one is counted at the window edges only)."""
     proc = system.start(plan.backlog_concurrency, plan.backlog_batch)
     try:
         begun = time.monotonic()
@@ -496,7 +499,7 @@ def _windows(
                 raise RuntimeError(f"the {system.name} worker exited with {proc.returncode}")
             if time.monotonic() - begun > 120:
                 raise TimeoutError(f"the {system.name} worker did no job within 120 s")
-            time.sleep(0.005 if fine else 0.2)
+            time.sleep(0.005 if fine else 0.5)
             t0, left = time.monotonic(), system.pending()
         startup = t0 - begun
         if left == 0:  # emptied between two polls: time it from the worker's start (a floor)
@@ -524,7 +527,9 @@ def _small_backlog(system: _Ours | _Peer, plan: Plan, say: Say) -> dict[str, Any
     rates = []
     for _ in range(plan.repeat):
         system.fill(plan.backlog_small)
-        window_rates, _ = _windows(system, plan.backlog_small, plan, 1, plan.small_window)
+        window_rates, _ = _windows(
+            system, plan.backlog_small, plan, 1, plan.small_window, fine=True
+        )
         rates.append(window_rates[0])
     small = summary(rates)
     say(f"backlog {plan.backlog_small:,} {system.name}: {small['median']:,.0f} jobs/s")
@@ -534,7 +539,9 @@ def _small_backlog(system: _Ours | _Peer, plan: Plan, say: Say) -> dict[str, Any
 def _backlog_runs(system: _Peer, plan: Plan, say: Say) -> dict[str, Any]:
     small = _small_backlog(system, plan, say)
     system.fill(plan.backlog_large)
-    large_rates, startup = _windows(system, plan.backlog_large, plan, plan.repeat, plan.seconds)
+    large_rates, startup = _windows(
+        system, plan.backlog_large, plan, plan.repeat, plan.seconds, fine=False
+    )
     large = summary(large_rates)
     say(f"backlog {plan.backlog_large:,} {system.name}: {large['median']:,.0f} jobs/s")
     return {"small": small, "large": large, "large_startup_s": startup}
@@ -593,7 +600,7 @@ def _deep_ours(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     probe.start()
     try:
         windows = max(plan.repeat, int(plan.deep_seconds / plan.seconds))
-        rates, startup = _windows(ours, plan.backlog_large, plan, windows, plan.seconds)
+        rates, startup = _windows(ours, plan.backlog_large, plan, windows, plan.seconds, fine=False)
     finally:
         probe.halt.set()
         probe.join(30)
