@@ -60,7 +60,7 @@ class Section:
             return self.targets
         if not self.present():
             return None
-        return getattr(importlib.import_module(self.module), name, None)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(self.module), name, None)
 
 
 # -- enqueue_paths (helper "enqueue"): run(url, only, repeats, quick) -> dict ---------------

@@ -495,7 +495,7 @@ def targets13(results: dict[str, Any]) -> list[dict[str, Any]]:
                 rows[name] = extra
     out = []
     for name, target in wanted.items():
-        out.append(rows.pop(name, None) or _row(name, target, _missing(name, sc), None))
+        out.append(rows.pop(name) if name in rows else _row(name, target, _missing(name, sc), None))
     out += list(rows.values())  # rows a module added beyond the placeholders
     return out
 
