@@ -538,13 +538,15 @@ def _small_backlog(system: _Ours | _Peer, plan: Plan, say: Say) -> dict[str, Any
 
 def _backlog_runs(system: _Peer, plan: Plan, say: Say) -> dict[str, Any]:
     small = _small_backlog(system, plan, say)
+    filled = time.monotonic()
     system.fill(plan.backlog_large)
+    fill_s = time.monotonic() - filled
     large_rates, startup = _windows(
         system, plan.backlog_large, plan, plan.repeat, plan.seconds, fine=False
     )
     large = summary(large_rates)
     say(f"backlog {plan.backlog_large:,} {system.name}: {large['median']:,.0f} jobs/s")
-    return {"small": small, "large": large, "large_startup_s": startup}
+    return {"small": small, "large": large, "large_startup_s": startup, "large_fill_s": fill_s}
 
 
 class _ClaimProbe(threading.Thread):
@@ -594,7 +596,9 @@ class _ClaimProbe(threading.Thread):
 def _deep_ours(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     """Our large-backlog drain, run for `deep_seconds` with the claim probe alongside."""
     ours = _Ours(db)
+    filled = time.monotonic()
     ours.fill(plan.backlog_large)
+    fill_s = time.monotonic() - filled
     before = db.vacuum_stats()
     probe = _ClaimProbe(db, plan.backlog_batch, plan.claim_probe_interval)
     probe.start()
@@ -613,6 +617,7 @@ def _deep_ours(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
         "large": summary(rates[: plan.repeat]),
         "all_windows": rates,
         "large_startup_s": startup,
+        "large_fill_s": fill_s,
         "left_at_end": left,
         "claim_latency_ms": latency_summary(all_ms),
         "claim_latency_during_vacuum_ms": latency_summary(during),
