@@ -1,4 +1,9 @@
-"""`python -m benchmarks [--database-url URL] [--quick] [--seconds N] [--repeat N]`."""
+"""`python -m benchmarks [--quick] [--database-url URL] [--seconds N] [--repeat N] ...`.
+
+By default the harness starts a private PostgreSQL cluster of its own (initdb into a
+temporary folder, stock settings, a free port) and removes it at the end; `--database-url`
+measures on a server of your choice instead.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ import sqlalchemy
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from . import report, scenarios
-from .database import LOCAL_URL, BenchDatabase
+from . import optional, peers, report, scenarios
+from .cluster import ClusterError, PrivateCluster
+from .database import BenchDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,8 +33,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument(
         "--database-url",
-        default=os.environ.get("SQLA_QUEUE_BENCH_URL", LOCAL_URL),
-        help="a server URL; the harness creates and drops a database of its own there",
+        default=os.environ.get("SQLA_QUEUE_BENCH_URL"),
+        help="measure on this server (the harness creates and drops a database of its own "
+        "there) instead of a private cluster it starts and removes",
+    )
+    p.add_argument(
+        "--cluster-port", type=int, default=0, help="port of the private cluster (default: free)"
     )
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes)")
     p.add_argument("--seconds", type=float, help="seconds per measured repetition")
@@ -40,6 +50,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-jobs", type=int, help="idle latency probes per repetition")
     p.add_argument("--concurrency", type=int, nargs="+", help="drain concurrencies")
     p.add_argument("--batch", type=int, nargs="+", help="drain batch sizes")
+    p.add_argument("--backlog-small", type=int, help="small backlog (default 10,000)")
+    p.add_argument("--backlog-large", type=int, help="deep backlog (default 1,000,000)")
+    p.add_argument("--deep-seconds", type=float, help="seconds of our deep-backlog drain")
+    p.add_argument("--backlog-concurrency", type=int, help="worker concurrency, backlog/peers")
+    p.add_argument("--backlog-batch", type=int, help="worker batch, backlog/peers")
+    p.add_argument("--load-rate", type=float, help="background jobs/s in latency under load")
+    p.add_argument("--load-producers", type=int, help="processes enqueuing that load")
+    p.add_argument("--processes", type=int, help="N of the `worker --processes N` line")
+    p.add_argument(
+        "--peers",
+        nargs="*",
+        choices=peers.NAMES,
+        help=f"peers to measure (default: {' '.join(peers.NAMES)}; none with --peers alone)",
+    )
     p.add_argument(
         "--report-only",
         action="store_true",
@@ -64,6 +88,15 @@ def plan_from(args: argparse.Namespace) -> scenarios.Plan:
         "latency_jobs": args.latency_jobs,
         "concurrencies": tuple(args.concurrency) if args.concurrency else None,
         "batches": tuple(args.batch) if args.batch else None,
+        "backlog_small": args.backlog_small,
+        "backlog_large": args.backlog_large,
+        "deep_seconds": args.deep_seconds,
+        "backlog_concurrency": args.backlog_concurrency,
+        "backlog_batch": args.backlog_batch,
+        "load_rate": args.load_rate,
+        "load_producers": args.load_producers,
+        "processes": args.processes,
+        "peers": tuple(args.peers) if args.peers is not None else None,
     }
     for key, value in overrides.items():
         if value is not None:
@@ -108,7 +141,39 @@ def main(argv: list[str] | None = None) -> int:
         write_reports(json.loads(json_path.read_text()), json_path, md_path, chart_path, console)
         return 0
 
-    db = BenchDatabase(args.database_url)
+    cluster: PrivateCluster | None = None
+    if args.database_url:
+        server_url = args.database_url
+        where = {"kind": "url", "description": "a server given by --database-url"}
+    else:
+        try:
+            cluster = PrivateCluster(port=args.cluster_port)
+            console.print(f"starting a private PostgreSQL cluster ({cluster.bindir}) ...")
+            server_url = cluster.start()
+        except ClusterError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 2
+        # The ceiling's psql and pgbench: the same version as the server's.
+        os.environ["PATH"] = f"{cluster.bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+        where = {
+            "kind": "private",
+            "description": f"a private cluster started for this run (initdb of {cluster.bindir}, "
+            f"stock settings, port {cluster.port}), removed afterwards",
+        }
+    try:
+        results = measure(server_url, args, plan, console)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    results["meta"]["where"] = where
+    write_reports(results, json_path, md_path, chart_path, console)
+    return 0
+
+
+def measure(
+    server_url: str, args: argparse.Namespace, plan: scenarios.Plan, console: Console
+) -> dict[str, Any]:
+    db = BenchDatabase(server_url)
     started = time.monotonic()
     results: dict[str, Any] = {
         "meta": {
@@ -120,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
             "psycopg": psycopg.__version__,
             "database": db.name,
             "plan": plan.as_dict(),
+            "peers": {name: peers.version(name) for name in plan.peers},
         },
         "scenarios": {},
         "notes": [],
     }
     drain_steps = len(plan.concurrencies) * len(plan.batches) + 2
+    total = len(scenarios.NAMES) + drain_steps + len(optional.SECTIONS)
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -133,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        overall = progress.add_task(
-            "creating the benchmark database", total=len(scenarios.NAMES) + drain_steps
-        )
+        overall = progress.add_task("creating the benchmark database", total=total)
 
         def say(line: str) -> None:
             progress.console.print(f"  {line}")
@@ -156,13 +221,18 @@ def main(argv: list[str] | None = None) -> int:
                 step()
                 if name == "ceiling" and not sc[name]["available"]:
                     say(f"[yellow]no ceiling: {sc[name]['reason']}; absolute figures only[/]")
+            for section in optional.SECTIONS:
+                progress.update(overall, description=f"[bold]{section.name}[/]")
+                sc[section.name] = section.run(db, plan, say)
+                if not sc[section.name]["available"]:
+                    say(f"[yellow]{section.name}: not measured ({sc[section.name]['reason']})[/]")
+                step()
         finally:
             db.drop()
     results["meta"]["duration_s"] = time.monotonic() - started
     if not results["scenarios"]["table_size"]["complete"]:
         results["notes"].append("the table-size run was cut short by its time bound")
-    write_reports(results, json_path, md_path, chart_path, console)
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -112,6 +112,29 @@ class BenchDatabase:
             "autovacuums": int(autovacuums),
         }
 
+    def vacuum_stats(self) -> dict[str, Any]:
+        """Autovacuum runs on the jobs table so far, and when the last one was."""
+        count, last, vacuums = self.sql(
+            "SELECT autovacuum_count, last_autovacuum::text, vacuum_count FROM pg_stat_user_tables "
+            "WHERE relid = 'sqla_queue.jobs'::regclass"
+        )[0]
+        return {
+            "autovacuum_count": int(count),
+            "last_autovacuum": last,
+            "vacuum_count": int(vacuums),
+        }
+
+    @property
+    def admin_dsn(self) -> str:
+        """The server URL the harness was given, as a psycopg DSN."""
+        return self.server_url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+    def sibling(self, suffix: str) -> tuple[str, str]:
+        """(name, DSN) of another database on the same server, named after this one."""
+        name = f"{self.name}_{suffix}"
+        dsn = make_url(self.server_url).set(database=name).render_as_string(False)
+        return name, dsn.replace("postgresql+psycopg://", "postgresql://", 1)
+
     def has_queue_fk(self) -> bool:
         rows = self.sql(
             "SELECT 1 FROM pg_constraint WHERE conname = 'fk_jobs_queue_queues' "

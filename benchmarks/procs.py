@@ -5,7 +5,8 @@
   the epoch START from stdin, then prints the number committed in each window
   [START + k*SECONDS, START + (k+1)*SECONDS) as JSON. Before START is the warm-up, not counted.
 - enqueue URL COUNT: COUNT jobs, one per transaction, with `enqueue()`; then exits.
-- steady URL RATE UNTIL: one job per transaction at RATE jobs/s until the epoch UNTIL.
+- steady URL RATE: prints "ready", reads the epoch UNTIL from stdin, then enqueues one job per
+  transaction at RATE jobs/s until UNTIL; prints the number enqueued and the seconds.
 """
 
 from __future__ import annotations
@@ -70,9 +71,13 @@ def enqueue_count(url: str, count: int) -> None:
     engine.dispose()
 
 
-def steady(url: str, rate: float, until: float) -> None:
-    start = time.time()
+def steady(url: str, rate: float) -> None:
     engine = create_engine(url, pool_size=1)
+    with engine.connect():
+        pass  # connected before the clock starts
+    print("ready", flush=True)
+    until = float(sys.stdin.readline())
+    start = time.time()
     interval = 1.0 / rate
     due = time.monotonic()
     n = 0
@@ -97,7 +102,7 @@ def main(argv: list[str]) -> None:
     elif kind == "enqueue":
         enqueue_count(rest[0], int(rest[1]))
     elif kind == "steady":
-        steady(rest[0], float(rest[1]), float(rest[2]))
+        steady(rest[0], float(rest[1]))
     else:
         raise SystemExit(f"unknown process kind {kind!r}")
 

@@ -18,17 +18,32 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import create_engine, pool
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue, enqueue_many
+from sqla_queue import enqueue, enqueue_many, queries
 from sqla_queue.worker import Worker, WorkerConfig
 
-from . import tasks
+from . import peers, tasks
 from .database import JOBS, BenchDatabase
 from .stats import latency_summary, summary
 
 REPO = Path(__file__).resolve().parent.parent
-CEILING_SCRIPT = REPO.parent / "shared" / "bench" / "ceiling" / "run"
+
+
+def _ceiling_script() -> Path:
+    """$SQLA_QUEUE_CEILING, else `shared/bench/ceiling/run` beside the checkout or beside one
+    of its parents (a git worktree may sit deeper than the main checkout)."""
+    if os.environ.get("SQLA_QUEUE_CEILING"):
+        return Path(os.environ["SQLA_QUEUE_CEILING"])
+    for parent in REPO.parents:
+        candidate = parent / "shared" / "bench" / "ceiling" / "run"
+        if candidate.exists():
+            return candidate
+    return REPO.parent / "shared" / "bench" / "ceiling" / "run"
+
+
+CEILING_SCRIPT = _ceiling_script()
 CEILING_LINE = re.compile(
     r"ceiling batch=(?P<batch>\d+)(?: finish=(?P<finish>\w+))? "
     r"clients=(?P<clients>\d+) jobs_per_s=(?P<rate>\d+)"
@@ -41,6 +56,8 @@ NAMES = (
     "enqueue_single",
     "bulk_enqueue",
     "drain",
+    "processes",
+    "backlog",
     "latency",
     "multixacts",
     "table_size",
@@ -52,6 +69,8 @@ NAMES = (
 class Plan:
     """Sizes and durations of one run."""
 
+    is_quick: bool = False
+    """Built by `Plan.quick()` (smaller sizes; optional sections scale down too)."""
     seconds: float = 3.0
     """Length of one measured repetition of a timed scenario."""
     repeat: int = 3
@@ -64,15 +83,36 @@ class Plan:
     bulk_batch: int = 1_000
     latency_jobs: int = 1_000
     latency_load_probes: int = 300
-    load_rate: float = 500.0
+    load_rate: float = 1_000.0
+    """Background jobs/s enqueued (one per transaction) while latency is probed under load."""
+    load_producers: int = 4
+    """Processes sharing `load_rate` (one enqueue() process reaches a few hundred jobs/s)."""
     multixact_jobs: int = 10_000
     health_jobs: int = 1_000_000
     health_timeout: float = 240.0
     producers: tuple[int, ...] = (1, 8)
+    backlog_small: int = 10_000
+    backlog_large: int = 1_000_000
+    """Deep backlog: jobs waiting when the drain starts (ours and every peer's)."""
+    small_window: float = 15.0
+    """The longest a small-backlog repetition is timed (a slow peer does not empty it)."""
+    backlog_concurrency: int = 16
+    backlog_batch: int = 50
+    """Concurrency and batch of every system's worker in the backlog and peer comparison."""
+    deep_seconds: float = 60.0
+    """How long our large-backlog drain runs while claim latency is sampled (autovacuum on
+    the jobs table comes by once per autovacuum_naptime, 60 s on a stock server)."""
+    claim_probe_interval: float = 0.1
+    peers: tuple[str, ...] = ("pgqueuer", "procrastinate")
+    processes: int = 2
+    """Worker processes of the `worker --processes N` drain line (when the CLI has it)."""
+    processes_concurrency: int = 4
+    """Concurrency of each of those processes."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> Plan:
         base = cls(
+            is_quick=True,
             seconds=1.0,
             warmup=0.5,
             ceiling_seconds=2,
@@ -82,6 +122,8 @@ class Plan:
             multixact_jobs=2_000,
             health_jobs=50_000,
             health_timeout=60.0,
+            backlog_large=100_000,
+            deep_seconds=15.0,
         )
         for key, value in overrides.items():
             setattr(base, key, value)
@@ -229,7 +271,56 @@ def bulk_enqueue(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     result = summary(rates)
     say(f"bulk enqueue_many x{plan.bulk_batch}: {result['median']:,.0f} jobs/s")
     db.reset_jobs()
-    return {"batch": plan.bulk_batch, "enqueue_many": result}
+    peer_rates: dict[str, Any] = {}
+    for name in plan.peers:
+        peer_rates[name] = _peer_bulk(db, plan, name)
+        say(f"bulk {name} x{plan.bulk_batch}: {_peer_line(peer_rates[name])}")
+    return {"batch": plan.bulk_batch, "enqueue_many": result, "peers": peer_rates}
+
+
+def _peer_line(res: dict[str, Any]) -> str:
+    if "error" in res:
+        return f"[yellow]not measured: {res['error']}[/]"
+    return f"{res['median']:,.0f} jobs/s"
+
+
+@contextmanager
+def peer_database(db: BenchDatabase, name: str) -> Iterator[peers.PeerDatabase]:
+    """The peer's own database on the same server, its schema installed; dropped after."""
+    reason = peers.unavailable(name)
+    if reason:
+        raise PeerUnavailable(reason)
+    db_name, dsn = db.sibling(name)
+    pdb = peers.PeerDatabase(peers.PEERS[name], db.admin_dsn, db_name, dsn)
+    try:
+        pdb.create()
+        yield pdb
+    finally:
+        pdb.drop()
+
+
+class PeerUnavailable(Exception):
+    """The peer is not installed here (the reason is the message)."""
+
+
+def _peer_error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, PeerUnavailable):
+        return {"error": str(exc)}
+    return {"error": f"failed: {type(exc).__name__}: {str(exc).strip()[:300]}"}
+
+
+def _peer_bulk(db: BenchDatabase, plan: Plan, name: str) -> dict[str, Any]:
+    """The peer's bulk enqueue of the same rows, `bulk_batch` per transaction."""
+    try:
+        with peer_database(db, name) as pdb:
+            peers.bulk_rate(name, pdb.dsn, plan.bulk_batch, plan.warmup)
+            rates = []
+            for _ in range(plan.repeat):
+                pdb.reset()
+                rates.append(peers.bulk_rate(name, pdb.dsn, plan.bulk_batch, plan.seconds))
+            return {**summary(rates), "version": peers.version(name)}
+    except Exception as exc:  # reported in BENCHMARKS.md, never dropped silently
+        return _peer_error(exc)
 
 
 # -- 4. drain --------------------------------------------------------------------------------
@@ -294,6 +385,285 @@ def drain(db: BenchDatabase, plan: Plan, say: Say, step: Callable[[], None]) -> 
     return {"jobs": plan.drain_jobs, "seconds": plan.seconds, "grid": grid, "keep": compare}
 
 
+# -- 4b. worker --processes N ----------------------------------------------------------------
+
+
+def cli_has_processes() -> bool:
+    """Whether this tree's `sqla-queue worker` has the --processes option."""
+    from sqla_queue.cli import worker as worker_command
+
+    return any(p.name == "processes" for p in worker_command.params)
+
+
+@contextmanager
+def cli_worker_process(
+    db: BenchDatabase, concurrency: int, batch: int, processes: int
+) -> Iterator[subprocess.Popen[str]]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [
+        sys.executable, "-m", "sqla_queue", "worker", "--database-url", db.url,
+        "--app", "benchmarks.tasks:registry", "-c", str(concurrency), "--batch", str(batch),
+        "--processes", str(processes), "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, text=True)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def processes(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """Drain at batch 50 by `sqla-queue worker --processes N` (N = plan.processes)."""
+    if not cli_has_processes():
+        return {"available": False, "reason": "this tree's worker has no --processes option"}
+    concurrency = plan.processes_concurrency
+    rates: list[float] = []
+    with cli_worker_process(db, concurrency, 50, plan.processes):
+        _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds))
+        for _ in range(plan.repeat):
+            rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds)
+            rates.append(rate)
+    db.reset_jobs()
+    result = summary(rates)
+    result.update(available=True, processes=plan.processes, concurrency=concurrency, batch=50)
+    say(f"drain --processes {plan.processes} c={concurrency} b=50: {result['median']:,.0f} jobs/s")
+    return result
+
+
+# -- 4c. deep backlog, ours and the peers' ---------------------------------------------------
+
+
+class _Ours:
+    """sqla-queue as a system under the backlog measurement."""
+
+    name = "sqla_queue"
+
+    def __init__(self, db: BenchDatabase) -> None:
+        self.db = db
+
+    def pending(self) -> int:
+        return self.db.count_jobs()
+
+    def fill(self, count: int) -> None:
+        self.db.reset_jobs()
+        self.db.insert_noop_jobs(count, analyze=True)
+
+    def start(self, concurrency: int, batch: int) -> subprocess.Popen[str]:
+        return spawn("worker", self.db.url, concurrency, batch)
+
+
+class _Peer:
+    def __init__(self, pdb: peers.PeerDatabase) -> None:
+        self.pdb = pdb
+        self.name = pdb.peer.name
+
+    def pending(self) -> int:
+        return self.pdb.pending()
+
+    def fill(self, count: int) -> None:
+        self.pdb.reset()
+        self.pdb.insert_backlog(count)
+
+    def start(self, concurrency: int, batch: int) -> subprocess.Popen[str]:
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        command = peers.worker_command(self.name, self.pdb.dsn, concurrency, batch)
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, text=True)
+
+
+def _windows(
+    system: _Ours | _Peer, backlog: int, plan: Plan, windows: int, window: float, fine: bool
+) -> tuple[list[float], float]:
+    """Start the worker on a filled backlog; once its first jobs are done, the completion rate
+    in up to `windows` consecutive windows (fewer if the backlog empties). Returns the rates
+    and the seconds from the worker's start to its first completions.
+
+    `fine`: poll every 20 ms to catch the moment the backlog empties (small backlogs only:
+    counting a deep backlog is itself work that would slow the drain it measures, so a deep
+    one is counted at the window edges only)."""
+    proc = system.start(plan.backlog_concurrency, plan.backlog_batch)
+    try:
+        begun = time.monotonic()
+        t0, left = begun, system.pending()
+        while left >= backlog:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the {system.name} worker exited with {proc.returncode}")
+            if time.monotonic() - begun > 120:
+                raise TimeoutError(f"the {system.name} worker did no job within 120 s")
+            time.sleep(0.005 if fine else 0.5)
+            t0, left = time.monotonic(), system.pending()
+        startup = t0 - begun
+        if left == 0:  # emptied between two polls: time it from the worker's start (a floor)
+            return [backlog / startup], startup
+        rates: list[float] = []
+        for _ in range(windows):
+            end = t0 + window
+            while True:
+                time.sleep(max(0.0, min(0.02 if fine else window, end - time.monotonic())))
+                t, count = time.monotonic(), system.pending()
+                if count == 0 or t >= end:
+                    break
+            rates.append((left - count) / (t - t0))
+            t0, left = t, count
+            if count == 0:
+                break
+        return rates, startup
+    finally:
+        _stop(proc)
+
+
+def _small_backlog(system: _Ours | _Peer, plan: Plan, say: Say) -> dict[str, Any]:
+    """`repeat` times: fill the small backlog, start a worker, time it until empty (or for
+    `small_window` seconds, for a system too slow to empty it sooner)."""
+    rates = []
+    for _ in range(plan.repeat):
+        system.fill(plan.backlog_small)
+        window_rates, _ = _windows(
+            system, plan.backlog_small, plan, 1, plan.small_window, fine=True
+        )
+        rates.append(window_rates[0])
+    small = summary(rates)
+    say(f"backlog {plan.backlog_small:,} {system.name}: {small['median']:,.0f} jobs/s")
+    return small
+
+
+def _backlog_runs(system: _Peer, plan: Plan, say: Say) -> dict[str, Any]:
+    small = _small_backlog(system, plan, say)
+    filled = time.monotonic()
+    system.fill(plan.backlog_large)
+    fill_s = time.monotonic() - filled
+    large_rates, startup = _windows(
+        system, plan.backlog_large, plan, plan.repeat, plan.seconds, fine=False
+    )
+    large = summary(large_rates)
+    say(f"backlog {plan.backlog_large:,} {system.name}: {large['median']:,.0f} jobs/s")
+    return {"small": small, "large": large, "large_startup_s": startup, "large_fill_s": fill_s}
+
+
+class _ClaimProbe(threading.Thread):
+    """Times the worker's own claim statement every `interval` s on a connection of its own,
+    in a transaction rolled back at once (nothing is claimed for good), and notes whether a
+    VACUUM of the jobs table was in progress at that moment."""
+
+    def __init__(self, db: BenchDatabase, batch: int, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.dsn, self.batch, self.interval = db.url, db.dsn, batch, interval
+        self.halt = threading.Event()
+        self.samples: list[tuple[float, bool]] = []
+        self.error: str | None = None
+
+    def run(self) -> None:
+        import psycopg
+
+        engine = create_engine(self.url, poolclass=pool.NullPool)
+        statement = queries.claim_jobs(None)
+        params = {
+            "limit": self.batch,
+            "worker_id": "bench-claim-probe",
+            "lease": 60.0,
+            "task_leases": {},
+            "task_max_attempts": {},
+        }
+        try:
+            with engine.connect() as conn, psycopg.connect(self.dsn, autocommit=True) as watch:
+                while not self.halt.wait(self.interval):
+                    vacuuming = bool(
+                        watch.execute(
+                            "SELECT 1 FROM pg_stat_progress_vacuum "
+                            f"WHERE relid = '{JOBS}'::regclass"
+                        ).fetchall()
+                    )
+                    started = time.perf_counter()
+                    conn.execute(statement, params).all()
+                    elapsed = (time.perf_counter() - started) * 1000
+                    conn.rollback()
+                    self.samples.append((elapsed, vacuuming))
+        except Exception as exc:  # reported with the figures
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            engine.dispose()
+
+
+def _deep_ours(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """Our large-backlog drain, run for `deep_seconds` with the claim probe alongside."""
+    ours = _Ours(db)
+    filled = time.monotonic()
+    ours.fill(plan.backlog_large)
+    fill_s = time.monotonic() - filled
+    before = db.vacuum_stats()
+    probe = _ClaimProbe(db, plan.backlog_batch, plan.claim_probe_interval)
+    probe.start()
+    try:
+        windows = max(plan.repeat, int(plan.deep_seconds / plan.seconds))
+        rates, startup = _windows(ours, plan.backlog_large, plan, windows, plan.seconds, fine=False)
+    finally:
+        probe.halt.set()
+        probe.join(30)
+    after = db.vacuum_stats()
+    left = db.count_jobs()
+    all_ms = [ms for ms, _ in probe.samples]
+    during = [ms for ms, v in probe.samples if v]
+    outside = [ms for ms, v in probe.samples if not v]
+    result = {
+        "large": summary(rates[: plan.repeat]),
+        "all_windows": rates,
+        "large_startup_s": startup,
+        "large_fill_s": fill_s,
+        "left_at_end": left,
+        "claim_latency_ms": latency_summary(all_ms),
+        "claim_latency_during_vacuum_ms": latency_summary(during),
+        "claim_latency_outside_vacuum_ms": latency_summary(outside),
+        "claim_probe_error": probe.error,
+        "autovacuum_runs": after["autovacuum_count"] - before["autovacuum_count"],
+        "last_autovacuum": after["last_autovacuum"],
+        "vacuum_seen_by_probe": bool(during),
+    }
+    lat = result["claim_latency_ms"]
+    say(
+        f"deep backlog {plan.backlog_large:,} sqla_queue: {result['large']['median']:,.0f} jobs/s;"
+        f" claim p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms; autovacuum ran "
+        f"{result['autovacuum_runs']} time(s), {len(during)} probes during a vacuum"
+    )
+    db.reset_jobs()
+    return result
+
+
+def backlog(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
+    """Drain at a small and a large backlog, ours and each peer's, same concurrency and batch,
+    each in its own database on the same server; ours also with claim latency sampled."""
+    result: dict[str, Any] = {
+        "small": plan.backlog_small,
+        "large": plan.backlog_large,
+        "concurrency": plan.backlog_concurrency,
+        "batch": plan.backlog_batch,
+        "systems": {},
+    }
+    mine: dict[str, Any] = {"small": _small_backlog(_Ours(db), plan, say)}
+    mine.update(_deep_ours(db, plan, say))
+    result["systems"]["sqla_queue"] = mine
+    for name in plan.peers:
+        try:
+            with peer_database(db, name) as pdb:
+                runs = _backlog_runs(_Peer(pdb), plan, say)
+                runs["version"] = peers.version(name)
+                runs["batch_note"] = pdb.peer.batch_note
+                runs["finish_note"] = pdb.peer.finish_note
+                result["systems"][name] = runs
+        except Exception as exc:  # reported in BENCHMARKS.md, never dropped silently
+            result["systems"][name] = _peer_error(exc)
+            say(f"backlog {name}: [yellow]not measured: {result['systems'][name]['error']}[/]")
+    return result
+
+
 # -- 5. latency ------------------------------------------------------------------------------
 
 
@@ -348,7 +718,16 @@ def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
         say(_latency_line("idle", result["idle"]))
 
         duration = plan.warmup + 3 + plan.repeat * (plan.latency_load_probes * 0.012 + 1)
-        load = spawn("steady", db.url, plan.load_rate, time.time() + duration)
+        share = plan.load_rate / plan.load_producers
+        loads = [spawn("steady", db.url, share, stdin=True) for _ in range(plan.load_producers)]
+        for load in loads:  # started and connected: the load runs from here
+            assert load.stdout is not None
+            load.stdout.readline()
+        until = time.time() + duration
+        for load in loads:
+            assert load.stdin is not None
+            load.stdin.write(f"{until}\n")
+            load.stdin.flush()
         time.sleep(plan.warmup + 1)
         load_runs = []
         for _ in range(plan.repeat):
@@ -358,10 +737,11 @@ def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
                 time.sleep(0.01)
             _wait_started([seq for seq, _ in sent], 30)
             load_runs.append(latency_summary(_latencies(sent)))
-        achieved = json.loads(load.communicate()[0])
+        achieved = [json.loads(load.communicate()[0]) for load in loads]
         result["load"] = _latency_result(load_runs, plan.latency_load_probes)
-        result["load"]["background_jobs_per_s"] = achieved["jobs"] / achieved["seconds"]
+        result["load"]["background_jobs_per_s"] = sum(a["jobs"] / a["seconds"] for a in achieved)
         result["load"]["background_target_per_s"] = plan.load_rate
+        result["load"]["background_processes"] = plan.load_producers
         say(_latency_line("under load", result["load"]))
     finally:
         worker.stop()
