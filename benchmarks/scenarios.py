@@ -26,6 +26,7 @@ from sqla_queue.worker import Worker, WorkerConfig
 
 from . import peers, tasks
 from .database import JOBS, BenchDatabase
+from .processes import supervised_workers
 from .stats import latency_summary, summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -388,30 +389,6 @@ def drain(db: BenchDatabase, plan: Plan, say: Say, step: Callable[[], None]) -> 
 # -- 4b. worker --processes N ----------------------------------------------------------------
 
 
-def cli_has_processes() -> bool:
-    """Whether this tree's `sqla-queue worker` has the --processes option."""
-    from sqla_queue.cli import worker as worker_command
-
-    return any(p.name == "processes" for p in worker_command.params)
-
-
-@contextmanager
-def cli_worker_process(
-    db: BenchDatabase, concurrency: int, batch: int, processes: int
-) -> Iterator[subprocess.Popen[str]]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [
-        sys.executable, "-m", "sqla_queue", "worker", "--database-url", db.url,
-        "--app", "benchmarks.tasks:registry", "-c", str(concurrency), "--batch", str(batch),
-        "--processes", str(processes), "--log-level", "warning",
-    ]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, text=True)
-    try:
-        yield proc
-    finally:
-        _stop(proc)
-
-
 def _stop(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -424,11 +401,9 @@ def _stop(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
 
 def processes(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     """Drain at batch 50 by `sqla-queue worker --processes N` (N = plan.processes)."""
-    if not cli_has_processes():
-        return {"available": False, "reason": "this tree's worker has no --processes option"}
     concurrency = plan.processes_concurrency
     rates: list[float] = []
-    with cli_worker_process(db, concurrency, 50, plan.processes):
+    with supervised_workers(db, plan.processes, 50, concurrency):
         _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds))
         for _ in range(plan.repeat):
             rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds)
