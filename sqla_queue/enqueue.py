@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import psycopg
 from sqlalchemy import Connection, event, func
@@ -30,6 +30,7 @@ from . import queries
 from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
 from .hooks import NewJob, default_registry, prepare_job
 from .models import (
+    DEFAULT_QUEUE,
     HOOKS_DUE,
     PRIORITY_MAX,
     SCHEMA,
@@ -44,6 +45,7 @@ from .unique import UniqueOption, resolve_unique
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+    from typing_extensions import Unpack
 
     from .registry import Registry
 
@@ -53,7 +55,9 @@ _MISSING_KEY = re.compile(r"Key \(queue\)=\((?P<queue>.*)\) is not present")
 _NO_DELAY = dt.timedelta(0)
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
 _INSERT_JOBS = queries.insert_jobs()
+_INSERT_AND_NOTIFY = queries.insert_job_and_notify()
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
+_RESERVE_JOB_ID_ARRAY = queries.reserve_job_id_array()
 _NOTIFY_QUEUES = queries.notify_queues()
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
 _MAY_STAGE = queries.may_stage_jobs()
@@ -95,8 +99,41 @@ def _schedule(job: NewJob) -> dt.timedelta | None:
     return None if job.delay is None else _delay_interval(job.task, job.delay)
 
 
+class EnqueueOptions(TypedDict, total=False):
+    """`enqueue`'s keyword arguments, for its typed overloads (documented there)."""
+
+    queue: str | None
+    priority: int | None
+    run_at: dt.datetime | None
+    delay: float | dt.timedelta | None
+    max_attempts: int | None
+    tags: Iterable[str] | None
+    meta: Mapping[str, Any] | None
+    unique: UniqueOption
+    flush: bool
+    registry: Registry | None
+
+
+@overload
+def enqueue(
+    session: Connection,
+    task: str,
+    args: Mapping[str, Any] | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> int: ...
+
+
+@overload
 def enqueue(
     session: Session | AsyncSession,
+    task: str,
+    args: Mapping[str, Any] | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> Job: ...
+
+
+def enqueue(
+    session: Session | AsyncSession | Connection,
     task: str,
     args: Mapping[str, Any] | None = None,
     *,
@@ -110,7 +147,7 @@ def enqueue(
     unique: UniqueOption = None,
     flush: bool = False,
     registry: Registry | None = None,
-) -> Job:
+) -> Job | int:
     """Add a job to `session` and return it; it commits (or not) with the session.
 
     `args` are the handler's keyword arguments, as one JSON-serialisable dict. `run_at`
@@ -133,7 +170,30 @@ def enqueue(
     `AsyncSession`, `await enqueue_async(...)`): the returned job has its id, and if a job
     with the same key was there already, nothing is written and the returned job is that
     one, with `job.duplicate` True. A duplicate never raises, so the transaction goes on.
+
+    With a Core `Connection` instead of a session (code that has no ORM session), the job
+    is written at once in the connection's transaction, by one statement that also sends
+    the NOTIFY, and its id is returned (a unique job's duplicate: the blocking job's id).
+    Nothing is committed: the caller's `connection.commit()` (or `engine.begin()` block)
+    does it. `flush` makes no difference there.
     """
+    if isinstance(session, Connection):
+        return _enqueue_core(
+            session,
+            prepare_job(
+                task,
+                args,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                run_at=run_at,
+                delay=delay,
+                tags=tags,
+                meta=meta,
+                unique=unique,
+                registry=registry,
+            ),
+        )
     if flush and not isinstance(session, Session):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
     new = prepare_job(
@@ -176,6 +236,17 @@ def enqueue(
     if flush:
         session.flush()
     return job
+
+
+def _enqueue_core(connection: Connection, new: NewJob) -> int:
+    """`enqueue(connection, ...)`: the INSERT and its NOTIFY in one round trip; the id."""
+    params = _row_params(new)
+    if new.unique is None:
+        return int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
+    ((job_id, duplicate),) = _insert_unique(connection, [params])
+    if not duplicate:
+        connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
+    return job_id
 
 
 def _run_due_hooks(job: Job) -> NewJob | None:
@@ -381,6 +452,47 @@ _ROW_KEYS = frozenset(
 )
 
 
+_PLAIN_ROW_KEYS = frozenset(
+    {"task", "args", "queue", "priority", "run_at", "delay", "max_attempts"}
+)
+"""A row with only these keys, and no registry in force, has nothing for `prepare_job` to do."""
+
+
+def _bulk_params(
+    rows: Iterable[Mapping[str, Any]], registry: Registry | None
+) -> list[dict[str, Any]]:
+    """Each row prepared (`prepare_job`) and validated, as `_row_params`.
+
+    With no registry in force, a row without tags, meta or `unique` skips `prepare_job`
+    (no defaults, hooks or copies to make): half the Python per row of a bulk enqueue.
+    """
+    if registry is not None or default_registry() is not None:
+        return [_bulk_row(row, registry) for row in rows]
+    params = []
+    for row in rows:
+        if isinstance(row, dict) and row.keys() <= _PLAIN_ROW_KEYS:
+            args = row.get("args")
+            if args is None:
+                args = {}
+            elif type(args) is not dict and isinstance(args, Mapping):
+                args = dict(args)
+            queue, priority = row.get("queue"), row.get("priority")
+            params.append(
+                _plain_params(
+                    row.get("task"),
+                    args,
+                    DEFAULT_QUEUE if queue is None else queue,
+                    0 if priority is None else priority,
+                    row.get("max_attempts"),
+                    row.get("run_at"),
+                    row.get("delay"),
+                )
+            )
+        else:
+            params.append(_bulk_row(row, None))
+    return params
+
+
 def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, Any]:
     unknown = set(row) - _ROW_KEYS
     if unknown:
@@ -406,26 +518,48 @@ def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, An
 
 def _row_params(new: NewJob) -> dict[str, Any]:
     """A prepared job, validated, as the `job_*` parameters of the insert statements."""
-    interval = _schedule(new)
-    encoded = validate_job(
-        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at
+    params = _plain_params(
+        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at, new.delay
     )
-    tags, meta_json = validate_tags_and_meta(new.task, new.tags, new.meta)
+    if new.tags or new.meta or type(new.tags) is not list or type(new.meta) is not dict:
+        params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
+            new.task, new.tags, new.meta
+        )
     unique = new.unique
+    if unique is not None:
+        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args)
+        params["job_unique_states"] = unique.state_bits
+    return params
+
+
+def _plain_params(
+    task: object,
+    args: object,
+    queue: object,
+    priority: object,
+    max_attempts: object,
+    run_at: object,
+    delay: object,
+) -> dict[str, Any]:
+    """A job without tags, meta or `unique`, validated, as `job_*` parameters."""
+    if delay is None:
+        interval = None
+    elif run_at is not None:
+        raise InvalidJobError(task=task, detail="pass run_at or delay, not both")
+    else:
+        interval = _delay_interval(task, delay)
     return {
-        "job_task": new.task,
-        "job_args": new.args,
-        "job_args_json": encoded,
-        "job_queue": new.queue,
-        "job_priority": new.priority,
-        "job_run_at": new.run_at,
+        "job_task": task,
+        "job_args_json": validate_job(task, args, queue, priority, max_attempts, run_at),
+        "job_queue": queue,
+        "job_priority": priority,
+        "job_run_at": run_at,
         "job_delay": interval,
-        "job_max_attempts": new.max_attempts,
-        "job_tags": tags,
-        "job_meta": new.meta,
-        "job_meta_json": meta_json,
-        "job_unique_key": None if unique is None else unique.key_for(new.task, new.queue, new.args),
-        "job_unique_states": None if unique is None else unique.state_bits,
+        "job_max_attempts": max_attempts,
+        "job_tags": [],
+        "job_meta_json": "{}",
+        "job_unique_key": None,
+        "job_unique_states": None,
     }
 
 
@@ -444,7 +578,10 @@ class EnqueuedIds(list[int]):
 
 
 def enqueue_many(
-    session: Session, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
+    session: Session | Connection,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    registry: Registry | None = None,
 ) -> EnqueuedIds:
     """Insert many jobs in the session's transaction; returns their ids in input order.
 
@@ -461,19 +598,26 @@ def enqueue_many(
     (10,000 unique rows: 0.8 s staged, 2.3 s by INSERTs, 0.45-0.64 s for plain COPY;
     measured on a shared 2-core machine). The result's `duplicates` says which rows were
     duplicates.
+
+    `session` may also be a Core `Connection` (code without an ORM session): the same
+    statements run in its transaction, which the caller commits.
     """
-    params = [_bulk_row(row, registry) for row in rows]
+    params = _bulk_params(rows, registry)
     if not params:
         return EnqueuedIds()
-    if session.autoflush:  # as the INSERT path would: pending queues must exist first
-        session.flush()
-    connection = session.connection(bind_arguments=_BIND)
+    if isinstance(session, Connection):
+        connection = session
+    else:
+        if session.autoflush:  # as the INSERT path would: pending queues must exist first
+            session.flush()
+        connection = session.connection(bind_arguments=_BIND)
     plain = [i for i, p in enumerate(params) if p["job_unique_key"] is None]
     unique = [i for i, p in enumerate(params) if p["job_unique_key"] is not None]
     ids = [0] * len(params)
     duplicates = [False] * len(params)
     if plain:
-        for i, job_id in zip(plain, _write_plain(session, [params[i] for i in plain]), strict=True):
+        written_ids = _write_plain(connection, [params[i] for i in plain])
+        for i, job_id in zip(plain, written_ids, strict=True):
             ids[i] = job_id
     if unique:
         driver = connection.connection.driver_connection
@@ -493,13 +637,15 @@ def enqueue_many(
         p["job_queue"] for p, duplicate in zip(params, duplicates, strict=True) if not duplicate
     }
     if written:
-        _notify(session, written)
+        if isinstance(session, Connection):
+            connection.execute(_NOTIFY_QUEUES, {"queues": sorted(written)})
+        else:
+            _notify(session, written)
     return EnqueuedIds(ids, duplicates)
 
 
-def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
+def _write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[int]:
     """Rows that are not unique: COPY from COPY_MIN_ROWS on (psycopg), else INSERT."""
-    connection = session.connection(bind_arguments=_BIND)
     driver = connection.connection.driver_connection
     if (
         len(params) >= COPY_MIN_ROWS
@@ -507,7 +653,30 @@ def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
         and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
     ):
         return _copy_jobs(connection, driver, params)
-    return list(session.scalars(_INSERT_JOBS, params, bind_arguments=_BIND))
+    return list(connection.execute(_INSERT_JOBS, params).scalars())
+
+
+_COPY_SPECIAL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: str) -> str:
+    """`value` as a field of COPY's text format (backslash, tab, newline, CR escaped)."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_COPY_SPECIAL)
+    return value
+
+
+def _copy_array(values: list[str]) -> str:
+    """A text[] literal of `values`, as a field of COPY's text format."""
+    quoted = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return _copy_text("{" + ",".join(f'"{v}"' for v in quoted) + "}")
+
+
+_NULL = "\\N"
+_BYTEA_PREFIX = "\\\\x"
+"""bytea's hex form (`\\x...`) with its backslash escaped for COPY's text format."""
+_COPY_CHUNK = 2000
+"""Rows per write to the COPY stream."""
 
 
 def _copy_jobs(
@@ -517,40 +686,64 @@ def _copy_jobs(
     statement: str = queries.COPY_JOBS,
 ) -> list[int]:
     """COPY the rows in the session's transaction, with ids reserved from the id sequence
-    (into the staging table, unique columns included, with `COPY_STAGED_JOBS`)."""
+    (into the staging table, unique columns included, with `COPY_STAGED_JOBS`).
+
+    Each row is written as one line of COPY's text format, built here from the JSON text
+    validation made (serialised once): 3 to 4 times less Python per row than psycopg's
+    `write_row` with its per-value dumpers (profiled, 20,000 rows).
+    """
     staged = statement == queries.COPY_STAGED_JOBS
-    reserved = connection.execute(_RESERVE_JOB_IDS, {"count": len(params)})
-    ids: list[int] = []
+    ids, now = connection.execute(_RESERVE_JOB_ID_ARRAY, {"count": len(params)}).one()
+    if len(ids) != len(params):  # pragma: no cover - the server's own guarantee
+        raise SqlaQueueError(f"reserved {len(ids)} job ids for {len(params)} rows")
+    now_text = now.isoformat()
+    lines: list[str] = []
     try:
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
-            for (job_id, now), p in zip(reserved, params, strict=True):
+            for job_id, p in zip(ids, params, strict=True):
                 # now() is fixed for the transaction: the same run_at the INSERT would compute.
-                try:
-                    run_at = p["job_run_at"] or now + (p["job_delay"] or _NO_DELAY)
-                except OverflowError:  # the server's clock is past ours near the year 9999
-                    raise _too_far(p["job_task"], p["job_delay"]) from None
-                row: tuple[Any, ...] = (
-                    job_id,
-                    p["job_task"],
-                    p["job_args_json"],
-                    p["job_queue"],
-                    p["job_priority"],
-                    run_at,
-                    p["job_max_attempts"],
-                    p["job_tags"],
-                    p["job_meta_json"],
-                )
+                run_at = p["job_run_at"]
+                delay = p["job_delay"]
+                if run_at is not None:
+                    run_at_text = run_at.isoformat()
+                elif delay:
+                    try:
+                        run_at_text = (now + delay).isoformat()
+                    except OverflowError:  # the server's clock is past ours near the year 9999
+                        raise _too_far(p["job_task"], delay) from None
+                else:
+                    run_at_text = now_text
+                max_attempts = p["job_max_attempts"]
+                tags = p["job_tags"]
+                fields = [
+                    str(job_id),
+                    _copy_text(p["job_task"]),
+                    _copy_text(p["job_args_json"]),
+                    _copy_text(p["job_queue"]),
+                    str(p["job_priority"]),
+                    run_at_text,
+                    _NULL if max_attempts is None else str(max_attempts),
+                    _copy_array(tags) if tags else "{}",
+                    _copy_text(p["job_meta_json"]),
+                ]
                 if staged:
-                    row = (*row, p["job_unique_key"], p["job_unique_states"])
-                copy.write_row(row)
-                ids.append(job_id)
+                    key, states = p["job_unique_key"], p["job_unique_states"]
+                    fields.append(_NULL if key is None else _BYTEA_PREFIX + key.hex())
+                    fields.append(_NULL if states is None else str(states))
+                line = "\t".join(fields)
+                lines.append(line)
+                if len(lines) >= _COPY_CHUNK:
+                    copy.write("\n".join(lines) + "\n")
+                    lines.clear()
+            if lines:
+                copy.write("\n".join(lines) + "\n")
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
         explained = _unknown_queue(exc) or _refused_by_check(exc, None)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped
-    return ids
+    return [int(i) for i in ids]
 
 
 def _copy_unique(
