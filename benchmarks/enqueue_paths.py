@@ -9,15 +9,19 @@ of a database it may migrate and write to (it truncates `sqla_queue.jobs` and ad
 drops, a table `enqueue_paths_orders`).
 
 Every function returns a dict of figures. Rates are per second, `median` over `repeats`
-repetitions that alternate the two sides (A, B, A, B, ...), so both see the same machine;
+rounds that run every side once, in an order rotating from round to round, so all sides
+see the same machine (after one warm-up run of each);
 `ratio` is median(ours) / median(baseline) and `ratio_of_pairs` the median of the
-per-repetition ratios, with their `ratio_range` (min, max):
+per-repetition ratios, with their `ratio_range` (min, max). Each dict holds each side's
+`{"median": rate, "runs": [rates]}` under the side's name:
 
 - `business_tx(url)`: an ORM transaction inserting one domain row (`Session`, `add`,
-  commit), without and with one `enqueue()` in it. Keys: `without` and `with` (each
-  `{"median": tx/s, "runs": [...]}`), `ratio` (with / without), `job_cost` (1 - ratio:
-  the share of the transaction's throughput the job costs; target <= 0.15),
-  `ratio_of_pairs`, `ratio_range`, `transactions` (per repetition).
+  commit), without and with one `enqueue()` in it, and with a hand-written job INSERT
+  instead (`session.execute(text(...))`, no NOTIFY: what the row itself costs). Keys:
+  `without`, `with`, `with_sql_insert` (each `{"median": tx/s, "runs": [...]}`), `ratio`
+  (with / without), `job_cost` (1 - ratio: the share of the transaction's throughput the
+  job costs; target <= 0.15), `sql_ratio` (with_sql_insert / without), `ratio_of_pairs`,
+  `ratio_range`, `transactions` (per repetition).
 - `core_enqueue(url)`: `enqueue(connection, ...)` + commit in a loop on one connection,
   against a raw psycopg `INSERT INTO sqla_queue.jobs ...; COMMIT` loop on one connection.
   Keys: `raw`, `core` (each `{"median", "runs"}`), `ratio` (core / raw; target >= 0.8),
@@ -41,6 +45,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -52,6 +57,10 @@ from sqla_queue import enqueue, enqueue_many, normalize_url
 from sqla_queue.migrate import drop_queue_fk, restore_queue_fk, upgrade
 
 PARTS = ("business", "core", "bulk")
+BUSINESS_SIDES = {"without": "", "with": "enqueue", "with_sql_insert": "sql"}
+"""The business transaction's sides: its domain row alone, with `enqueue()`, and with a
+hand-written `INSERT INTO sqla_queue.jobs` (no NOTIFY, no checks): the floor of a job."""
+_RAW_JOB = text("INSERT INTO sqla_queue.jobs (task, args) VALUES ('shop.send_receipt', :args)")
 
 
 class _Base(DeclarativeBase):
@@ -87,36 +96,32 @@ def _truncate(engine: Engine) -> None:
         conn.execute(text("TRUNCATE sqla_queue.jobs"))
 
 
-def _paired(
-    ours: Callable[[], float],
-    baseline: Callable[[], float],
-    repeats: int,
-    reset: Callable[[], None],
-) -> dict[str, Any]:
-    """Alternate baseline and ours `repeats` times (after one warm-up of each): figures."""
-    for side in (baseline, ours):
+def _alternate(
+    sides: dict[str, Callable[[], float]], repeats: int, reset: Callable[[], None]
+) -> dict[str, list[float]]:
+    """Run each side once to warm up, then `repeats` rounds of all sides, the order of the
+    sides rotating from round to round; each side's rates in round order."""
+    names = list(sides)
+    for name in names:
         reset()
-        side()
-    base_runs: list[float] = []
-    our_runs: list[float] = []
+        sides[name]()
+    runs: dict[str, list[float]] = {name: [] for name in names}
     for i in range(repeats):
-        order = (baseline, ours) if i % 2 == 0 else (ours, baseline)
-        for side in order:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             reset()
-            (base_runs if side is baseline else our_runs).append(side())
-    pairs = [o / b for o, b in zip(our_runs, base_runs, strict=True)]
-    return {
-        "baseline": {"median": statistics.median(base_runs), "runs": base_runs},
-        "ours": {"median": statistics.median(our_runs), "runs": our_runs},
-        "ratio": statistics.median(our_runs) / statistics.median(base_runs),
-        "ratio_of_pairs": statistics.median(pairs),
-        "ratio_range": [min(pairs), max(pairs)],
+            runs[name].append(sides[name]())
+    return runs
+
+
+def _compare(runs: dict[str, list[float]], ours: str, baseline: str) -> dict[str, Any]:
+    """The figures of `ours` against `baseline` (see the module doc)."""
+    pairs = [o / b for o, b in zip(runs[ours], runs[baseline], strict=True)]
+    result: dict[str, Any] = {
+        name: {"median": statistics.median(rates), "runs": rates} for name, rates in runs.items()
     }
-
-
-def _rename(result: dict[str, Any], baseline: str, ours: str) -> dict[str, Any]:
-    result[baseline] = result.pop("baseline")
-    result[ours] = result.pop("ours")
+    result["ratio"] = result[ours]["median"] / result[baseline]["median"]
+    result["ratio_of_pairs"] = statistics.median(pairs)
+    result["ratio_range"] = [min(pairs), max(pairs)]
     return result
 
 
@@ -126,23 +131,28 @@ def business_tx(url: str, transactions: int = 400, repeats: int = 5) -> dict[str
         _Base.metadata.drop_all(engine)
         _Base.metadata.create_all(engine)
 
-        def loop(with_job: bool) -> float:
+        def loop(job: str) -> float:
             started = time.perf_counter()
             for n in range(transactions):
                 with Session(engine) as session, session.begin():
                     session.add(Order(email=f"c{n}@example.com", total=n))
-                    if with_job:
+                    if job == "enqueue":
                         enqueue(session, "shop.send_receipt", {"n": n})
+                    elif job == "sql":
+                        session.execute(_RAW_JOB, {"args": json.dumps({"n": n})})
             return transactions / (time.perf_counter() - started)
 
         try:
-            result = _paired(
-                lambda: loop(True), lambda: loop(False), repeats, lambda: _truncate(engine)
+            runs = _alternate(
+                {side: partial(loop, job) for side, job in BUSINESS_SIDES.items()},
+                repeats,
+                lambda: _truncate(engine),
             )
         finally:
             _Base.metadata.drop_all(engine)
-    result = _rename(result, "without", "with")
+    result = _compare(runs, "with", "without")
     result["job_cost"] = 1 - result["ratio"]
+    result["sql_ratio"] = result["with_sql_insert"]["median"] / result["without"]["median"]
     result["transactions"] = transactions
     return result
 
@@ -169,8 +179,8 @@ def core_enqueue(url: str, transactions: int = 1000, repeats: int = 5) -> dict[s
                     conn.commit()
                 return transactions / (time.perf_counter() - started)
 
-        result = _paired(core_loop, raw_loop, repeats, lambda: _truncate(engine))
-    result = _rename(result, "raw", "core")
+        runs = _alternate({"raw": raw_loop, "core": core_loop}, repeats, lambda: _truncate(engine))
+    result = _compare(runs, "core", "raw")
     result["transactions"] = transactions
     return result
 
@@ -200,12 +210,14 @@ def bulk(url: str, rows: int = 20_000, repeats: int = 5, queue_fk: bool = True) 
         if not queue_fk:
             drop_queue_fk(engine)
         try:
-            result = _paired(ours, raw_copy, repeats, lambda: _truncate(engine))
+            runs = _alternate(
+                {"raw_copy": raw_copy, "enqueue_many": ours}, repeats, lambda: _truncate(engine)
+            )
         finally:
             if not queue_fk:
                 _truncate(engine)
                 restore_queue_fk(engine)
-    result = _rename(result, "raw_copy", "enqueue_many")
+    result = _compare(runs, "enqueue_many", "raw_copy")
     result["rows"] = rows
     result["queue_fk"] = queue_fk
     return result
@@ -260,6 +272,13 @@ def _say(result: dict[str, Any]) -> None:
                 f"{unit}; {label} {r['ratio']:.2f}x (pairs: median {r['ratio_of_pairs']:.2f}x, "
                 f"{low:.2f}-{high:.2f})"
             )
+    if "business_tx" in result:
+        r = result["business_tx"]
+        print(
+            f"business_tx: job cost {r['job_cost']:.0%} of the tx (target <= 15%); a hand-written "
+            f"job INSERT instead: {r['with_sql_insert']['median']:,.0f} tx/s, "
+            f"cost {1 - r['sql_ratio']:.0%}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
