@@ -125,7 +125,7 @@ def _compare(runs: dict[str, list[float]], ours: str, baseline: str) -> dict[str
     return result
 
 
-def business_tx(url: str, transactions: int = 400, repeats: int = 5) -> dict[str, Any]:
+def business_tx(url: str, transactions: int = 600, repeats: int = 5) -> dict[str, Any]:
     """One domain row per ORM transaction, without and with one enqueue() (see module doc)."""
     with _engine(url) as engine:
         _Base.metadata.drop_all(engine)
@@ -230,7 +230,7 @@ def run(
     scale = 4 if quick else 1
     result: dict[str, Any] = {}
     if "business" in only:
-        result["business_tx"] = business_tx(url, 400 // scale, repeats)
+        result["business_tx"] = business_tx(url, 600 // scale, repeats)
     if "core" in only:
         result["core_enqueue"] = core_enqueue(url, 1000 // scale, repeats)
     if "bulk" in only:

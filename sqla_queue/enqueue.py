@@ -3,9 +3,10 @@
 Every path passes `sqla_queue.hooks.prepare_job` (task defaults, insert hooks, the unknown
 task check) before the job is validated; a `Job` added directly passes it at flush. Nothing
 here commits. The job becomes visible to workers when the caller's transaction
-commits, and is gone if it rolls back. Workers are woken by one `pg_notify` per queue per
-transaction, sent from a flush hook (never a per-row trigger); PostgreSQL delivers it only
-on commit.
+commits, and is gone if it rolls back. Workers are woken by `pg_notify` (never a per-row
+trigger), which PostgreSQL delivers only on commit: a job of `enqueue` carries it in its
+own INSERT statement (written at flush, or at once with a Core `Connection`); `enqueue_many`
+and a `Job` added to the session send it once per queue per transaction.
 """
 
 from __future__ import annotations
@@ -509,6 +510,7 @@ def _bulk_params(
     if registry is not None or default_registry() is not None:
         return [_bulk_row(row, registry) for row in rows]
     params = []
+    checked: set[tuple[str, str]] = set()  # (task, queue) names that passed validate_name
     for row in rows:
         if isinstance(row, dict) and row.keys() <= _PLAIN_ROW_KEYS:
             args = row.get("args")
@@ -516,18 +518,24 @@ def _bulk_params(
                 args = {}
             elif type(args) is not dict and isinstance(args, Mapping):
                 args = dict(args)
-            queue, priority = row.get("queue"), row.get("priority")
+            task, queue, priority = row.get("task"), row.get("queue"), row.get("priority")
+            if queue is None:
+                queue = DEFAULT_QUEUE
+            names = (task, queue) if type(task) is str and type(queue) is str else None
             params.append(
                 _plain_params(
-                    row.get("task"),
+                    task,
                     args,
-                    DEFAULT_QUEUE if queue is None else queue,
+                    queue,
                     0 if priority is None else priority,
                     row.get("max_attempts"),
                     row.get("run_at"),
                     row.get("delay"),
+                    names_checked=names in checked,
                 )
             )
+            if names is not None:
+                checked.add(names)
         else:
             params.append(_bulk_row(row, None))
     return params
@@ -580,6 +588,7 @@ def _plain_params(
     max_attempts: object,
     run_at: object,
     delay: object,
+    names_checked: bool = False,
 ) -> dict[str, Any]:
     """A job without tags, meta or `unique`, validated, as `job_*` parameters."""
     if delay is None:
@@ -590,7 +599,9 @@ def _plain_params(
         interval = _delay_interval(task, delay)
     return {
         "job_task": task,
-        "job_args_json": validate_job(task, args, queue, priority, max_attempts, run_at),
+        "job_args_json": validate_job(
+            task, args, queue, priority, max_attempts, run_at, names_checked
+        ),
         "job_queue": queue,
         "job_priority": priority,
         "job_run_at": run_at,

@@ -246,15 +246,18 @@ def validate_job(
     priority: object,
     max_attempts: object,
     run_at: object,
+    names_checked: bool = False,
 ) -> str:
     """Check a job's fields before it reaches the database; returns `args` as JSON text.
 
     Raises `InvalidJobError` (a ValueError) for a bad field and `TypeError` for args that
-    are not JSON-serialisable, each naming the task and the fix.
+    are not JSON-serialisable, each naming the task and the fix. `names_checked`: the task
+    and queue names passed this check already (bulk enqueue checks each pair once).
     """
     name = task if isinstance(task, str) else repr(task)
-    validate_name("task", task, name)
-    validate_name("queue", queue, name)
+    if not names_checked:
+        validate_name("task", task, name)
+        validate_name("queue", queue, name)
     encoded = encode_json_object(
         "args",
         args,
