@@ -730,20 +730,45 @@ _COPY_CHUNK = 2000
 """Rows per write to the COPY stream."""
 
 
+def _run_at_text(p: dict[str, Any], now: dt.datetime, now_text: str) -> str:
+    """A row's run_at for COPY: given, or the transaction's now() plus its delay."""
+    run_at, delay = p["job_run_at"], p["job_delay"]
+    if run_at is not None:
+        return str(run_at.isoformat())
+    if not delay:
+        return now_text
+    try:
+        return str((now + delay).isoformat())
+    except OverflowError:  # the server's clock is past ours near the year 9999
+        raise _too_far(p["job_task"], delay) from None
+
+
 def _copy_jobs(
     connection: Connection,
     driver: psycopg.Connection[Any],
     params: list[dict[str, Any]],
-    statement: str = queries.COPY_JOBS,
+    staged: bool = False,
 ) -> list[int]:
     """COPY the rows in the session's transaction, with ids reserved from the id sequence
     (into the staging table, unique columns included, with `COPY_STAGED_JOBS`).
 
     Each row is written as one line of COPY's text format, built here from the JSON text
     validation made (serialised once): 3 to 4 times less Python per row than psycopg's
-    `write_row` with its per-value dumpers (profiled, 20,000 rows).
+    `write_row` with its per-value dumpers (profiled, 20,000 rows). Into the jobs table,
+    run_at, max_attempts and tags with meta are sent only if a row needs them (the columns'
+    defaults are the same values): fewer columns for the server to parse, about a fifth
+    faster for rows without them (measured, 20,000 rows, no foreign key).
     """
-    staged = statement == queries.COPY_STAGED_JOBS
+    if staged:
+        statement = queries.COPY_STAGED_JOBS
+        scheduled = limited = tagged = True
+    else:
+        scheduled = any(p["job_run_at"] is not None or p["job_delay"] for p in params)
+        limited = any(p["job_max_attempts"] is not None for p in params)
+        tagged = any(p["job_tags"] or p["job_meta_json"] != "{}" for p in params)
+        columns = ["id", "task", "args", "queue", "priority"]
+        columns += ["run_at"] * scheduled + ["max_attempts"] * limited + ["tags", "meta"] * tagged
+        statement = queries.copy_jobs(columns)
     ids, now = connection.execute(_RESERVE_JOB_ID_ARRAY, {"count": len(params)}).one()
     if len(ids) != len(params):  # pragma: no cover - the server's own guarantee
         raise SqlaQueueError(f"reserved {len(ids)} job ids for {len(params)} rows")
@@ -752,31 +777,22 @@ def _copy_jobs(
     try:
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
             for job_id, p in zip(ids, params, strict=True):
-                # now() is fixed for the transaction: the same run_at the INSERT would compute.
-                run_at = p["job_run_at"]
-                delay = p["job_delay"]
-                if run_at is not None:
-                    run_at_text = run_at.isoformat()
-                elif delay:
-                    try:
-                        run_at_text = (now + delay).isoformat()
-                    except OverflowError:  # the server's clock is past ours near the year 9999
-                        raise _too_far(p["job_task"], delay) from None
-                else:
-                    run_at_text = now_text
-                max_attempts = p["job_max_attempts"]
-                tags = p["job_tags"]
                 fields = [
                     str(job_id),
                     _copy_text(p["job_task"]),
                     _copy_text(p["job_args_json"]),
                     _copy_text(p["job_queue"]),
                     str(p["job_priority"]),
-                    run_at_text,
-                    _NULL if max_attempts is None else str(max_attempts),
-                    _copy_array(tags) if tags else "{}",
-                    _copy_text(p["job_meta_json"]),
                 ]
+                if scheduled:  # now() is fixed for the transaction: the INSERT's run_at too
+                    fields.append(_run_at_text(p, now, now_text))
+                if limited:
+                    max_attempts = p["job_max_attempts"]
+                    fields.append(_NULL if max_attempts is None else str(max_attempts))
+                if tagged:
+                    tags = p["job_tags"]
+                    fields.append(_copy_array(tags) if tags else "{}")
+                    fields.append(_copy_text(p["job_meta_json"]))
                 if staged:
                     key, states = p["job_unique_key"], p["job_unique_states"]
                     fields.append(_NULL if key is None else _BYTEA_PREFIX + key.hex())
@@ -803,7 +819,7 @@ def _copy_unique(
     """COPY unique rows to the staging table, insert them from there skipping duplicates;
     returns {row index: id} of the rows written."""
     connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
-    reserved = _copy_jobs(connection, driver, params, queries.COPY_STAGED_JOBS)
+    reserved = _copy_jobs(connection, driver, params, staged=True)
     # An unknown queue or a refused row is explained by the engine's handle_error hook.
     got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
     return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}

@@ -37,7 +37,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -632,19 +632,25 @@ def may_reserve_job_ids() -> Select[Any]:
     return select(func.has_sequence_privilege(sequence, "USAGE"))
 
 
+def _next_id() -> Any:
+    """`nextval` of the jobs id sequence, looked up once per statement (an uncorrelated
+    subquery): `pg_get_serial_sequence` per row made reserving 20,000 ids take 0.2-0.36 s,
+    against 0.06 s with the sequence looked up once (measured)."""
+    name = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
+    return func.nextval(select(cast(name, REGCLASS)).scalar_subquery())
+
+
 def reserve_job_id_array() -> Select[Any, Any]:
     """`:count` fresh job ids as one array, in order, and the transaction's `now()` (COPY):
     one row to fetch instead of `:count`."""
-    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
     n = func.generate_series(1, bindparam("count", type_=Integer)).column_valued("n")
-    return select(func.array_agg(aggregate_order_by(func.nextval(sequence), n)), func.now())
+    return select(func.array_agg(aggregate_order_by(_next_id(), n)), func.now())
 
 
 def reserve_job_ids() -> Select[Any]:
     """`:count` fresh job ids, in order, each with the transaction's `now()` (for COPY)."""
-    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
     series = func.generate_series(1, bindparam("count", type_=Integer))
-    return select(func.nextval(sequence), func.now()).select_from(series)
+    return select(_next_id(), func.now()).select_from(series)
 
 
 COPY_JOB_COLUMNS = (
@@ -658,8 +664,16 @@ COPY_JOB_COLUMNS = (
     "tags",
     "meta",
 )
-COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
-"""Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
+
+
+def copy_jobs(columns: Sequence[str] = COPY_JOB_COLUMNS) -> str:
+    """Not expressible in Core: bulk enqueue's COPY of `columns` (of COPY_JOB_COLUMNS, in
+    that order); the columns left out take their defaults."""
+    return f"COPY {jobs.fullname} ({', '.join(columns)}) FROM STDIN"
+
+
+COPY_JOBS = copy_jobs()
+"""Bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
 
 STAGED_JOBS = "sqla_queue_staged_jobs"
 """A temporary table of this session, emptied at each commit: unique rows COPYed for
