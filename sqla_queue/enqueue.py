@@ -3,9 +3,10 @@
 Every path passes `sqla_queue.hooks.prepare_job` (task defaults, insert hooks, the unknown
 task check) before the job is validated; a `Job` added directly passes it at flush. Nothing
 here commits. The job becomes visible to workers when the caller's transaction
-commits, and is gone if it rolls back. Workers are woken by one `pg_notify` per queue per
-transaction, sent from a flush hook (never a per-row trigger); PostgreSQL delivers it only
-on commit.
+commits, and is gone if it rolls back. Workers are woken by `pg_notify` (never a per-row
+trigger), which PostgreSQL delivers only on commit: a job of `enqueue` carries it in its
+own INSERT statement (written at flush, or at once with a Core `Connection`); `enqueue_many`
+and a `Job` added to the session send it once per queue per transaction.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import psycopg
 from sqlalchemy import Connection, event, func
@@ -25,11 +26,13 @@ from sqlalchemy.orm import (
     UOWTransaction,
     make_transient_to_detached,
 )
+from sqlalchemy.sql import ClauseElement
 
 from . import queries
 from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
 from .hooks import NewJob, default_registry, prepare_job
 from .models import (
+    DEFAULT_QUEUE,
     HOOKS_DUE,
     PRIORITY_MAX,
     SCHEMA,
@@ -44,6 +47,7 @@ from .unique import UniqueOption, resolve_unique
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
+    from typing_extensions import Unpack
 
     from .registry import Registry
 
@@ -53,7 +57,9 @@ _MISSING_KEY = re.compile(r"Key \(queue\)=\((?P<queue>.*)\) is not present")
 _NO_DELAY = dt.timedelta(0)
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
 _INSERT_JOBS = queries.insert_jobs()
+_INSERT_AND_NOTIFY = queries.insert_job_and_notify()
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
+_RESERVE_JOB_ID_ARRAY = queries.reserve_job_id_array()
 _NOTIFY_QUEUES = queries.notify_queues()
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
 _MAY_STAGE = queries.may_stage_jobs()
@@ -95,8 +101,41 @@ def _schedule(job: NewJob) -> dt.timedelta | None:
     return None if job.delay is None else _delay_interval(job.task, job.delay)
 
 
+class EnqueueOptions(TypedDict, total=False):
+    """`enqueue`'s keyword arguments, for its typed overloads (documented there)."""
+
+    queue: str | None
+    priority: int | None
+    run_at: dt.datetime | None
+    delay: float | dt.timedelta | None
+    max_attempts: int | None
+    tags: Iterable[str] | None
+    meta: Mapping[str, Any] | None
+    unique: UniqueOption
+    flush: bool
+    registry: Registry | None
+
+
+@overload
+def enqueue(
+    session: Connection,
+    task: str,
+    args: Mapping[str, Any] | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> int: ...
+
+
+@overload
 def enqueue(
     session: Session | AsyncSession,
+    task: str,
+    args: Mapping[str, Any] | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> Job: ...
+
+
+def enqueue(
+    session: Session | AsyncSession | Connection,
     task: str,
     args: Mapping[str, Any] | None = None,
     *,
@@ -110,7 +149,7 @@ def enqueue(
     unique: UniqueOption = None,
     flush: bool = False,
     registry: Registry | None = None,
-) -> Job:
+) -> Job | int:
     """Add a job to `session` and return it; it commits (or not) with the session.
 
     `args` are the handler's keyword arguments, as one JSON-serialisable dict. `run_at`
@@ -133,8 +172,14 @@ def enqueue(
     `AsyncSession`, `await enqueue_async(...)`): the returned job has its id, and if a job
     with the same key was there already, nothing is written and the returned job is that
     one, with `job.duplicate` True. A duplicate never raises, so the transaction goes on.
+
+    With a Core `Connection` instead of a session (code that has no ORM session), the job
+    is written at once in the connection's transaction, by one statement that also sends
+    the NOTIFY, and its id is returned (a unique job's duplicate: the blocking job's id).
+    Nothing is committed: the caller's `connection.commit()` (or `engine.begin()` block)
+    does it. `flush` makes no difference there.
     """
-    if flush and not isinstance(session, Session):
+    if flush and not isinstance(session, (Session, Connection)):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
     new = prepare_job(
         task,
@@ -149,6 +194,8 @@ def enqueue(
         unique=unique,
         registry=registry,
     )
+    if isinstance(session, Connection):
+        return _enqueue_core(session, new)
     if new.unique is not None:
         if not isinstance(session, Session):
             raise TypeError(
@@ -166,16 +213,29 @@ def enqueue(
         "tags": new.tags,
         "meta": new.meta,
     }
+    later = None
     if interval is not None:
-        fields["run_at"] = func.now() + interval
+        fields["run_at"] = later = func.now() + interval
     elif new.run_at is not None:
         fields["run_at"] = new.run_at
     job = Job(**fields)
     job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
+    job.__dict__[_ENQUEUED] = (later, interval)
     session.add(job)
     if flush:
         session.flush()
     return job
+
+
+def _enqueue_core(connection: Connection, new: NewJob) -> int:
+    """`enqueue(connection, ...)`: the INSERT and its NOTIFY in one round trip; the id."""
+    params = _row_params(new)
+    if new.unique is None:
+        return int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
+    ((job_id, duplicate),) = _insert_unique(connection, [params])
+    if not duplicate:
+        connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
+    return job_id
 
 
 def _run_due_hooks(job: Job) -> NewJob | None:
@@ -235,8 +295,12 @@ def _run_due_hooks(job: Job) -> NewJob | None:
 
 @event.listens_for(Session, "before_flush")
 def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instances: object) -> None:
+    enqueued: list[Job] = []
     for obj in list(session.new):
         if isinstance(obj, Job):
+            if _ENQUEUED in obj.__dict__:
+                enqueued.append(obj)
+                continue
             try:
                 unique = _run_due_hooks(obj)
             except Exception:
@@ -246,6 +310,53 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
                 raise
             if unique is not None:
                 _write_unique(session, obj, unique)
+    for job in enqueued:
+        if not _write_enqueued(session, job):  # the unit of work writes it, as an added Job
+            del job.__dict__[_ENQUEUED]
+
+
+_ENQUEUED = "_sqla_queue_enqueued"
+"""Instance key of a Job made by `enqueue(session, ...)`: (the run_at expression it was given
+for a delay, or None; that delay). The flush writes it with `_write_enqueued`."""
+
+
+def _write_enqueued(session: Session, job: Job) -> bool:
+    """Write a job made by `enqueue(session, ...)` at flush, by one statement that also sends
+    the NOTIFY (the unit of work would send an INSERT and then the NOTIFY: one round trip
+    and about a third of the job's CPU more, profiled); it becomes persistent, its
+    server-set columns loaded on first use, as after the unit of work's INSERT.
+
+    False (the unit of work writes it) when its run_at was since set to another SQL
+    expression. Fields changed since `enqueue` are validated again, as `Job` validates them.
+    """
+    later, interval = job.__dict__[_ENQUEUED]
+    run_at: object = job.run_at
+    if run_at is later is not None:
+        run_at = None
+    elif isinstance(run_at, ClauseElement):
+        return False
+    else:
+        interval = None
+    params = _plain_params(
+        job.task, job.args, job.queue, job.priority, job.max_attempts, run_at, interval
+    )
+    if job.tags or job.meta:
+        params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
+            job.task, job.tags, job.meta
+        )
+    session.expunge(job)
+    del job.__dict__[_ENQUEUED]
+    connection = session.connection(bind_arguments=_BIND)
+    try:
+        job.id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
+    except BaseException:
+        session.add(job)  # still pending, as a failed flush leaves the unit of work's jobs
+        raise
+    make_transient_to_detached(job)
+    session.add(job)
+    session.expire(job, _SERVER_SET)
+    session.info.setdefault(_NOTIFIED_KEY, set()).add(job.queue)
+    return True
 
 
 UNIQUE_ROUNDS = 10
@@ -256,6 +367,8 @@ _UNIQUE_HOLDERS = queries.unique_holders()
 _WRITTEN_BY_US = frozenset(
     {"id", "task", "args", "queue", "priority", "max_attempts", "tags", "meta"}
 )
+_SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
+"""Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
 
 
 def _insert_unique(
@@ -340,8 +453,7 @@ def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
         return job
     make_transient_to_detached(job)
     session.add(job)
-    unset = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
-    session.expire(job, unset)
+    session.expire(job, _SERVER_SET)
     _notify(session, {new.queue})
     return job
 
@@ -381,6 +493,54 @@ _ROW_KEYS = frozenset(
 )
 
 
+_PLAIN_ROW_KEYS = frozenset(
+    {"task", "args", "queue", "priority", "run_at", "delay", "max_attempts"}
+)
+"""A row with only these keys, and no registry in force, has nothing for `prepare_job` to do."""
+
+
+def _bulk_params(
+    rows: Iterable[Mapping[str, Any]], registry: Registry | None
+) -> list[dict[str, Any]]:
+    """Each row prepared (`prepare_job`) and validated, as `_row_params`.
+
+    With no registry in force, a row without tags, meta or `unique` skips `prepare_job`
+    (no defaults, hooks or copies to make): half the Python per row of a bulk enqueue.
+    """
+    if registry is not None or default_registry() is not None:
+        return [_bulk_row(row, registry) for row in rows]
+    params = []
+    checked: set[tuple[str, str]] = set()  # (task, queue) names that passed validate_name
+    for row in rows:
+        if isinstance(row, dict) and row.keys() <= _PLAIN_ROW_KEYS:
+            args = row.get("args")
+            if args is None:
+                args = {}
+            elif type(args) is not dict and isinstance(args, Mapping):
+                args = dict(args)
+            task, queue, priority = row.get("task"), row.get("queue"), row.get("priority")
+            if queue is None:
+                queue = DEFAULT_QUEUE
+            names = (task, queue) if type(task) is str and type(queue) is str else None
+            params.append(
+                _plain_params(
+                    task,
+                    args,
+                    queue,
+                    0 if priority is None else priority,
+                    row.get("max_attempts"),
+                    row.get("run_at"),
+                    row.get("delay"),
+                    names_checked=names in checked,
+                )
+            )
+            if names is not None:
+                checked.add(names)
+        else:
+            params.append(_bulk_row(row, None))
+    return params
+
+
 def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, Any]:
     unknown = set(row) - _ROW_KEYS
     if unknown:
@@ -406,26 +566,51 @@ def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, An
 
 def _row_params(new: NewJob) -> dict[str, Any]:
     """A prepared job, validated, as the `job_*` parameters of the insert statements."""
-    interval = _schedule(new)
-    encoded = validate_job(
-        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at
+    params = _plain_params(
+        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at, new.delay
     )
-    tags, meta_json = validate_tags_and_meta(new.task, new.tags, new.meta)
+    if new.tags or new.meta or type(new.tags) is not list or type(new.meta) is not dict:
+        params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
+            new.task, new.tags, new.meta
+        )
     unique = new.unique
+    if unique is not None:
+        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args)
+        params["job_unique_states"] = unique.state_bits
+    return params
+
+
+def _plain_params(
+    task: object,
+    args: object,
+    queue: object,
+    priority: object,
+    max_attempts: object,
+    run_at: object,
+    delay: object,
+    names_checked: bool = False,
+) -> dict[str, Any]:
+    """A job without tags, meta or `unique`, validated, as `job_*` parameters."""
+    if delay is None:
+        interval = None
+    elif run_at is not None:
+        raise InvalidJobError(task=task, detail="pass run_at or delay, not both")
+    else:
+        interval = _delay_interval(task, delay)
     return {
-        "job_task": new.task,
-        "job_args": new.args,
-        "job_args_json": encoded,
-        "job_queue": new.queue,
-        "job_priority": new.priority,
-        "job_run_at": new.run_at,
+        "job_task": task,
+        "job_args_json": validate_job(
+            task, args, queue, priority, max_attempts, run_at, names_checked
+        ),
+        "job_queue": queue,
+        "job_priority": priority,
+        "job_run_at": run_at,
         "job_delay": interval,
-        "job_max_attempts": new.max_attempts,
-        "job_tags": tags,
-        "job_meta": new.meta,
-        "job_meta_json": meta_json,
-        "job_unique_key": None if unique is None else unique.key_for(new.task, new.queue, new.args),
-        "job_unique_states": None if unique is None else unique.state_bits,
+        "job_max_attempts": max_attempts,
+        "job_tags": [],
+        "job_meta_json": "{}",
+        "job_unique_key": None,
+        "job_unique_states": None,
     }
 
 
@@ -444,7 +629,10 @@ class EnqueuedIds(list[int]):
 
 
 def enqueue_many(
-    session: Session, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
+    session: Session | Connection,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    registry: Registry | None = None,
 ) -> EnqueuedIds:
     """Insert many jobs in the session's transaction; returns their ids in input order.
 
@@ -461,19 +649,26 @@ def enqueue_many(
     (10,000 unique rows: 0.8 s staged, 2.3 s by INSERTs, 0.45-0.64 s for plain COPY;
     measured on a shared 2-core machine). The result's `duplicates` says which rows were
     duplicates.
+
+    `session` may also be a Core `Connection` (code without an ORM session): the same
+    statements run in its transaction, which the caller commits.
     """
-    params = [_bulk_row(row, registry) for row in rows]
+    params = _bulk_params(rows, registry)
     if not params:
         return EnqueuedIds()
-    if session.autoflush:  # as the INSERT path would: pending queues must exist first
-        session.flush()
-    connection = session.connection(bind_arguments=_BIND)
+    if isinstance(session, Connection):
+        connection = session
+    else:
+        if session.autoflush:  # as the INSERT path would: pending queues must exist first
+            session.flush()
+        connection = session.connection(bind_arguments=_BIND)
     plain = [i for i, p in enumerate(params) if p["job_unique_key"] is None]
     unique = [i for i, p in enumerate(params) if p["job_unique_key"] is not None]
     ids = [0] * len(params)
     duplicates = [False] * len(params)
     if plain:
-        for i, job_id in zip(plain, _write_plain(session, [params[i] for i in plain]), strict=True):
+        written_ids = _write_plain(connection, [params[i] for i in plain])
+        for i, job_id in zip(plain, written_ids, strict=True):
             ids[i] = job_id
     if unique:
         driver = connection.connection.driver_connection
@@ -493,13 +688,15 @@ def enqueue_many(
         p["job_queue"] for p, duplicate in zip(params, duplicates, strict=True) if not duplicate
     }
     if written:
-        _notify(session, written)
+        if isinstance(session, Connection):
+            connection.execute(_NOTIFY_QUEUES, {"queues": sorted(written)})
+        else:
+            _notify(session, written)
     return EnqueuedIds(ids, duplicates)
 
 
-def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
+def _write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[int]:
     """Rows that are not unique: COPY from COPY_MIN_ROWS on (psycopg), else INSERT."""
-    connection = session.connection(bind_arguments=_BIND)
     driver = connection.connection.driver_connection
     if (
         len(params) >= COPY_MIN_ROWS
@@ -507,50 +704,113 @@ def _write_plain(session: Session, params: list[dict[str, Any]]) -> list[int]:
         and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
     ):
         return _copy_jobs(connection, driver, params)
-    return list(session.scalars(_INSERT_JOBS, params, bind_arguments=_BIND))
+    return list(connection.execute(_INSERT_JOBS, params).scalars())
+
+
+_COPY_SPECIAL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: str) -> str:
+    """`value` as a field of COPY's text format (backslash, tab, newline, CR escaped)."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_COPY_SPECIAL)
+    return value
+
+
+def _copy_array(values: list[str]) -> str:
+    """A text[] literal of `values`, as a field of COPY's text format."""
+    quoted = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return _copy_text("{" + ",".join(f'"{v}"' for v in quoted) + "}")
+
+
+_NULL = "\\N"
+_BYTEA_PREFIX = "\\\\x"
+"""bytea's hex form (`\\x...`) with its backslash escaped for COPY's text format."""
+_COPY_CHUNK = 2000
+"""Rows per write to the COPY stream."""
+
+
+def _run_at_text(p: dict[str, Any], now: dt.datetime, now_text: str) -> str:
+    """A row's run_at for COPY: given, or the transaction's now() plus its delay."""
+    run_at, delay = p["job_run_at"], p["job_delay"]
+    if run_at is not None:
+        return str(run_at.isoformat())
+    if not delay:
+        return now_text
+    try:
+        return str((now + delay).isoformat())
+    except OverflowError:  # the server's clock is past ours near the year 9999
+        raise _too_far(p["job_task"], delay) from None
 
 
 def _copy_jobs(
     connection: Connection,
     driver: psycopg.Connection[Any],
     params: list[dict[str, Any]],
-    statement: str = queries.COPY_JOBS,
+    staged: bool = False,
 ) -> list[int]:
     """COPY the rows in the session's transaction, with ids reserved from the id sequence
-    (into the staging table, unique columns included, with `COPY_STAGED_JOBS`)."""
-    staged = statement == queries.COPY_STAGED_JOBS
-    reserved = connection.execute(_RESERVE_JOB_IDS, {"count": len(params)})
-    ids: list[int] = []
+    (into the staging table, unique columns included, with `COPY_STAGED_JOBS`).
+
+    Each row is written as one line of COPY's text format, built here from the JSON text
+    validation made (serialised once): 3 to 4 times less Python per row than psycopg's
+    `write_row` with its per-value dumpers (profiled, 20,000 rows). Into the jobs table,
+    run_at, max_attempts and tags with meta are sent only if a row needs them (the columns'
+    defaults are the same values): fewer columns for the server to parse, about a fifth
+    faster for rows without them (measured, 20,000 rows, no foreign key).
+    """
+    if staged:
+        statement = queries.COPY_STAGED_JOBS
+        scheduled = limited = tagged = True
+    else:
+        scheduled = any(p["job_run_at"] is not None or p["job_delay"] for p in params)
+        limited = any(p["job_max_attempts"] is not None for p in params)
+        tagged = any(p["job_tags"] or p["job_meta_json"] != "{}" for p in params)
+        columns = ["id", "task", "args", "queue", "priority"]
+        columns += ["run_at"] * scheduled + ["max_attempts"] * limited + ["tags", "meta"] * tagged
+        statement = queries.copy_jobs(columns)
+    ids, now = connection.execute(_RESERVE_JOB_ID_ARRAY, {"count": len(params)}).one()
+    if len(ids) != len(params):  # pragma: no cover - the server's own guarantee
+        raise SqlaQueueError(f"reserved {len(ids)} job ids for {len(params)} rows")
+    now_text = now.isoformat()
+    lines: list[str] = []
     try:
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
-            for (job_id, now), p in zip(reserved, params, strict=True):
-                # now() is fixed for the transaction: the same run_at the INSERT would compute.
-                try:
-                    run_at = p["job_run_at"] or now + (p["job_delay"] or _NO_DELAY)
-                except OverflowError:  # the server's clock is past ours near the year 9999
-                    raise _too_far(p["job_task"], p["job_delay"]) from None
-                row: tuple[Any, ...] = (
-                    job_id,
-                    p["job_task"],
-                    p["job_args_json"],
-                    p["job_queue"],
-                    p["job_priority"],
-                    run_at,
-                    p["job_max_attempts"],
-                    p["job_tags"],
-                    p["job_meta_json"],
-                )
+            for job_id, p in zip(ids, params, strict=True):
+                fields = [
+                    str(job_id),
+                    _copy_text(p["job_task"]),
+                    _copy_text(p["job_args_json"]),
+                    _copy_text(p["job_queue"]),
+                    str(p["job_priority"]),
+                ]
+                if scheduled:  # now() is fixed for the transaction: the INSERT's run_at too
+                    fields.append(_run_at_text(p, now, now_text))
+                if limited:
+                    max_attempts = p["job_max_attempts"]
+                    fields.append(_NULL if max_attempts is None else str(max_attempts))
+                if tagged:
+                    tags = p["job_tags"]
+                    fields.append(_copy_array(tags) if tags else "{}")
+                    fields.append(_copy_text(p["job_meta_json"]))
                 if staged:
-                    row = (*row, p["job_unique_key"], p["job_unique_states"])
-                copy.write_row(row)
-                ids.append(job_id)
+                    key, states = p["job_unique_key"], p["job_unique_states"]
+                    fields.append(_NULL if key is None else _BYTEA_PREFIX + key.hex())
+                    fields.append(_NULL if states is None else str(states))
+                line = "\t".join(fields)
+                lines.append(line)
+                if len(lines) >= _COPY_CHUNK:
+                    copy.write("\n".join(lines) + "\n")
+                    lines.clear()
+            if lines:
+                copy.write("\n".join(lines) + "\n")
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
         explained = _unknown_queue(exc) or _refused_by_check(exc, None)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped
-    return ids
+    return [int(i) for i in ids]
 
 
 def _copy_unique(
@@ -559,7 +819,7 @@ def _copy_unique(
     """COPY unique rows to the staging table, insert them from there skipping duplicates;
     returns {row index: id} of the rows written."""
     connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
-    reserved = _copy_jobs(connection, driver, params, queries.COPY_STAGED_JOBS)
+    reserved = _copy_jobs(connection, driver, params, staged=True)
     # An unknown queue or a refused row is explained by the engine's handle_error hook.
     got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
     return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}

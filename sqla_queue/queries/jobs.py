@@ -25,6 +25,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -36,7 +37,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -70,26 +71,40 @@ def _inserted_values() -> dict[str, Any]:
     )
     return {
         "task": bindparam("job_task", type_=Text),
-        "args": bindparam("job_args", type_=JSONB),
+        # JSON text, cast by the server: the args are serialised once, by validation.
+        "args": cast(bindparam("job_args_json", type_=Text), JSONB),
         "queue": bindparam("job_queue", type_=Text),
         "priority": bindparam("job_priority", type_=SmallInteger),
         "run_at": run_at,
         "max_attempts": bindparam("job_max_attempts", type_=Integer),
         "tags": bindparam("job_tags", type_=ARRAY(Text)),
-        "meta": bindparam("job_meta", type_=JSONB),
+        "meta": cast(bindparam("job_meta_json", type_=Text), JSONB),
     }
 
 
 def insert_jobs() -> Insert:
     """Insert jobs, for executemany; returns ids in parameter order.
 
-    Parameters per row: `job_task`, `job_args`, `job_queue`, `job_priority`, `job_run_at`
-    (or NULL), `job_delay` (an interval, or NULL), `job_max_attempts`, `job_tags` (a list),
-    `job_meta` (a dict). A NULL `job_run_at` means now plus the delay, by the database clock.
+    Parameters per row: `job_task`, `job_args_json` (JSON text), `job_queue`, `job_priority`,
+    `job_run_at` (or NULL), `job_delay` (an interval, or NULL), `job_max_attempts`,
+    `job_tags` (a list), `job_meta_json` (JSON text). A NULL `job_run_at` means now plus
+    the delay, by the database clock.
     """
     return (
         insert(jobs).values(**_inserted_values()).returning(jobs.c.id, sort_by_parameter_order=True)
     )
+
+
+def insert_job_and_notify() -> Select[Any]:
+    """Insert one job and NOTIFY its queue in the same statement (one round trip, for
+    `enqueue(connection, ...)`); returns its id. Parameters: those of `insert_jobs`.
+
+    PostgreSQL folds identical notifications of one transaction into one and delivers
+    them at commit, so a transaction of many enqueues still wakes each queue's workers once.
+    """
+    inserted = insert(jobs).values(**_inserted_values()).returning(jobs.c.id, jobs.c.queue)
+    written = inserted.cte("written")
+    return select(written.c.id, func.pg_notify(NOTIFY_CHANNEL, written.c.queue))
 
 
 def insert_unique_jobs(with_ids: bool) -> Insert:
@@ -617,11 +632,25 @@ def may_reserve_job_ids() -> Select[Any]:
     return select(func.has_sequence_privilege(sequence, "USAGE"))
 
 
+def _next_id() -> Any:
+    """`nextval` of the jobs id sequence, looked up once per statement (an uncorrelated
+    subquery): `pg_get_serial_sequence` per row made reserving 20,000 ids take 0.2-0.36 s,
+    against 0.06 s with the sequence looked up once (measured)."""
+    name = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
+    return func.nextval(select(cast(name, REGCLASS)).scalar_subquery())
+
+
+def reserve_job_id_array() -> Select[Any, Any]:
+    """`:count` fresh job ids as one array, in order, and the transaction's `now()` (COPY):
+    one row to fetch instead of `:count`."""
+    n = func.generate_series(1, bindparam("count", type_=Integer)).column_valued("n")
+    return select(func.array_agg(aggregate_order_by(_next_id(), n)), func.now())
+
+
 def reserve_job_ids() -> Select[Any]:
     """`:count` fresh job ids, in order, each with the transaction's `now()` (for COPY)."""
-    sequence = func.pg_get_serial_sequence(jobs.fullname, jobs.c.id.name)
     series = func.generate_series(1, bindparam("count", type_=Integer))
-    return select(func.nextval(sequence), func.now()).select_from(series)
+    return select(_next_id(), func.now()).select_from(series)
 
 
 COPY_JOB_COLUMNS = (
@@ -635,8 +664,16 @@ COPY_JOB_COLUMNS = (
     "tags",
     "meta",
 )
-COPY_JOBS = f"COPY {jobs.fullname} ({', '.join(COPY_JOB_COLUMNS)}) FROM STDIN"
-"""Not expressible in Core: bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
+
+
+def copy_jobs(columns: Sequence[str] = COPY_JOB_COLUMNS) -> str:
+    """Not expressible in Core: bulk enqueue's COPY of `columns` (of COPY_JOB_COLUMNS, in
+    that order); the columns left out take their defaults."""
+    return f"COPY {jobs.fullname} ({', '.join(columns)}) FROM STDIN"
+
+
+COPY_JOBS = copy_jobs()
+"""Bulk enqueue's COPY, rows in COPY_JOB_COLUMNS order."""
 
 STAGED_JOBS = "sqla_queue_staged_jobs"
 """A temporary table of this session, emptied at each commit: unique rows COPYed for
