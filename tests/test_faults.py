@@ -81,6 +81,17 @@ def worker_options(queue: str, lease: str = LEASE) -> list[str]:
     ]
 
 
+def holding_workers(db: FaultDatabase, pool: list[WorkerProcess]) -> list[WorkerProcess]:
+    """The workers of `pool` that hold a running job now (worker ids are host:pid:...)."""
+    holders = {
+        row[0]
+        for row in db.rows(
+            "SELECT DISTINCT locked_by FROM sqla_queue.jobs WHERE status = 'running'"
+        )
+    }
+    return [w for w in pool if w.alive() and any(f":{w.pid}:" in h for h in holders)]
+
+
 def test_sigkilled_workers_lose_no_job(
     fault_db: FaultDatabase, workers: StartWorker, record_property: Callable[[str, Any], None]
 ) -> None:
@@ -96,7 +107,10 @@ def test_sigkilled_workers_lose_no_job(
         assert elapsed < DRAIN_DEADLINE, f"not drained: {fault_db.status_counts()}"
         time.sleep(0.5)
         if elapsed < FAULT_WINDOW:
-            victim = rng.choice(pool)
+            # a worker that holds jobs right now: a kill of one still starting up (a loaded
+            # machine takes seconds) would orphan nothing and exercise nothing
+            holders = holding_workers(fault_db, pool) or pool
+            victim = rng.choice(holders)
             victim.kill()
             kills += 1
             victim.start()
