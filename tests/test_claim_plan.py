@@ -12,6 +12,8 @@ from sqla_queue import enqueue_many, queries
 
 
 def _literal(value: object) -> str:
+    if value is None:
+        return "NULL"
     if isinstance(value, list):
         return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]::text[]"
     if isinstance(value, int):
