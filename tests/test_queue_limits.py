@@ -260,7 +260,8 @@ def test_cli_creates_sets_lists_and_lifts_limits(database_url: str, engine: Engi
     with engine.connect() as conn:
         row = conn.execute(
             text(
-                "SELECT concurrency, rate_limit, rate_window FROM sqla_queue.queues WHERE name = 'emails'"
+                "SELECT concurrency, rate_limit, rate_window FROM sqla_queue.queues "
+                "WHERE name = 'emails'"
             )
         ).one()
     assert tuple(row) == (None, None, None)
