@@ -32,3 +32,11 @@ def linger(ctx: JobContext, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not ctx.cancelled:
         time.sleep(0.05)
+
+
+@registry.task(name="stamp", pass_context=True)
+def stamp(ctx: JobContext, seconds: float = 0.0) -> None:
+    """Log the handler's own start time (taken before any I/O), then sleep `seconds`."""
+    started = time.time()
+    record_attempt(_url(), ctx.job_id, ctx.attempt, at=started)
+    time.sleep(seconds)
