@@ -477,6 +477,11 @@ class Job(Base):
         CheckConstraint("jsonb_typeof(meta) = 'object'", name="meta_object"),
         Index("ix_jobs_tags", "tags", postgresql_using="gin"),
         Index(
+            "ix_jobs_kept_results",
+            "finished_at",
+            postgresql_where=text("status = 'done' AND result IS NOT NULL"),
+        ),
+        Index(
             "ux_jobs_unique_key",
             "unique_key",
             unique=True,

@@ -156,6 +156,8 @@ class Task:
     """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
     unique: Unique | None = None
     """Its jobs' uniqueness by default (`enqueue(..., unique=False)` opts one job out)."""
+    keep_result: bool = False
+    """Store what the handler returns (JSON) with the job, for `sqla_queue.wait_for`."""
     is_async: bool = field(init=False)
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
@@ -290,6 +292,7 @@ class Registry:
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
         unique: UniqueOption = None,
+        keep_result: bool = False,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -307,6 +310,7 @@ class Registry:
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
         unique: UniqueOption = None,
+        keep_result: bool = False,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
@@ -316,7 +320,10 @@ class Registry:
         `retry` (a `RetryPolicy`), `timeout` in seconds, `pass_context` to receive a
         `JobContext` as the first argument, `middleware` of its own (inside the registry's),
         `lease`: its own seconds without a heartbeat before it is reaped (at least 1), and
-        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`).
+        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`), and
+        `keep_result`: store what the handler returns (JSON-serialisable) with the job, for
+        `sqla_queue.wait_for`; in a queue that deletes its jobs the row then stays `done` for
+        the queue's `result_ttl` (a day unless `sqla-queue queues set --result-ttl`).
         """
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
@@ -352,6 +359,7 @@ class Registry:
                 middleware=tuple(middleware),
                 lease=lease,
                 unique=unique_default,
+                keep_result=bool(keep_result),
             )
             self._tasks[task_name] = task
             return task

@@ -10,6 +10,7 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     Boolean,
+    CompoundSelect,
     DateTime,
     Delete,
     Float,
@@ -677,6 +678,7 @@ def reap_stale_jobs() -> Update:
     that has used all its attempts is marked failed. Safe when several workers reap at
     once: SKIP LOCKED splits the rows between them and the status condition is re-checked
     on the locked row. Parameter: `task_max_attempts` (optional, as for `claim_jobs`).
+    The same statement deletes results kept past their queue's ttl (`expire_results`).
     """
     stale = (
         select(jobs.c.id)
@@ -723,6 +725,8 @@ def reap_stale_jobs() -> Update:
             **_ENDED,
         )
         .returning(jobs.c.id, jobs.c.queue, jobs.c.status)
+        # the reaper runs on every worker: it also deletes kept results past their ttl
+        .add_cte(expire_results().cte("expired"))
     )
 
 
@@ -771,6 +775,37 @@ def job_status() -> Select[Any]:
     return select(jobs.c.status, jobs.c.attempts).where(
         jobs.c.id == bindparam("job_id", type_=BigInteger)
     )
+
+
+def job_outcome() -> CompoundSelect[Any]:
+    """(status, task, result, last_error) of the job `:job_id`, from jobs or else the archive
+    (no row: no such job, or it succeeded and was deleted)."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    columns = ("status", "task", "result", "last_error")
+    return (
+        select(*(jobs.c[name] for name in columns))
+        .where(jobs.c.id == job_id)
+        .union_all(select(*(archive.c[name] for name in columns)).where(archive.c.id == job_id))
+    )
+
+
+def expire_results() -> Delete:
+    """Delete up to 500 `done` jobs kept only for their result (their queue deletes its jobs)
+    whose queue's `result_ttl` has passed since they finished; the reaper runs it."""
+    expired = (
+        select(jobs.c.id)
+        .join(queues, queues.c.name == jobs.c.queue)
+        .where(
+            _is(JobStatus.done),
+            jobs.c.result.is_not(None),
+            queues.c.retention == _text(Retention.delete.value),
+            jobs.c.finished_at < func.now() - queues.c.result_ttl * _SECOND,
+        )
+        .limit(literal_column("500"))
+        .with_for_update(of=jobs, skip_locked=True)
+        .scalar_subquery()
+    )
+    return delete(jobs).where(jobs.c.id.in_(expired))
 
 
 def job_by_id() -> Select[Any]:
@@ -840,6 +875,9 @@ CANCEL_CHANNEL = f"{NOTIFY_CHANNEL}_cancel"
 
 LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"; LISTEN "{CANCEL_CHANNEL}"'
 """Not expressible in Core: the one plain-text statement, sent by the listener connection."""
+
+LISTEN_RESULTS = f'LISTEN "{RESULTS_CHANNEL}"'
+"""Not expressible in Core: what `sqla_queue.wait_for`'s listener connection sends."""
 
 
 def notify_cancelled() -> Select[Any]:

@@ -3,7 +3,8 @@
 Queues get `concurrency` (at most that many of its jobs `running` at once, across all
 workers), `rate_limit` jobs per `rate_window` seconds (at most that many starts in any
 window of that length), and `result_ttl` (seconds a kept result of a job in a queue that
-deletes its jobs stays readable). `queue_starts` records the starts of rate-limited queues
+deletes its jobs stays readable; `ix_jobs_kept_results` finds those that expired).
+`queue_starts` records the starts of rate-limited queues
 (one row per claim, pruned as windows pass). Jobs and the archive get `result` (jsonb).
 
 `sqla_queue.claim_slots` is what the claim statement calls once per limited queue that has
@@ -91,6 +92,13 @@ def upgrade() -> None:
     )
     for table in ("jobs", "jobs_archive"):
         op.add_column(table, sa.Column("result", postgresql.JSONB(), nullable=True), schema=SCHEMA)
+    op.create_index(
+        "ix_jobs_kept_results",
+        "jobs",
+        ["finished_at"],
+        schema=SCHEMA,
+        postgresql_where=sa.text("status = 'done' AND result IS NOT NULL"),
+    )
     op.create_table(
         "queue_starts",
         sa.Column("queue", sa.Text(), nullable=False),
@@ -115,6 +123,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(f"DROP FUNCTION {SCHEMA}.claim_slots")
     op.drop_table("queue_starts", schema=SCHEMA)
+    op.drop_index("ix_jobs_kept_results", table_name="jobs", schema=SCHEMA)
     for table in ("jobs", "jobs_archive"):
         op.drop_column(table, "result", schema=SCHEMA)
     for name in ("ck_queues_result_ttl", "ck_queues_rate", "ck_queues_concurrency"):
