@@ -46,5 +46,6 @@ def test_generic_plan_of_the_claim_uses_a_partial_index(
             row[0] for row in conn.exec_driver_sql(f"EXPLAIN EXECUTE claim({arguments})")
         )
         conn.rollback()
-    candidates = plan.split("CTE Scan")[0]  # the locking subquery, before the join back
+    # the locking subquery: the candidates CTE, up to the next CTE of the statement
+    candidates = plan.split("CTE candidates")[1].split("\n  CTE ")[0]
     assert "using ix_jobs_claim" in candidates, plan

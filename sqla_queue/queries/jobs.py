@@ -177,27 +177,27 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
     finishes, `:job_ids`/`:job_attempts`, when the queue deletes them) and recent starts
     with a fresh snapshot, after the lock. A queue without a due job is not locked.
     """
-    x = _alias("x")
-    finishing = queues.c.retention == _text(Retention.delete.value)
+    x, q = _alias("x"), queues.alias("q")  # short names keep the text short (see below)
+    finishing = q.c.retention == _text(Retention.delete.value)
     slots = func.sqla_queue.claim_slots(
-        queues.c.name,
-        queues.c.concurrency,
-        queues.c.rate_limit,
-        queues.c.rate_window,
+        q.c.name,
+        q.c.concurrency,
+        q.c.rate_limit,
+        q.c.rate_window,
         case((finishing, bindparam("job_ids", None, type_=ARRAY(BigInteger)))),
         case((finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
     )
     conditions = [
-        _limited(),
-        ~queues.c.paused,
-        queues.c.route.is_(None),
+        _limited(q),
+        ~q.c.paused,
+        q.c.route.is_(None),
         # a correlated LIMIT 1, probed per limited queue (an EXISTS could read every due job)
-        select(true()).where(x.c.queue == queues.c.name, _due(x)).limit(_ONE).scalar_subquery(),
+        select(true()).where(x.c.queue == q.c.name, _due(x)).limit(_ONE).scalar_subquery(),
     ]
     if queue_names is not None:
-        conditions.append(queues.c.name == any_(bindparam("queues", type_=ARRAY(Text))))
+        conditions.append(q.c.name == any_(bindparam("queues", type_=ARRAY(Text))))
     return (
-        select(queues.c.name, queues.c.rate_limit, slots.label("slots"))
+        select(q.c.name, q.c.rate_limit, slots.label("slots"))
         .where(*conditions)
         .cte("limited")
         .prefix_with("MATERIALIZED")
@@ -226,19 +226,34 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
     """
     c, k = _alias("c"), _alias("k")
     limit = bindparam("limit", type_=Integer)
-    conditions = [
-        _due(c),
-        # routed queues' jobs are the relay's (sqla_queue.brokers); limited ones go below.
+    # routed queues' jobs are the relay's (sqla_queue.brokers); limited ones go below
+    p = queues.alias("p")
+    held_back = select(p.c.name).where(or_(p.c.paused, p.c.route.is_not(None), _limited(p)))
+    if queue_names is None:
         # NOT IN, not NOT EXISTS: a hashed filter the planner cannot turn into an anti join
-        # that would sort every due job instead of reading the claim index in order.
-        c.c.queue.not_in(
-            select(queues.c.name).where(
-                or_(queues.c.paused, queues.c.route.is_not(None), _limited())
-            )
-        ),
-    ]
-    if queue_names is not None:
-        conditions.append(c.c.queue == any_(bindparam("queues", type_=ARRAY(Text))))
+        # that would sort every due job instead of reading the claim index in order
+        served = c.c.queue.not_in(held_back)
+    else:
+        # the held-back queues leave the list first
+        listed = (
+            func.unnest(bindparam("queues", type_=ARRAY(Text)))
+            .table_valued("name")
+            .render_derived("v")
+        )
+        allowed = (
+            select(listed.c.name)
+            .where(listed.c.name.not_in(held_back))
+            .cte("free")
+            .prefix_with("MATERIALIZED")
+        )
+        # the second condition is on no row: a one-time filter that skips the scan at once
+        # when every listed queue is held back (an index read in priority order would
+        # otherwise walk a limited queue's whole backlog finding nothing)
+        served = and_(
+            c.c.queue == any_(func.array(select(allowed.c.name).scalar_subquery())),
+            exists(select(allowed.c.name)),
+        )
+    conditions = [_due(c), served]
 
     def columns(t: Any) -> tuple[Any, ...]:
         return (t.c.id, t.c.task, t.c.max_attempts, t.c.queue, t.c.priority, t.c.run_at)
