@@ -46,8 +46,10 @@ class JobContext:
         "_heartbeat",
         "_lost",
         "_meta",
+        "_session_factory",
         "_state",
         "attempt",
+        "committed",
         "job_id",
         "queue",
         "resources",
@@ -65,6 +67,7 @@ class JobContext:
         resources: Mapping[str, Any] | None = None,
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | str | None = None,
+        session_factory: Callable[[JobContext], Session] | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -77,6 +80,9 @@ class JobContext:
         self.tags: list[str] = list(tags or ())
         """The job's tags."""
         self._meta = meta
+        self._session_factory = session_factory
+        self.committed = False
+        """True once a `session()` of this job committed: the job is finished already."""
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -118,6 +124,26 @@ class JobContext:
         if self._heartbeat is None:
             return self._lost is None
         return self._heartbeat(self)
+
+    def session(self) -> Session:
+        """A new SQLAlchemy `Session` on the job's database whose commit also finishes this
+        job as succeeded, in the same transaction (as River's `JobCompleteTx`).
+
+        Write your rows (and enqueue follow-up jobs) in it and commit: either all of it
+        commits with the job marked succeeded (by its queue's retention), or none of it
+        does. The finishing statement is fenced on the job's id, attempt and `running`
+        status: if this attempt no longer holds the job (its lease expired and it was
+        reaped, or it was cancelled), `commit()` raises `JobLostError` and the writes roll
+        back. The worker does not finish the job again; what the handler returns is not
+        kept as a result. Use it as a context manager (`with ctx.session() as session:`)
+        and commit once; a session that is never committed changes nothing.
+        """
+        if self._session_factory is None:
+            raise ConfigurationError(
+                detail="ctx.session() needs a job run by a worker (or sqla_queue.testing."
+                "drain) that knows the job's database; this context has none"
+            )
+        return self._session_factory(self)
 
     def resource(self, name: str) -> Any:
         """The resource named `name`, or a `ConfigurationError` naming the ones there are."""
