@@ -13,6 +13,7 @@ ends that send no notification (a cancel, a success of a task that keeps no resu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -138,6 +139,24 @@ def _listener(engine: Engine) -> _Listener:
         return listener
 
 
+def encode_result(task: str, value: Any) -> tuple[str | None, str | None]:
+    """A handler's return value as the JSON text `result` keeps: (text, None), or (None, why
+    it cannot be kept: not JSON-serialisable, or holding what jsonb refuses)."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return None, (
+            f"the result of task {task!r} cannot be kept: it is not JSON-serialisable ({exc}); "
+            "return only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)"
+        )
+    if "\\u0000" in encoded:
+        return None, (
+            f"the result of task {task!r} cannot be kept: it holds a NUL character (\\u0000), "
+            "which PostgreSQL's jsonb refuses"
+        )
+    return encoded, None
+
+
 def _engine_of(bind: Engine | Connection | Session) -> Engine:
     if isinstance(bind, Engine):
         return bind
@@ -238,4 +257,4 @@ async def wait_for_async(
     return await asyncio.to_thread(wait_for, engine, job_id, timeout, recheck=recheck)
 
 
-__all__ = ["RECHECK", "wait_for", "wait_for_async"]
+__all__ = ["RECHECK", "encode_result", "wait_for", "wait_for_async"]

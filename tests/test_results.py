@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import (
     JobFailedError,
+    Registry,
     ResultMissingError,
     ResultTimeoutError,
     admin,
@@ -25,6 +26,7 @@ from sqla_queue import (
     wait_for,
     wait_for_async,
 )
+from sqla_queue.testing import drain, run_until_empty
 
 NO_POLLING = 600.0
 """A recheck interval no test waits out: a waiter that returns was woken by NOTIFY."""
@@ -213,3 +215,44 @@ def test_wait_for_async_returns_the_result_with_the_loop_free(
     result, ticks = asyncio.run(main())
     assert result == "async ok"
     assert ticks > 5, "the event loop ran while the job was awaited"
+
+
+# -- handlers: drain and the worker --------------------------------------------------------------
+
+
+def keeping_registry() -> Registry:
+    registry = Registry()
+
+    @registry.task(name="calc", keep_result=True)
+    def calc(n: int) -> dict[str, int]:
+        return {"double": n * 2}
+
+    @registry.task(name="opaque", keep_result=True, max_attempts=1)
+    def opaque() -> object:
+        return object()
+
+    @registry.task(name="plain")
+    def plain() -> str:
+        return "not kept"
+
+    return registry
+
+
+@pytest.mark.parametrize("runner", ["drain", "worker"])
+def test_a_task_with_keep_result_keeps_its_return_value_and_others_do_not(
+    engine: Engine, runner: str
+) -> None:
+    registry = keeping_registry()
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", "keep")
+    (calc,) = enqueue_jobs(engine, "calc", 1, args={"n": 21})
+    (opaque,) = enqueue_jobs(engine, "opaque", 1)
+    (plain,) = enqueue_jobs(engine, "plain", 1)
+    if runner == "drain":
+        drain(engine, registry)
+    else:
+        run_until_empty(engine, registry)
+    assert wait_for(engine, calc, timeout=5) == {"double": 42}
+    assert wait_for(engine, plain, timeout=5) is None
+    with pytest.raises(JobFailedError, match="not JSON-serialisable"):
+        wait_for(engine, opaque, timeout=5)
