@@ -3,16 +3,20 @@
 Run it alternately from two virtual environments (one per checkout: the old commit and the
 new) against one private cluster, so each pair of runs sees the same machine:
 
-    python benchmarks/before_after.py LABEL OUTFILE [ADMIN_URL]
+    python benchmarks/before_after.py LABEL OUTFILE [ADMIN_URL] [--drain-only]
+        [--batch N] [--concurrency N] [--jobs N]
 
 ADMIN_URL defaults to a private cluster at 127.0.0.1:55432. Each run creates its own
-database, drains 20,000 no-op jobs (c=4, batch 50, burst, poll-only), then times 1,500
+database, drains 20,000 no-op jobs (c=4, batch 50, burst, poll-only; `--batch`,
+`--concurrency` and `--jobs` change them), then, unless `--drain-only`, times 1,500
 one-job transactions and one 20,000-row enqueue_many, appends a JSON line to OUTFILE and
-drops its database. Results of the worker rebuild: results/worker-rebuild-before-after.md.
+drops its database. The drain line also carries the process's CPU seconds per job
+(`drain_cpu_us`). Results of the worker rebuild: results/worker-rebuild-before-after.md.
+The script only uses what both checkouts have, so the old one can run this copy.
 """
 
+import argparse
 import json
-import sys
 import time
 import uuid
 
@@ -23,11 +27,19 @@ from sqla_queue import Registry, enqueue, enqueue_many
 from sqla_queue.migrate import upgrade
 from sqla_queue.worker import Worker, WorkerConfig
 
-label, out = sys.argv[1], sys.argv[2]
-admin_url = (
-    sys.argv[3] if len(sys.argv) > 3 else "postgresql+psycopg://postgres@127.0.0.1:55432/postgres"
+parser = argparse.ArgumentParser()
+parser.add_argument("label")
+parser.add_argument("out")
+parser.add_argument(
+    "admin_url", nargs="?", default="postgresql+psycopg://postgres@127.0.0.1:55432/postgres"
 )
-admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool)
+parser.add_argument("--drain-only", action="store_true")
+parser.add_argument("--batch", type=int, default=50)
+parser.add_argument("--concurrency", type=int, default=4)
+parser.add_argument("--jobs", type=int, default=20000)
+opts = parser.parse_args()
+
+admin = create_engine(opts.admin_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool)
 db = "bp_" + uuid.uuid4().hex[:8]
 with admin.connect() as c:
     c.execute(text(f'CREATE DATABASE "{db}"'))
@@ -41,34 +53,47 @@ try:
     def noop(**_):
         return None
 
-    N = 20000
+    N = opts.jobs
     with Session(engine) as s, s.begin():
         enqueue_many(s, [{"task": "noop", "args": {"n": i}} for i in range(N)])
     with engine.begin() as c:
         c.execute(text("ANALYZE sqla_queue.jobs"))
-    t0 = time.perf_counter()
-    Worker(engine, registry, WorkerConfig(concurrency=4, batch=50, burst=True, poll_only=True)).run(
-        install_signal_handlers=False
+    config = WorkerConfig(
+        concurrency=opts.concurrency, batch=opts.batch, burst=True, poll_only=True
     )
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    Worker(engine, registry, config).run(install_signal_handlers=False)
     drain = N / (time.perf_counter() - t0)
+    drain_cpu_us = (time.process_time() - cpu0) / N * 1e6
     with engine.connect() as c:
         left = c.execute(
             text("SELECT count(*) FROM sqla_queue.jobs WHERE status in ('queued','running')")
         ).scalar()
     assert left == 0, left
-    M = 1500
-    t0 = time.perf_counter()
-    for i in range(M):
+    line = {
+        "label": opts.label,
+        "batch": opts.batch,
+        "concurrency": opts.concurrency,
+        "jobs": N,
+        "drain": drain,
+        "drain_cpu_us": drain_cpu_us,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if not opts.drain_only:
+        M = 1500
+        t0 = time.perf_counter()
+        for i in range(M):
+            with Session(engine) as s, s.begin():
+                enqueue(s, "noop", {"n": i})
+        line["enqueue"] = M / (time.perf_counter() - t0)
+        B = 20000
+        t0 = time.perf_counter()
         with Session(engine) as s, s.begin():
-            enqueue(s, "noop", {"n": i})
-    enq = M / (time.perf_counter() - t0)
-    B = 20000
-    t0 = time.perf_counter()
-    with Session(engine) as s, s.begin():
-        enqueue_many(s, [{"task": "noop", "args": {"n": i}} for i in range(B)])
-    bulk = B / (time.perf_counter() - t0)
-    with open(out, "a") as f:
-        f.write(json.dumps({"label": label, "drain": drain, "enqueue": enq, "bulk": bulk}) + "\n")
+            enqueue_many(s, [{"task": "noop", "args": {"n": i}} for i in range(B)])
+        line["bulk"] = B / (time.perf_counter() - t0)
+    with open(opts.out, "a") as f:
+        f.write(json.dumps(line) + "\n")
 finally:
     engine.dispose()
     with admin.connect() as c:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import click
@@ -82,10 +83,15 @@ def _reject_constant(name: str) -> Any:
 
 
 def _engine(database_url: str | None, application_name: str | None = None, **kwargs: Any) -> Engine:
-    url, source = resolve_url(database_url)
+    url = _resolved_url(database_url)
     # Names the sessions in pg_stat_activity; an application_name in the URL wins.
     if application_name and "application_name" not in make_url(url).query:
         kwargs["connect_args"] = {"application_name": application_name}
+    return create_queue_engine(url, **kwargs)
+
+
+def _resolved_url(database_url: str | None) -> str:
+    url, source = resolve_url(database_url)
     if source == "embedded":
         from .database import embedded_url
 
@@ -94,7 +100,7 @@ def _engine(database_url: str | None, application_name: str | None = None, **kwa
             f"(pass --database-url or set {URL_ENV_VAR} to use your own)",
             err=True,
         )
-    return create_queue_engine(url, **kwargs)
+    return url
 
 
 @contextmanager
@@ -204,6 +210,33 @@ def _worker_default(name: str) -> Any:
     return found.default
 
 
+def _at_least_one_process(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value < 1:
+        raise click.BadParameter(
+            f"{value} is not a number of processes: pass 1 (the default) to run the worker in "
+            "this process, or N > 1 for N worker processes under one parent",
+        )
+    return value
+
+
+def _supervised_child_exits(func: F) -> F:
+    """A worker started by `--processes` exits with a status of its own for a configuration
+    error, so that its parent does not restart it again and again."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("supervised_slot") is None:
+            return func(*args, **kwargs)
+        from .supervisor import CONFIGURATION_ERRORS, exit_for_configuration_error
+
+        try:
+            return func(*args, **kwargs)
+        except CONFIGURATION_ERRORS as exc:
+            exit_for_configuration_error(exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
 @main.command()
 @_database_option
 @click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
@@ -272,8 +305,19 @@ def _worker_default(name: str) -> Any:
     default=None,
     help="With --from: skip job ids already run (default: on for amqp, off for nats).",
 )
+@click.option(
+    "--processes",
+    type=int,
+    default=1,
+    show_default=True,
+    callback=_at_least_one_process,
+    help="Worker processes under one supervising parent that restarts crashed ones "
+    "(1: this process is the worker).",
+)
+@click.option("--supervised-slot", type=int, default=None, hidden=True)
 @click.pass_context
 @_friendly_errors
+@_supervised_child_exits
 def worker(
     ctx: click.Context,
     database_url: str | None,
@@ -292,14 +336,34 @@ def worker(
     metrics_port: int | None,
     broker_url: str | None,
     dedup: bool | None,
+    processes: int,
+    supervised_slot: int | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
-    until nothing is due."""
+    until nothing is due. With --processes N, run N such workers under one parent."""
     from .registry import load_registry
     from .worker import Worker, WorkerConfig
 
     log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
     _configure_logging(log_level, log_format)
+    config = WorkerConfig(
+        queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
+        concurrency=concurrency,
+        batch=batch,
+        lease=lease,
+        poll_interval=poll_interval,
+        burst=burst,
+        poll_only=poll_only,
+        shutdown_timeout=shutdown_timeout,
+        give_up_after=give_up_after,
+    )
+    if processes > 1:
+        sys.exit(_supervise_workers(ctx, processes, log_format))
+    if supervised_slot is not None:
+        from .supervisor import child_name, watch_parent
+
+        watch_parent()
+        config.worker_id = f"{config.worker_id}:{child_name(supervised_slot)}"
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")
     registry = load_registry(app_path)
@@ -319,17 +383,6 @@ def worker(
         run_broker_worker(_engine(database_url), registry, broker_url, queues, *settings)
         _exit_past_stuck_handlers()
         return
-    config = WorkerConfig(
-        queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
-        concurrency=concurrency,
-        batch=batch,
-        lease=lease,
-        poll_interval=poll_interval,
-        burst=burst,
-        poll_only=poll_only,
-        shutdown_timeout=shutdown_timeout,
-        give_up_after=give_up_after,
-    )
     engine = _engine(
         database_url, application_name=WORKER_APPLICATION_NAME, pool_size=3, max_overflow=4
     )
@@ -344,6 +397,50 @@ def worker(
         else:
             click.echo(done, err=True)
     _exit_past_stuck_handlers()
+
+
+_PER_PARENT_OPTIONS = {"database_url", "processes", "supervised_slot", "log_format", "metrics_port"}
+"""Options the parent of `--processes` does not pass on as given (see `_supervise_workers`)."""
+
+
+def _supervise_workers(ctx: click.Context, processes: int, log_format: str) -> int:
+    """Run `processes` workers as children, each a fresh `python -m sqla_queue worker` with
+    this command's options; returns the parent's exit status. The URL travels in the
+    environment (not on a command line, where `ps` shows passwords); child N serves its
+    metrics on --metrics-port + N - 1."""
+    from .supervisor import Supervisor
+
+    env = dict(os.environ, **{URL_ENV_VAR: _resolved_url(ctx.params["database_url"])})
+    given: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if not isinstance(param, click.Option) or name in _PER_PARENT_OPTIONS:
+            continue
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
+            continue  # the child computes the same default
+        given.extend(_option_arguments(param, ctx.params[name]))
+    base = [sys.executable, "-m", "sqla_queue", "worker", *given, "--log-format", log_format]
+    metrics_port = ctx.params["metrics_port"]
+    commands = []
+    for slot in range(1, processes + 1):
+        slot_args = ["--supervised-slot", str(slot)]
+        if metrics_port is not None:
+            slot_args += ["--metrics-port", str(metrics_port + slot - 1)]
+        commands.append([*base, *slot_args])
+    return Supervisor(commands, burst=ctx.params["burst"], env=env).run()
+
+
+def _option_arguments(option: click.Option, value: Any) -> list[str]:
+    """The command-line arguments that give `option` the parsed `value` again."""
+    if option.is_flag:
+        if option.secondary_opts:
+            return [option.opts[0] if value else option.secondary_opts[0]]
+        return [option.opts[0]] if value else []
+    if value is None:
+        return []
+    if isinstance(value, float):  # positional notation: DURATION refuses 1e-05
+        return [option.opts[0], format(Decimal(repr(value)), "f")]
+    return [option.opts[0], str(value)]
 
 
 def _exit_past_stuck_handlers(grace: float = 0.5) -> None:

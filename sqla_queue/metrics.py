@@ -148,6 +148,7 @@ class QueueMetrics:
         self._timers: dict[int, threading.Event] = {}
         self._statements: dict[Any, str] = {}
         self._registries: list[Registry] = []
+        self._statement_texts: dict[str, str] = {}
 
     # -- installation -----------------------------------------------------------------------
 
@@ -177,6 +178,8 @@ class QueueMetrics:
             key = statement._generate_cache_key()
             if key is not None:
                 self._statements[key.key] = kind
+            # The worker runs its claim and completion as compiled text (exec_driver_sql).
+            self._statement_texts[statement.compile(dialect=engine.dialect).string] = kind
         if engine in self._engines:
             return
         self._engines.add(engine)
@@ -270,7 +273,7 @@ class QueueMetrics:
     def _statement_kind(self, context: Any) -> str | None:
         compiled = getattr(context, "compiled", None)
         if compiled is None:
-            return None
+            return self._statement_texts.get(getattr(context, "statement", None) or "")
         key = compiled.cache_key
         if key is None:  # the engine's statement cache is off
             key = compiled.statement._generate_cache_key()

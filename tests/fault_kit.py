@@ -17,7 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 from fault_app import create_fault_tables
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from sqla_queue import admin, enqueue_many
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -182,6 +186,24 @@ class FaultDatabase:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def enqueue_jobs(url: str, queue: str, task: str, args: list[dict[str, Any]]) -> list[int]:
+    """Create `queue` (retention keep, so finished rows stay to be counted) and fill it."""
+    engine = create_engine(url)
+    try:
+        with Session(engine) as session, session.begin():
+            admin.create_queue(session, queue, "keep")
+            return enqueue_many(session, [{"task": task, "queue": queue, "args": a} for a in args])
+    finally:
+        engine.dispose()
+
+
+def executions(db: FaultDatabase) -> dict[int, int]:
+    """How many times each job's handler ran to the end, by job id."""
+    return dict(
+        db.rows("SELECT job_id, count(*) FROM public.fault_runs WHERE event = 'ran' GROUP BY 1")
+    )
 
 
 def fault_db_fixture(database_url: str) -> Iterator[FaultDatabase]:

@@ -19,15 +19,16 @@ from fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,
+    enqueue_jobs,
+    executions,
     fault_db_fixture,
     run_cli,
     wait_until,
     workers_fixture,
 )
 from sqlalchemy import create_engine
-from sqlalchemy.orm import Session
 
-from sqla_queue import admin, enqueue_many
+from sqla_queue import admin
 from sqla_queue.cli import WORKER_APPLICATION_NAME
 from sqla_queue.migrate import upgrade
 
@@ -45,24 +46,6 @@ BATCH = 10
 LEASE = "2"
 FAULT_WINDOW = 40.0  # seconds of faults at most (a loaded machine drains slower); then drain
 DRAIN_DEADLINE = 240.0
-
-
-def enqueue_jobs(url: str, queue: str, task: str, args: list[dict[str, Any]]) -> list[int]:
-    """Create `queue` (retention keep, so finished rows stay to be counted) and fill it."""
-    engine = create_engine(url)
-    try:
-        with Session(engine) as session, session.begin():
-            admin.create_queue(session, queue, "keep")
-            return enqueue_many(session, [{"task": task, "queue": queue, "args": a} for a in args])
-    finally:
-        engine.dispose()
-
-
-def executions(db: FaultDatabase) -> dict[int, int]:
-    """How many times each job's handler ran to the end, by job id."""
-    return dict(
-        db.rows("SELECT job_id, count(*) FROM public.fault_runs WHERE event = 'ran' GROUP BY 1")
-    )
 
 
 def assert_nothing_lost(db: FaultDatabase, ids: list[int], faults: int) -> dict[str, int]:

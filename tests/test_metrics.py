@@ -82,9 +82,20 @@ def test_scraped_counters_move_by_the_jobs_a_worker_drains(
     finished = "sqla_queue_jobs_finished_total"
 
     def drained() -> Samples | None:
+        # Wait for every job's outcome and for the statements that write them (the
+        # completer writes a failure after the hook counted it): no fixed sleep.
         samples = scrape(worker_port)
-        done = value(samples, finished, queue="default", task="flaky", outcome="succeeded")
-        return samples if done == 2 and value(samples, "sqla_queue_jobs_held") == 0 else None
+        written = all(
+            value(samples, "sqla_queue_statement_duration_seconds_count", statement=kind) >= 1
+            for kind in ("fail", "retry")
+        )
+        done = (
+            value(samples, finished, queue="default", task="flaky", outcome="succeeded") == 2
+            and value(samples, finished, queue="default", task="ok", outcome="succeeded") == 5
+            and value(samples, finished, queue="default", task="boom", outcome="failed") >= 1
+            and value(samples, "sqla_queue_jobs_held") == 0
+        )
+        return samples if done and written else None
 
     first = wait_for(drained, timeout=30, interval=0.2)
     assert value(first, finished, queue="default", task="ok", outcome="succeeded") == 5

@@ -190,7 +190,8 @@ def test_a_handlers_own_heartbeat_on_a_row_locked_elsewhere_is_not_a_lost_job(
             locked.set()
             wait_for(lambda: len(beats) == 2)
         wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0)
-        succeeded = runner.worker.stats.succeeded
+        # The worker counts a success once its statement has returned: wait for the count.
+        succeeded = wait_for(lambda: runner.worker.stats.succeeded or None)
     assert beats == [True, False]  # still ours, and not cancelled
     assert succeeded == 1
 

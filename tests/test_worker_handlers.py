@@ -39,3 +39,27 @@ def test_jobs_keep_running_while_a_timed_out_sync_handler_is_still_stuck(engine:
     (job,) = jobs_by_id(engine).values()  # the quick jobs are deleted on success
     assert (job.id, job.status, job.attempts) == (stuck_id, "queued", 1)
     assert "ran longer than its timeout of 0.2 s" in (job.last_error or "")
+
+
+def test_blocking_handlers_each_get_a_thread_up_to_the_concurrency(engine: Engine) -> None:
+    """A claimed batch wakes a few handler threads at once (quick jobs run back to back);
+    jobs left waiting behind blocking handlers get the other idle threads: all 12 jobs
+    below must run at the same time, or none passes the barrier."""
+    registry = Registry()
+    together = threading.Barrier(12)
+    passed: list[int] = []
+
+    @registry.task(name="meet", max_attempts=1)
+    def meet() -> None:
+        together.wait(10)  # raises BrokenBarrierError unless all 12 are running
+        passed.append(threading.get_ident())
+
+    enqueue_jobs(engine, "meet", 12)
+    runner = WorkerThread(engine, registry, concurrency=12, batch=12)
+    with runner:
+        wait_for(lambda: len(passed) == 12 or together.broken, timeout=15)
+
+    assert not together.broken
+    assert len(passed) == len(set(passed)) == 12  # twelve threads at once
+    assert runner.stats is not None
+    assert runner.stats.succeeded == 12

@@ -40,7 +40,7 @@ from .completer import Completer
 from .config import WorkerConfig, WorkerStats
 from .connection import DatabaseLink, FailureLog, backoff_delays, describe
 from .executor import Executor, resources_of
-from .jobs import ClaimedJob, Outcome, OutcomeKind
+from .jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
 from .keeper import Keeper
 from .producer import Producer
 from .shutdown import Shutdown, exit_now
@@ -175,8 +175,8 @@ class Worker:
                 )
                 self._stopping.wait(next(delays))
 
-    def _make_job(self, row: Any) -> ClaimedJob:
-        return ClaimedJob(row, self.resources, self._beat_one)
+    def _make_job(self, row: Any, columns: ClaimColumns) -> ClaimedJob:
+        return ClaimedJob(row, columns, self.resources, self._beat_one)
 
     def _beat_one(self, ctx: JobContext) -> bool:
         for job in self.board.find(ctx.job_id):

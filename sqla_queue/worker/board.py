@@ -12,7 +12,16 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from .jobs import ClaimedJob, Outcome
+from .jobs import ClaimedJob, Outcome, OutcomeKind
+
+WAKE_AT_ONCE = 4
+"""Idle handler threads woken for a claimed batch: enough for quick jobs, which they run
+back to back. Waking every thread (64 at -c 64) for jobs that take microseconds costs a
+thread switch per job."""
+
+WAKE_MORE_AFTER = 0.001
+"""Seconds a ready job may wait before the producer wakes another idle thread for it (the
+awake ones are busy: blocking handlers get a thread each within about this)."""
 
 
 class JobBoard:
@@ -22,7 +31,12 @@ class JobBoard:
         self.concurrency = concurrency
         self.flush_size = flush_size
         self._wake = wake
-        self.lock = threading.Condition(threading.Lock())
+        self.mutex = threading.Lock()
+        """The lock itself: `with board.mutex` costs less than entering the condition."""
+        self.lock = threading.Condition(self.mutex)
+        self._idle = 0
+        """Handler threads waiting on `lock` and not yet notified (a notify takes them off):
+        a put or a settle notifies only as many as wait, and none when none does."""
         self.held: dict[tuple[int, int], ClaimedJob] = {}
         self.ready: deque[ClaimedJob] = deque()
         self.outcomes: deque[Outcome] = deque()
@@ -38,11 +52,32 @@ class JobBoard:
 
     def put(self, jobs: list[ClaimedJob]) -> None:
         """Hold newly claimed jobs and hand them to handler threads, the batch at once."""
-        with self.lock:
+        with self.mutex:
             for job in jobs:
                 self.held[job.key] = job
             self.ready.extend(jobs)
-            self.lock.notify(len(jobs))
+            self._notify(min(len(jobs), WAKE_AT_ONCE))
+
+    def wake_waiting(self, now: float) -> bool:
+        """Wake an idle handler thread for each ready job that has waited `WAKE_MORE_AFTER`
+        seconds (the awake ones are not keeping up: blocking handlers). Returns whether the
+        producer must check again (jobs wait and threads are idle)."""
+        with self.mutex:
+            late = 0
+            for job in self.ready:
+                if now - job.claimed_at < WAKE_MORE_AFTER:
+                    break
+                late += 1
+            if late:
+                self._notify(late)
+            return bool(self.ready and self._idle)
+
+    def _notify(self, count: int) -> None:
+        """Under the lock: wake up to `count` idle handler threads, no more than jobs wait."""
+        woken = min(count, self._idle, len(self.ready))
+        if woken:
+            self._idle -= woken
+            self.lock.notify(woken)
 
     def room(self, batch: int) -> int:
         """How many more jobs the worker may claim: it holds concurrency + batch - 1 at most."""
@@ -50,24 +85,25 @@ class JobBoard:
 
     def take_unstarted(self) -> list[ClaimedJob]:
         """Stop handing out jobs and return those not yet started (shutdown)."""
-        with self.lock:
+        with self.mutex:
             self.paused = True
             unstarted = list(self.ready)
             self.ready.clear()
             return unstarted
 
     def find(self, job_id: int) -> list[ClaimedJob]:
-        with self.lock:
+        with self.mutex:
             return [job for key, job in self.held.items() if key[0] == job_id]
 
     def snapshot(self) -> list[ClaimedJob]:
         """Held jobs not yet settled, for heartbeats."""
-        with self.lock:
+        with self.mutex:
             return [job for job in self.held.values() if not job.settled]
 
     def close(self) -> None:
-        with self.lock:
+        with self.mutex:
             self.closed = True
+            self._idle = 0
             self.lock.notify_all()
 
     # -- handler threads ----------------------------------------------------------------------
@@ -80,7 +116,7 @@ class JobBoard:
         was taken by someone else (timed out, abandoned) exits: a replacement thread has
         already taken its place.
         """
-        with self.lock:
+        with self.mutex:
             if previous is not None:
                 if not owned:
                     return None
@@ -89,6 +125,7 @@ class JobBoard:
             while not self.ready or self.running >= self.concurrency or self.paused:
                 if self.closed:
                     return None
+                self._idle += 1  # the notifier takes it off
                 self.lock.wait()
             self.running += 1  # first: an unlocked reader may count it twice, never zero times
             job = self.ready.popleft()
@@ -97,7 +134,7 @@ class JobBoard:
             return job
 
     def watch_deadline(self, job: ClaimedJob, deadline: float) -> None:
-        with self.lock:
+        with self.mutex:
             job.deadline = deadline
             self.timed.add(job)
         self._wake()  # the producer times it out
@@ -106,16 +143,18 @@ class JobBoard:
 
     def settle(self, job: ClaimedJob, outcome: Outcome | None) -> None:
         """Record the outcome of a running job the caller has taken (`job.take()`)."""
-        with self.lock:
-            self._settle(job, outcome)
+        with self.mutex:
+            self._settle(job, outcome, taker=False)
 
-    def _settle(self, job: ClaimedJob, outcome: Outcome | None, running: bool = True) -> None:
+    def _settle(self, job: ClaimedJob, outcome: Outcome | None, taker: bool = True) -> None:
+        """Under the lock: record the outcome of a running job. A `taker` (a handler
+        thread) takes the next ready job itself; otherwise an idle thread is woken for it."""
         # Outcome first: a producer that sees nothing running must also see it to flush.
         if outcome is not None:
             self.outcomes.append(outcome)
-        if running:
-            self.running -= 1
-            self.lock.notify()  # its slot is free for a handler thread
+        self.running -= 1
+        if not taker:
+            self._notify(1)  # its slot is free for a waiting handler thread
         pending = len(self.outcomes)
         # Wake the producer only when it has something to do, not once per job: to start
         # the flush delay, to flush a full batch, to claim, or to exit in burst mode.
@@ -131,7 +170,7 @@ class JobBoard:
         nearest deadline still ahead."""
         nearest: float | None = None
         expired: list[ClaimedJob] = []
-        with self.lock:
+        with self.mutex:
             for job in list(self.timed):
                 assert job.deadline is not None
                 if job.settled:
@@ -146,23 +185,32 @@ class JobBoard:
     # -- the completer's side -----------------------------------------------------------------
 
     def take_outcomes(self) -> list[Outcome]:
-        with self.lock:
+        with self.mutex:
             taken = list(self.outcomes)
             self.outcomes.clear()
             return taken
 
-    def peek_outcomes(self) -> list[Outcome]:
-        with self.lock:
-            return list(self.outcomes)
-
-    def drop_outcomes(self, count: int) -> None:
-        """Remove the `count` oldest outcomes (those a `peek_outcomes` returned)."""
-        with self.lock:
-            for _ in range(count):
-                self.outcomes.popleft()
+    def take_successes(self) -> list[ClaimedJob] | None:
+        """If every settled outcome is a success, take them all and forget their jobs (one
+        lock round); else None, and nothing changes."""
+        with self.mutex:
+            outcomes = self.outcomes
+            if not outcomes:
+                return None
+            succeeded = OutcomeKind.succeeded
+            for outcome in outcomes:
+                if outcome.kind is not succeeded:
+                    return None
+            jobs = [outcome.job for outcome in outcomes]
+            outcomes.clear()
+            held = self.held
+            for job in jobs:
+                if held.get(job.key) is job:
+                    del held[job.key]
+            return jobs
 
     def forget(self, jobs: Iterable[ClaimedJob]) -> None:
-        with self.lock:
+        with self.mutex:
             for job in jobs:
                 if self.held.get(job.key) is job:
                     del self.held[job.key]

@@ -19,7 +19,7 @@ from sqla_queue import queries
 
 from .board import JobBoard
 from .config import WorkerStats
-from .connection import DatabaseLink, describe, is_row_error
+from .connection import JOB_ARRAYS, DatabaseLink, DriverStatement, describe, is_row_error
 from .jobs import WRITES_NOTHING, ClaimedJob, Outcome, OutcomeKind, storable
 
 log = logging.getLogger("sqla_queue.worker")
@@ -35,21 +35,15 @@ class Completer:
         self.board = board
         self.db = db
         self.stats = stats
-        self._complete = queries.complete_jobs()
+        self._complete = DriverStatement(queries.complete_jobs(), db.engine, {}, JOB_ARRAYS)
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()
 
     def take_successes(self) -> list[ClaimedJob] | None:
-        """Pop the pending outcomes if all are successes (for the claim to finish); else
-        None. The caller counts them once its statement has run."""
-        pending = self.board.peek_outcomes()
-        if not pending or any(o.kind is not OutcomeKind.succeeded for o in pending):
-            return None
-        self.board.drop_outcomes(len(pending))
-        jobs = [o.job for o in pending]
-        self.board.forget(jobs)
-        return jobs
+        """Take the pending outcomes' jobs if all are successes (for the claim to finish);
+        else None. The caller counts them once its statement has run."""
+        return self.board.take_successes()
 
     def write_successes(self, jobs: Sequence[ClaimedJob]) -> None:
         """Finish succeeded jobs on their own (when folding them into a claim failed)."""

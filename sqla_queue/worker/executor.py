@@ -52,7 +52,8 @@ class Executor:
         self.board = board
         self.engine = engine
         self._on_finished = on_finished
-        self._chains: dict[str, Callable[[JobContext], Any]] = {}
+        self._chains: dict[str, Callable[[JobContext], Any] | None] = {}
+        """Each task's middleware chain, built on first use; None when it has none."""
         self._local = threading.local()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -91,23 +92,31 @@ class Executor:
 
     def _execute(self, job: ClaimedJob) -> Outcome:
         ctx = job.ctx
-        skipped = self._skip_reason(job)
-        if skipped is not None:
-            return Outcome(skipped, job, f"job was {skipped.value} before it started")
+        if ctx.cancelled or time.monotonic() - job.claimed_at >= RECHECK_AFTER:
+            skipped = self._skip_reason(job)
+            if skipped is not None:
+                return Outcome(skipped, job, f"job was {skipped.value} before it started")
         task = self.registry.get(job.task)
         if task is None:
             return Outcome(OutcomeKind.failed, job, str(TaskNotFoundError(task=job.task)))
         if job.decode_error is not None:
             return Outcome(OutcomeKind.failed, job, job.decode_error)
-        chain = self._chains.get(task.name)
-        if chain is None:
+        try:
+            chain = self._chains[task.name]
+        except KeyError:
             chain = self._chains[task.name] = self._build_chain(task)
         if task.timeout is not None:
             self.board.watch_deadline(job, time.monotonic() + task.timeout)
         job.started = True
-        self._local.job = job  # the innermost call of the chain reads it on this thread
         try:
-            result = chain(ctx)
+            if chain is None:  # no middleware: the handler itself, nothing built per job
+                func = task.func
+                result = func(ctx, **job.args) if task.pass_context else func(**job.args)
+                if result is not None and inspect.isawaitable(result):
+                    result = self._await(result, job)
+            else:
+                self._local.job = job  # the innermost call of the chain reads it on this thread
+                result = chain(ctx)
         except (FutureCancelledError, asyncio.CancelledError) as exc:
             if ctx.cancelled:  # timed out or given up on: the producer has settled it
                 return Outcome(_lost_kind(ctx), job, "", None, exc)
@@ -118,13 +127,14 @@ class Executor:
             return self.failure(job, task, exc)
         if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
             return Outcome(_lost_kind(ctx), job)
-        if isinstance(result, Snooze):  # returning it works as raising it does
+        if result is not None and isinstance(result, Snooze):  # returning it works as raising
             return snoozed(job, task, result)
         return Outcome(OutcomeKind.succeeded, job)
 
     def _skip_reason(self, job: ClaimedJob) -> OutcomeKind | None:
-        """Whether a job must not start: cancelled or lost while it waited here."""
-        if not job.ctx.cancelled and time.monotonic() - job.claimed_at >= RECHECK_AFTER:
+        """Whether a job must not start: cancelled or lost while it waited here (called for a
+        job already cancelled, or one that waited `RECHECK_AFTER` seconds)."""
+        if not job.ctx.cancelled:
             self._recheck(job)
         return _lost_kind(job.ctx) if job.ctx.cancelled else None
 
@@ -141,18 +151,21 @@ class Executor:
         elif row["attempts"] != job.attempt:
             job.ctx.mark_lost("lost")
 
-    def _build_chain(self, task: Task) -> Callable[[JobContext], Any]:
+    def _build_chain(self, task: Task) -> Callable[[JobContext], Any] | None:
+        middleware = [*self.registry.middleware, *task.middleware]
+        if not middleware:
+            return None
         func = task.func
         pass_context = task.pass_context
 
         def call_handler(ctx: JobContext) -> Any:
             job: ClaimedJob = self._local.job
             result = func(ctx, **job.args) if pass_context else func(**job.args)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
                 return self._await(result, job)
             return result
 
-        return compose([*self.registry.middleware, *task.middleware], call_handler)
+        return compose(middleware, call_handler)
 
     # -- async handlers -----------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import enum
 import json
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +89,34 @@ def decode_args(args_json: str) -> tuple[dict[str, Any], str | None]:
     return args, None
 
 
+class ClaimColumns:
+    """Where each column is in the claim's rows (plain tuples), found once per claim."""
+
+    __slots__ = (
+        "args_json",
+        "attempts",
+        "id",
+        "key",
+        "max_attempts",
+        "meta_json",
+        "queue",
+        "status",
+        "tags",
+        "task",
+    )
+
+    def __init__(self, keys: list[str]) -> None:
+        self.args_json: int = keys.index("args_json")
+        self.attempts: int = keys.index("attempts")
+        self.id: int = keys.index("id")
+        self.max_attempts: int = keys.index("max_attempts")
+        self.meta_json: int = keys.index("meta_json")
+        self.queue: int = keys.index("queue")
+        self.status: int = keys.index("status")
+        self.tags: int = keys.index("tags")
+        self.task: int = keys.index("task")
+
+
 class ClaimedJob:
     """A job this worker has claimed and not yet finished. Keyed by (id, attempt): a job
     re-claimed by the same worker after a reap is a different `ClaimedJob`."""
@@ -103,6 +131,7 @@ class ClaimedJob:
         "decode_error",
         "future",
         "id",
+        "key",
         "max_attempts",
         "queue",
         "reported_started",
@@ -112,17 +141,18 @@ class ClaimedJob:
 
     def __init__(
         self,
-        row: Mapping[str, Any],
+        row: Sequence[Any],
+        columns: ClaimColumns,
         resources: Mapping[str, Any],
         heartbeat: Any = None,
     ) -> None:
-        self.id: int = row["id"]
-        self.task: str = row["task"]
-        self.attempt: int = row["attempts"]
-        self.max_attempts: int | None = row["max_attempts"]
-        self.queue: str = row["queue"]
+        self.id: int = row[columns.id]
+        self.task: str = row[columns.task]
+        self.attempt: int = row[columns.attempts]
+        self.max_attempts: int | None = row[columns.max_attempts]
+        self.queue: str = row[columns.queue]
         # Decoded here, one job at a time: a row that cannot be decoded fails alone.
-        self.args, self.decode_error = decode_args(row["args_json"])
+        self.args, self.decode_error = decode_args(row[columns.args_json])
         self.ctx = JobContext(
             self.id,
             self.task,
@@ -130,9 +160,11 @@ class ClaimedJob:
             self.attempt,
             heartbeat,
             resources,
-            tags=row["tags"],
-            meta=row["meta_json"],
+            tags=row[columns.tags],
+            meta=row[columns.meta_json],
         )
+        self.key = (self.id, self.attempt)
+        """(id, attempt): how the board holds it."""
         self.claimed_at = time.monotonic()
         self.deadline: float | None = None
         self.started = False
@@ -153,10 +185,6 @@ class ClaimedJob:
     def settled(self) -> bool:
         """Whether someone has taken the job to settle it."""
         return not self._token
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.id, self.attempt)
 
     def __repr__(self) -> str:
         return f"ClaimedJob(id={self.id}, task={self.task!r}, attempt={self.attempt})"

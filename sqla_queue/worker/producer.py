@@ -17,12 +17,20 @@ from sqlalchemy.exc import DBAPIError
 
 from sqla_queue import queries
 
-from .board import JobBoard
+from .board import WAKE_MORE_AFTER, JobBoard
 from .completer import FLUSH_DELAY, Completer
 from .config import WorkerConfig, WorkerStats
-from .connection import DatabaseLink, Stopped, describe, is_row_error
+from .connection import (
+    JOB_ARRAYS,
+    DatabaseLink,
+    DriverStatement,
+    Stopped,
+    describe,
+    int_array,
+    is_row_error,
+)
 from .executor import Executor
-from .jobs import ClaimedJob, Outcome
+from .jobs import ClaimColumns, ClaimedJob, Outcome
 from .keeper import Keeper
 
 log = logging.getLogger("sqla_queue.worker")
@@ -42,7 +50,7 @@ class Producer:
         stats: WorkerStats,
         wake: threading.Event,
         stopping: threading.Event,
-        make_job: Callable[[Any], ClaimedJob],
+        make_job: Callable[[Any, ClaimColumns], ClaimedJob],
         on_claimed: Callable[[ClaimedJob], None] | None,
         on_finished: Callable[[Outcome], None],
     ) -> None:
@@ -59,16 +67,24 @@ class Producer:
         self._make_job = make_job
         self._on_claimed = on_claimed
         self._on_finished = on_finished
-        self._claim = queries.claim_jobs(config.queues)
-        self._complete_and_claim = queries.complete_and_claim(config.queues)
-        self._params: dict[str, Any] = {
+        static: dict[str, Any] = {
             "worker_id": config.worker_id,
             "lease": config.lease,
             "task_leases": keeper.task_leases,
             "task_max_attempts": keeper.task_max_attempts,
         }
         if config.queues is not None:
-            self._params["queues"] = list(config.queues)
+            static["queues"] = list(config.queues)
+        # Compiled once, their unchanging parameters converted once (JSON of the tasks'
+        # settings): each claim only sends its limit and the successes it finishes.
+        self._claim = DriverStatement(queries.claim_jobs(config.queues), db.engine, static)
+        self._complete_and_claim = DriverStatement(
+            queries.complete_and_claim(config.queues),
+            db.engine,
+            static,
+            JOB_ARRAYS,
+            unparsed_bigint_arrays=True,
+        )
         self._behind_warned = False
 
     def on_notify(self) -> None:
@@ -134,6 +150,8 @@ class Producer:
                         timeouts.append(deadline - now)
                 if self._keeper_behind():
                     timeouts.append(self.keeper.tick)
+                if board.ready and board.wake_waiting(now):
+                    timeouts.append(WAKE_MORE_AFTER)
                 self.wake.wait(max(0.0, min(timeouts)) if timeouts else None)
                 self.wake.clear()
         except Stopped:
@@ -152,45 +170,52 @@ class Producer:
         When every pending outcome is a success, finishing them and the claim are one
         statement: one commit per cycle instead of two.
         """
-        self._params["limit"] = want
+        limit = {"limit": want}
         successes = self.completer.take_successes()
         if successes is None:
             self.completer.flush()
-            rows = self.db.execute(self._claim, self._params).mappings().all()
+            result = self.db.execute(self._claim, limit)
+            rows = result.all()
         else:
             params = {
-                **self._params,
+                "limit": want,
                 "job_ids": [j.id for j in successes],
                 "job_attempts": [j.attempt for j in successes],
             }
             try:
-                rows = self.db.execute(self._complete_and_claim, params).mappings().all()
+                result = self.db.execute(self._complete_and_claim, params)
+                rows = result.all()
             except DBAPIError as exc:  # one bad row must not cost the batch: apart, one by one
                 if not is_row_error(exc):
                     raise
                 log.warning("finishing and claiming at once failed (%s)", describe(exc))
                 self.completer.write_successes(successes)
-                rows = self.db.execute(self._claim, self._params).mappings().all()
+                result = self.db.execute(self._claim, limit)
+                rows = result.all()
             else:
-                deleted = set(rows[0]["finished"] or ()) if rows else set()
+                deleted: set[int] = set()
+                if rows:  # the same on every row: read it once
+                    deleted = set(int_array(rows[0][list(result.keys()).index("finished")]))
                 rest = [job for job in successes if job.id not in deleted]
                 if rest:  # kept or archived by their queue (or nothing claimed to tell)
                     self.completer.write_successes(rest)
             self.stats.succeeded += len(successes)
         if not rows:
             return 0
+        columns = ClaimColumns(list(result.keys()))
         jobs: list[ClaimedJob] = []
+        status, make_job = columns.status, self._make_job
         for row in rows:
-            if row["status"] != "running":  # exhausted its attempts: failed by the claim
+            if row[status] != "running":  # exhausted its attempts: failed by the claim
                 log.error(
                     "job %s (%s) failed: attempt %s exceeds its max_attempts",
-                    row["id"],
-                    row["task"],
-                    row["attempts"],
+                    row[columns.id],
+                    row[columns.task],
+                    row[columns.attempts],
                 )
                 self.stats.failed += 1
                 continue
-            jobs.append(self._make_job(row))
+            jobs.append(make_job(row, columns))
         if self._on_claimed is not None:
             for job in jobs:
                 self._on_claimed(job)

@@ -1,0 +1,83 @@
+"""The worker's claim and completion run as compiled text on the driver's cursor.
+
+The same statement gives the same rows whether it goes through SQLAlchemy (when an engine
+listener such as metrics must see it) or straight to the driver, and a driver error is
+SQLAlchemy's own exception, so the worker's error handling is unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from apps.support import enqueue_jobs
+from sqlalchemy import Engine, event
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from sqla_queue import queries
+from sqla_queue.worker.connection import (
+    JOB_ARRAYS,
+    DatabaseLink,
+    DriverStatement,
+    FailureLog,
+    int_array,
+)
+
+
+def test_int_array_reads_the_text_of_a_bigint_array_and_a_parsed_one() -> None:
+    assert int_array(b"{1,22,333}") == [1, 22, 333]
+    assert int_array(b"{}") == []
+    assert int_array(None) == []
+    assert int_array([4, 5]) == [4, 5]
+
+
+def _link(engine: Engine) -> DatabaseLink:
+    return DatabaseLink(engine, threading.Event(), None, FailureLog())
+
+
+@pytest.mark.parametrize("listened", [False, True])
+def test_complete_and_claim_returns_the_same_rows_either_way(
+    engine: Engine, listened: bool
+) -> None:
+    ids = enqueue_jobs(engine, "noop", 4)
+    seen: list[str] = []
+    if listened:  # an engine listener: the statement goes through SQLAlchemy
+        event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    statics = {"worker_id": "w1", "lease": 60.0, "task_leases": {}, "task_max_attempts": {}}
+    claim = DriverStatement(queries.claim_jobs(None), engine, statics)
+    both = DriverStatement(
+        queries.complete_and_claim(None),
+        engine,
+        statics,
+        JOB_ARRAYS,
+        unparsed_bigint_arrays=True,
+    )
+    link = _link(engine)
+    try:
+        first = link.execute(claim, {"limit": 2})
+        keys = first.keys()
+        claimed = [row[keys.index("id")] for row in first.all()]
+        attempts = [row[keys.index("attempts")] for row in first.all()]
+        second = link.execute(both, {"limit": 5, "job_ids": claimed, "job_attempts": attempts})
+        rows = second.all()
+        keys = second.keys()
+    finally:
+        link.close()
+    assert sorted(claimed + [row[keys.index("id")] for row in rows]) == sorted(ids)
+    assert all(row[keys.index("status")] == "running" for row in rows)
+    assert sorted(int_array(rows[0][keys.index("finished")])) == sorted(claimed)
+    assert bool(seen) is listened
+
+
+def test_a_driver_error_is_sqlalchemys_exception_with_its_sqlstate(engine: Engine) -> None:
+    statement = DriverStatement(queries.complete_jobs(), engine, {}, JOB_ARRAYS)
+    link = _link(engine)
+    try:
+        with pytest.raises(DBAPIError) as raised:
+            # job_attempts shorter than job_ids is fine for unnest; a non-integer id is not
+            link.execute(statement, {"job_ids": ["x"], "job_attempts": [1]})
+    finally:
+        link.close()
+    assert not raised.value.connection_invalidated
+    assert getattr(raised.value.orig, "sqlstate", "")[:2] == "22"  # a data exception
+    assert not isinstance(raised.value, IntegrityError)
