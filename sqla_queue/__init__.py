@@ -16,9 +16,12 @@ from .errors import (
     DatabaseUnavailableError,
     InvalidJobError,
     JobCancelledError,
+    JobFailedError,
     JobLostError,
     JobTimeoutError,
     OrphanJobsError,
+    ResultMissingError,
+    ResultTimeoutError,
     SchemaMissingError,
     Snooze,
     SqlaQueueError,
@@ -29,6 +32,7 @@ from .errors import (
 from .hooks import InsertHook, NewJob, default_registry, set_default_registry
 from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
 from .registry import JobContext, Registry, Task, load_registry
+from .results import wait_for, wait_for_async
 from .retry import RetryPolicy
 from .unique import Unique
 from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
@@ -47,6 +51,7 @@ __all__ = [
     "Job",
     "JobCancelledError",
     "JobContext",
+    "JobFailedError",
     "JobLostError",
     "JobStatus",
     "JobTimeoutError",
@@ -56,6 +61,8 @@ __all__ = [
     "OutcomeKind",
     "Queue",
     "Registry",
+    "ResultMissingError",
+    "ResultTimeoutError",
     "Retention",
     "RetryPolicy",
     "SchemaMissingError",
@@ -78,4 +85,6 @@ __all__ = [
     "load_registry",
     "normalize_url",
     "set_default_registry",
+    "wait_for",
+    "wait_for_async",
 ]

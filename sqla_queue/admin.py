@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Result
 from sqlalchemy.orm import Session
 
 from . import queries
+from .durations import RATE_ACCEPTED, describe_rate, parse_rate
 from .errors import ConfigurationError, UnknownQueueError
 from .models import JobStatus, Retention, validate_name
 
@@ -84,17 +85,81 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
         raise UnknownQueueError(queue=name)
 
 
+def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
+    """At most `concurrency` jobs of queue `name` run at once, across all workers (None: no
+    limit). The claim statement enforces it; jobs running now are left to finish."""
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ConfigurationError(
+            detail=f"concurrency must be a whole number of at least 1 (or None), got "
+            f"{concurrency!r}"
+        )
+    params = {"queue_name": name, "concurrency": concurrency}
+    if bind.execute(queries.set_queue_concurrency(), params).first() is None:
+        raise UnknownQueueError(queue=name)
+
+
+def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
+    """At most so many jobs of queue `name` start in any window of so many seconds, across
+    all workers: `"100/s"`, `"10/min"`, `"20/30s"` or (count, seconds); None: no limit."""
+    if rate is None:
+        count, window = None, None
+    else:
+        try:
+            count, window = parse_rate(rate) if isinstance(rate, str) else rate
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(detail=f"rate {rate!r}: {exc}") from None
+        if not (isinstance(count, int) and count > 0 and window > 0):
+            raise ConfigurationError(detail=f"rate {rate!r}: expected {RATE_ACCEPTED}")
+    params = {"queue_name": name, "rate_limit": count, "rate_window": window}
+    if bind.execute(queries.set_queue_rate(), params).first() is None:
+        raise UnknownQueueError(queue=name)
+
+
+def set_result_ttl(bind: Bind, name: str, seconds: float) -> None:
+    """How long a kept result (`keep_result=True`) of queue `name` stays readable when the
+    queue deletes its jobs: the row stays `done` that long, then the reaper deletes it."""
+    if not seconds >= 0:
+        raise ConfigurationError(detail=f"result_ttl must be 0 or more seconds, got {seconds!r}")
+    params = {"queue_name": name, "result_ttl": float(seconds)}
+    if bind.execute(queries.set_queue_result_ttl(), params).first() is None:
+        raise UnknownQueueError(queue=name)
+
+
 @dataclass
 class QueueInfo:
     name: str
     paused: bool
     retention: str
     route: str | None = None
+    concurrency: int | None = None
+    """At most this many of its jobs run at once, across all workers."""
+    rate: tuple[int, float] | None = None
+    """(count, window seconds): at most `count` starts in any window that long."""
+    result_ttl: float = 86400.0
+    """Seconds kept results stay readable when its retention deletes jobs."""
+
+    @property
+    def rate_text(self) -> str | None:
+        """The rate as `queues create --rate` takes it (`100/s`), or None."""
+        return None if self.rate is None else describe_rate(*self.rate)
 
 
 def list_queues(bind: Bind) -> list[QueueInfo]:
     rows = bind.execute(queries.queue_settings()).mappings()
-    return [QueueInfo(r["name"], r["paused"], r["retention"], r["route"]) for r in rows]
+    return [
+        QueueInfo(
+            r["name"],
+            r["paused"],
+            r["retention"],
+            r["route"],
+            r["concurrency"],
+            None if r["rate_limit"] is None else (r["rate_limit"], r["rate_window"]),
+            r["result_ttl"],
+        )
+        for r in rows
+    ]
 
 
 @dataclass

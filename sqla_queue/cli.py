@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import admin
 from .database import URL_ENV_VAR, create_queue_engine, resolve_url
-from .durations import DURATION
+from .durations import DURATION, RATE
 from .errors import SqlaQueueError
 from .models import JobStatus, Retention
 
@@ -568,6 +568,40 @@ def queues() -> None:
 _ROUTE_HELP = "Send its jobs to a broker: nats:SUBJECT or amqp:EXCHANGE/ROUTING_KEY (see relay)."
 
 
+_CONCURRENCY_HELP = "At most N of its jobs run at once, across all workers."
+_RATE_HELP = (
+    "At most COUNT of its jobs start per window, across all workers: 100/s, 10/min, 20/30s."
+)
+_RESULT_TTL_HELP = "How long kept results stay readable when the queue deletes jobs (default 1d)."
+
+
+def _apply_limits(
+    conn: Connection,
+    name: str,
+    concurrency: int | None,
+    rate: tuple[int, float] | None,
+    result_ttl: float | None,
+) -> None:
+    if concurrency is not None:
+        admin.set_concurrency(conn, name, concurrency or None)
+    if rate is not None:
+        admin.set_rate(conn, name, rate)
+    if result_ttl is not None:
+        admin.set_result_ttl(conn, name, result_ttl)
+
+
+def _describe(info: admin.QueueInfo) -> str:
+    """A queue's settings, as `queues create`, `set` and `list` print them."""
+    parts = [f"retention {info.retention}"]
+    if info.route:
+        parts.append(f"route {info.route}")
+    if info.concurrency is not None:
+        parts.append(f"concurrency {info.concurrency}")
+    if info.rate is not None:
+        parts.append(f"rate {info.rate_text}")
+    return ", ".join(parts)
+
+
 @queues.command("create")
 @_database_option
 @click.argument("name")
@@ -578,21 +612,30 @@ _ROUTE_HELP = "Send its jobs to a broker: nats:SUBJECT or amqp:EXCHANGE/ROUTING_
     help="What happens to succeeded jobs: delete (the default for a new queue), keep, archive.",
 )
 @click.option("--route", default=None, help=_ROUTE_HELP)
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help=_CONCURRENCY_HELP)
+@click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
+@click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
 @_friendly_errors
 def queues_create(
-    database_url: str | None, name: str, retention: str | None, route: str | None
+    database_url: str | None,
+    name: str,
+    retention: str | None,
+    route: str | None,
+    concurrency: int | None,
+    rate: tuple[int, float] | None,
+    result_ttl: float | None,
 ) -> None:
-    """Create queue NAME; if it exists, set its retention only when --retention is given."""
+    """Create queue NAME; if it exists, change only the settings given."""
     with _transaction(database_url) as conn:
         created = admin.create_queue(conn, name, retention or Retention.delete.value)
         if not created and retention is not None:
             admin.set_retention(conn, name, retention)
         if route is not None:
             admin.set_route(conn, name, route)
+        _apply_limits(conn, name, concurrency, rate, result_ttl)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
     state = "created" if created else "exists"
-    routed = f", route {info.route}" if info.route else ""
-    click.echo(f"queue {name!r} {state} (retention {info.retention}{routed})")
+    click.echo(f"queue {name!r} {state} ({_describe(info)})")
 
 
 @queues.command("set")
@@ -601,20 +644,44 @@ def queues_create(
 @click.option("--retention", type=click.Choice([r.value for r in Retention]), default=None)
 @click.option("--route", default=None, help=_ROUTE_HELP)
 @click.option("--no-route", is_flag=True, help="Back to table workers (clears the route).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help=_CONCURRENCY_HELP)
+@click.option("--no-concurrency", is_flag=True, help="Lift the concurrency limit.")
+@click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
+@click.option("--no-rate", is_flag=True, help="Lift the rate limit.")
+@click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
 @_friendly_errors
 def queues_set(
-    database_url: str | None, name: str, retention: str | None, route: str | None, no_route: bool
+    database_url: str | None,
+    name: str,
+    retention: str | None,
+    route: str | None,
+    no_route: bool,
+    concurrency: int | None,
+    no_concurrency: bool,
+    rate: tuple[int, float] | None,
+    no_rate: bool,
+    result_ttl: float | None,
 ) -> None:
     """Change the settings of queue NAME."""
-    if route is not None and no_route:
-        raise click.UsageError("pass --route or --no-route, not both")
+    for given, lifted, option in (
+        (route, no_route, "route"),
+        (concurrency, no_concurrency, "concurrency"),
+        (rate, no_rate, "rate"),
+    ):
+        if given is not None and lifted:
+            raise click.UsageError(f"pass --{option} or --no-{option}, not both")
     with _transaction(database_url) as conn:
         if retention is not None:
             admin.set_retention(conn, name, retention)
         if route is not None or no_route:
             admin.set_route(conn, name, route)
+        if no_concurrency:
+            admin.set_concurrency(conn, name, None)
+        if no_rate:
+            admin.set_rate(conn, name, None)
+        _apply_limits(conn, name, concurrency, rate, result_ttl)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
-    click.echo(f"queue {name!r}: retention {info.retention}, route {info.route or '(none)'}")
+    click.echo(f"queue {name!r}: {_describe(info)}, route {info.route or '(none)'}")
 
 
 @queues.command("list")
@@ -626,7 +693,9 @@ def queues_list(database_url: str | None) -> None:
         for info in admin.list_queues(conn):
             state = "paused" if info.paused else "active"
             routed = f"\troute={info.route}" if info.route else ""
-            click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}")
+            limited = f"\tconcurrency={info.concurrency}" if info.concurrency else ""
+            limited += f"\trate={info.rate_text}" if info.rate else ""
+            click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
 
 
 @queues.command("pause")

@@ -1,4 +1,5 @@
-"""Durations as the CLI accepts them: a number of seconds, or a number with a unit.
+"""Durations and rates as the CLI accepts them: a number of seconds, or a number with a unit;
+a rate is a count per duration (`100/s`, `10/min`, `500/h`, `20/30s`).
 
     90      90 seconds          15m   15 minutes         7d   7 days
     90s     90 seconds          12h   12 hours           2w   2 weeks
@@ -61,4 +62,75 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in re
 DURATION = Duration()
 """The shared instance: `click.option("--lease", type=DURATION, ...)`."""
 
-__all__ = ["ACCEPTED", "DURATION", "UNITS", "Duration", "parse_duration"]
+RATE_ACCEPTED = (
+    "COUNT/PER, a whole count per a duration or a unit: 100/s, 10/min, 500/h, 20/30s, 1000/d"
+)
+"""The accepted forms of a rate, as error messages and help texts name them."""
+
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\S+)\s*$")
+_RATE_WORDS = {"sec": "s", "second": "s", "min": "m", "minute": "m", "hour": "h", "day": "d"}
+
+
+def parse_rate(value: str) -> tuple[int, float]:
+    """'100/s', '10/min', '500/h', '20/30s' -> (count, window in seconds).
+
+    Raises `ValueError` naming the accepted forms for anything else (a zero count or window,
+    a fraction of a job, an unknown unit).
+    """
+    match = _RATE.match(str(value))
+    if match:
+        count, per = int(match.group(1)), match.group(2).lower()
+        per = _RATE_WORDS.get(per.rstrip("s") if len(per) > 3 else per, per)
+        try:
+            window = parse_duration(per if per[0].isdigit() else f"1{per}")
+        except ValueError:
+            window = 0.0
+        if count > 0 and window > 0:
+            return count, window
+    raise ValueError(f"{value!r} is not a rate; expected {RATE_ACCEPTED}")
+
+
+class Rate(click.ParamType):  # type: ignore[type-arg]  # generic only in recent click
+    """A click parameter type: a rate, as (count, window seconds) (see `parse_rate`)."""
+
+    name = "rate"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, float]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_rate(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "COUNT/PER"
+
+
+RATE = Rate()
+"""The shared instance: `click.option("--rate", type=RATE, ...)`."""
+
+
+def describe_rate(count: int, window: float) -> str:
+    """(100, 1.0) -> '100/s', (10, 60.0) -> '10/min', (20, 30.0) -> '20/30s': the form
+    `parse_rate` reads back."""
+    for unit, seconds in (("s", 1), ("min", 60), ("h", 3600), ("d", 86400)):
+        if window == seconds:
+            return f"{count}/{unit}"
+    return f"{count}/{window:g}s"
+
+
+__all__ = [
+    "ACCEPTED",
+    "DURATION",
+    "RATE",
+    "RATE_ACCEPTED",
+    "UNITS",
+    "Duration",
+    "Rate",
+    "describe_rate",
+    "parse_duration",
+    "parse_rate",
+]

@@ -64,6 +64,22 @@ class JobLostError(SqlaQueueError):
     """Job {job_id} is no longer held by this worker (its lease expired or it was cancelled)"""
 
 
+class JobFailedError(SqlaQueueError):
+    """Job {job_id} ({task!r}) ended {status}: {error}"""
+
+    def __init__(self, job_id: int, task: str, status: str, error: str | None) -> None:
+        super().__init__(job_id=job_id, task=task, status=status, error=error or "no error")
+        self.job_id, self.task, self.status, self.error = job_id, task, status, error
+
+
+class ResultTimeoutError(SqlaQueueError, TimeoutError):
+    """Job {job_id} did not finish within {timeout:g} s (it is {status}); wait again, or raise the timeout"""  # noqa: E501
+
+
+class ResultMissingError(SqlaQueueError, LookupError):
+    """No job {job_id} in sqla_queue.jobs or the archive: a job that succeeded in a queue that deletes its jobs leaves no row unless its task has keep_result=True (then for the queue's result_ttl), and `sqla-queue prune` removes old ones"""  # noqa: E501
+
+
 class DatabaseUnavailableError(SqlaQueueError):
     """The database did not answer for {seconds:g} s ({reason}); check the URL and that the server runs, or wait longer with --give-up-after"""  # noqa: E501
 
@@ -103,9 +119,12 @@ __all__ = [
     "DatabaseUnavailableError",
     "InvalidJobError",
     "JobCancelledError",
+    "JobFailedError",
     "JobLostError",
     "JobTimeoutError",
     "OrphanJobsError",
+    "ResultMissingError",
+    "ResultTimeoutError",
     "SchemaElsewhereError",
     "SchemaMissingError",
     "Snooze",

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -400,6 +401,12 @@ class Queue(Base):
         CheckConstraint(_check_in("retention", Retention), name="retention"),
         CheckConstraint(check_name("name"), name="name"),
         CheckConstraint("route IS NULL OR route ~ '^(nats|amqp):.'", name="route"),
+        CheckConstraint("concurrency > 0", name="concurrency"),
+        CheckConstraint(
+            "(rate_limit IS NULL) = (rate_window IS NULL) AND rate_limit > 0 AND rate_window > 0",
+            name="rate",
+        ),
+        CheckConstraint("result_ttl >= 0", name="result_ttl"),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -407,6 +414,14 @@ class Queue(Base):
     retention: Mapped[str] = mapped_column(Text, server_default=text("'delete'"))
     route: Mapped[str | None] = mapped_column(Text)
     """`nats:SUBJECT` or `amqp:EXCHANGE/ROUTING_KEY`: its jobs go to a broker (brokers package)."""
+    concurrency: Mapped[int | None] = mapped_column(Integer)
+    """At most this many of its jobs run at once, across all workers (None: no limit)."""
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many of its jobs start in any `rate_window` seconds (None: no limit)."""
+    rate_window: Mapped[float | None] = mapped_column(Float)
+    """The length in seconds of the window `rate_limit` counts starts in."""
+    result_ttl: Mapped[float] = mapped_column(Float, server_default=text("86400"))
+    """Seconds a kept result stays readable when the queue's retention deletes its jobs."""
     created_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )
@@ -474,6 +489,11 @@ class Job(Base):
         CheckConstraint("jsonb_typeof(meta) = 'object'", name="meta_object"),
         Index("ix_jobs_tags", "tags", postgresql_using="gin"),
         Index(
+            "ix_jobs_kept_results",
+            "finished_at",
+            postgresql_where=text("status = 'done' AND result IS NOT NULL"),
+        ),
+        Index(
             "ux_jobs_unique_key",
             "unique_key",
             unique=True,
@@ -516,6 +536,8 @@ class Job(Base):
     """A unique job's key (SHA-256, see `sqla_queue.unique`); NULL for other jobs."""
     unique_states: Mapped[int | None] = mapped_column(SmallInteger)
     """The statuses (as bits) in which this job blocks its duplicates."""
+    result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    """What its handler returned, when its task keeps results (`keep_result=True`)."""
 
     duplicate = False
     """Set True on the job `enqueue(..., unique=...)` returns when one with the same key was
@@ -583,6 +605,22 @@ class ArchivedJob(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=NO_TAGS)
     meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
+    result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+
+
+class QueueStart(Base):
+    """Jobs a claim started in a rate-limited queue: what `rate_limit` counts (pruned as
+    windows pass, by the claim itself)."""
+
+    __tablename__ = "queue_starts"
+    __table_args__ = (Index("ix_queue_starts_queue_started_at", "queue", "started_at"),)
+    __mapper_args__ = {"primary_key": ["queue", "started_at"]}
+
+    queue: Mapped[str] = mapped_column(
+        Text, ForeignKey(f"{SCHEMA}.queues.name", onupdate="CASCADE", ondelete="CASCADE")
+    )
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    jobs: Mapped[int] = mapped_column(Integer)
 
 
 class WorkerRegistration(Base):

@@ -6,13 +6,33 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import Engine
 
 from . import queries
 
 log = logging.getLogger("sqla_queue.notify")
+
+
+@contextmanager
+def listening(engine: Engine, statement: str) -> Iterator[Any]:
+    """A psycopg connection of its own in autocommit that has sent `statement` (a LISTEN);
+    closed, never returned to the pool, at the end."""
+    raw = engine.raw_connection()
+    try:
+        conn = raw.driver_connection
+        assert conn is not None
+        conn.autocommit = True
+        conn.execute(statement)
+        yield conn
+    finally:
+        try:
+            raw.invalidate()
+        finally:
+            raw.close()
 
 
 class Listener:
@@ -72,29 +92,21 @@ class Listener:
                 backoff = min(backoff * 2, self._max_backoff)
 
     def _listen(self) -> None:
-        raw = self._engine.raw_connection()
         try:
-            conn = raw.driver_connection
-            assert conn is not None
-            conn.autocommit = True
-            conn.execute(queries.LISTEN)
-            self.connected.set()
-            if self._failing:
-                log.warning("LISTEN connection restored")
-                self._failing = False
-            self._wake()
-            while not self._stopping.is_set():
-                for notification in conn.notifies(timeout=0.5):
-                    if notification.channel == queries.CANCEL_CHANNEL:
-                        self._cancelled(notification.payload)
-                    elif self._queues is None or notification.payload in self._queues:
-                        self._wake()
+            with listening(self._engine, queries.LISTEN) as conn:
+                self.connected.set()
+                if self._failing:
+                    log.warning("LISTEN connection restored")
+                    self._failing = False
+                self._wake()
+                while not self._stopping.is_set():
+                    for notification in conn.notifies(timeout=0.5):
+                        if notification.channel == queries.CANCEL_CHANNEL:
+                            self._cancelled(notification.payload)
+                        elif self._queues is None or notification.payload in self._queues:
+                            self._wake()
         finally:
             self.connected.clear()
-            try:
-                raw.invalidate()
-            finally:
-                raw.close()
 
     def _cancelled(self, payload: str) -> None:
         if self._on_cancel is None:

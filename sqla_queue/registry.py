@@ -46,8 +46,10 @@ class JobContext:
         "_heartbeat",
         "_lost",
         "_meta",
+        "_session_factory",
         "_state",
         "attempt",
+        "committed",
         "job_id",
         "queue",
         "resources",
@@ -65,6 +67,7 @@ class JobContext:
         resources: Mapping[str, Any] | None = None,
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | str | None = None,
+        session_factory: Callable[[JobContext], Session] | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -77,6 +80,9 @@ class JobContext:
         self.tags: list[str] = list(tags or ())
         """The job's tags."""
         self._meta = meta
+        self._session_factory = session_factory
+        self.committed = False
+        """True once a `session()` of this job committed: the job is finished already."""
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -119,6 +125,26 @@ class JobContext:
             return self._lost is None
         return self._heartbeat(self)
 
+    def session(self) -> Session:
+        """A new SQLAlchemy `Session` on the job's database whose commit also finishes this
+        job as succeeded, in the same transaction (as River's `JobCompleteTx`).
+
+        Write your rows (and enqueue follow-up jobs) in it and commit: either all of it
+        commits with the job marked succeeded (by its queue's retention), or none of it
+        does. The finishing statement is fenced on the job's id, attempt and `running`
+        status: if this attempt no longer holds the job (its lease expired and it was
+        reaped, or it was cancelled), `commit()` raises `JobLostError` and the writes roll
+        back. The worker does not finish the job again; what the handler returns is not
+        kept as a result. Use it as a context manager (`with ctx.session() as session:`)
+        and commit once; a session that is never committed changes nothing.
+        """
+        if self._session_factory is None:
+            raise ConfigurationError(
+                detail="ctx.session() needs a job run by a worker (or sqla_queue.testing."
+                "drain) that knows the job's database; this context has none"
+            )
+        return self._session_factory(self)
+
     def resource(self, name: str) -> Any:
         """The resource named `name`, or a `ConfigurationError` naming the ones there are."""
         try:
@@ -156,6 +182,8 @@ class Task:
     """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
     unique: Unique | None = None
     """Its jobs' uniqueness by default (`enqueue(..., unique=False)` opts one job out)."""
+    keep_result: bool = False
+    """Store what the handler returns (JSON) with the job, for `sqla_queue.wait_for`."""
     is_async: bool = field(init=False)
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
@@ -290,6 +318,7 @@ class Registry:
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
         unique: UniqueOption = None,
+        keep_result: bool = False,
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -307,6 +336,7 @@ class Registry:
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
         unique: UniqueOption = None,
+        keep_result: bool = False,
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
@@ -316,7 +346,10 @@ class Registry:
         `retry` (a `RetryPolicy`), `timeout` in seconds, `pass_context` to receive a
         `JobContext` as the first argument, `middleware` of its own (inside the registry's),
         `lease`: its own seconds without a heartbeat before it is reaped (at least 1), and
-        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`).
+        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`), and
+        `keep_result`: store what the handler returns (JSON-serialisable) with the job, for
+        `sqla_queue.wait_for`; in a queue that deletes its jobs the row then stays `done` for
+        the queue's `result_ttl` (a day unless `sqla-queue queues set --result-ttl`).
         """
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
@@ -352,6 +385,7 @@ class Registry:
                 middleware=tuple(middleware),
                 lease=lease,
                 unique=unique_default,
+                keep_result=bool(keep_result),
             )
             self._tasks[task_name] = task
             return task

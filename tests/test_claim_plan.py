@@ -12,6 +12,8 @@ from sqla_queue import enqueue_many, queries
 
 
 def _literal(value: object) -> str:
+    if value is None:
+        return "NULL"
     if isinstance(value, list):
         return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]::text[]"
     if isinstance(value, int):
@@ -44,5 +46,6 @@ def test_generic_plan_of_the_claim_uses_a_partial_index(
             row[0] for row in conn.exec_driver_sql(f"EXPLAIN EXECUTE claim({arguments})")
         )
         conn.rollback()
-    candidates = plan.split("CTE Scan")[0]  # the locking subquery, before the join back
+    # the locking subquery: the candidates CTE, up to the next CTE of the statement
+    candidates = plan.split("CTE candidates")[1].split("\n  CTE ")[0]
     assert "using ix_jobs_claim" in candidates, plan

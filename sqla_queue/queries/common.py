@@ -23,12 +23,13 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableValuedAlias
 
-from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue, WorkerRegistration
+from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue, QueueStart, WorkerRegistration
 
 jobs = cast(Table, Job.__table__)
 queues = cast(Table, Queue.__table__)
 archive = cast(Table, ArchivedJob.__table__)
 workers = cast(Table, WorkerRegistration.__table__)
+queue_starts = cast(Table, QueueStart.__table__)
 
 
 def claimed_columns(table: Any = jobs) -> tuple[Any, ...]:
@@ -74,15 +75,21 @@ def _seconds(name: str) -> Any:
     return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
 
 
-def _claimed_batch(*extra: tuple[str, str, Any]) -> TableValuedAlias:
+def _claimed_batch(*extra: tuple[str, str, Any], optional: bool = False) -> TableValuedAlias:
     """`unnest(:job_ids, :job_attempts, ...) AS f(id, attempt, ...)`: one row per claimed job.
 
-    `extra` adds (parameter, column, element type) triples of further parallel arrays.
+    `extra` adds (parameter, column, element type) triples of further parallel arrays;
+    with `optional` they default to NULL (unnest reads a NULL array as NULLs).
     """
     arrays = [
         bindparam("job_ids", type_=ARRAY(BigInteger)),
         bindparam("job_attempts", type_=ARRAY(Integer)),
-        *(bindparam(param, type_=ARRAY(type_)) for param, _, type_ in extra),
+        *(
+            bindparam(param, None, type_=ARRAY(type_))
+            if optional
+            else bindparam(param, type_=ARRAY(type_))
+            for param, _, type_ in extra
+        ),
     ]
     names = ["id", "attempt", *(name for _, name, _ in extra)]
     return func.unnest(*arrays).table_valued(*names).render_derived(name="f")

@@ -10,6 +10,7 @@ from sqlalchemy import (
     CTE,
     BigInteger,
     Boolean,
+    CompoundSelect,
     DateTime,
     Delete,
     Float,
@@ -35,11 +36,14 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import TableValuedAlias
 
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
@@ -50,12 +54,14 @@ from sqla_queue.models import (
 )
 
 from .common import (
+    CLAIMED_COLUMNS,
     _claimed_batch,
     _fenced,
     _is,
     archive,
     claimed_columns,
     jobs,
+    queue_starts,
     queues,
     workers,
 )
@@ -167,8 +173,55 @@ def _max_attempts(table: Any = jobs) -> Any:
     )
 
 
-def claim_jobs(queue_names: Sequence[str] | None) -> Update:
-    """Claim up to `:limit` due jobs, lowest priority first, and mark them running.
+def _due(table: Any) -> ColumnElement[bool]:
+    """A queued job whose time has come."""
+    return and_(_is(JobStatus.queued, table), table.c.run_at <= func.now())
+
+
+def _limited(table: Any = queues) -> ColumnElement[bool]:
+    """A queue with a concurrency or a rate limit: its claims go through `claim_slots`."""
+    return or_(table.c.concurrency.is_not(None), table.c.rate_limit.is_not(None))
+
+
+def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
+    """The limited queues with a due job, each with how many of its jobs may start now.
+
+    `sqla_queue.claim_slots` (migration sqlaq_0006) takes the queue's advisory transaction
+    lock, held until this claim commits, so claims of one limited queue take turns while
+    claims of other queues never wait; it counts running jobs (less those this statement
+    finishes, `:job_ids`/`:job_attempts`, when the queue deletes them) and recent starts
+    with a fresh snapshot, after the lock. A queue without a due job is not locked.
+    """
+    x, q = _alias("x"), queues.alias("q")  # short names keep the text short (see below)
+    finishing = q.c.retention == _text(Retention.delete.value)
+    slots = func.sqla_queue.claim_slots(
+        q.c.name,
+        q.c.concurrency,
+        q.c.rate_limit,
+        q.c.rate_window,
+        case((finishing, bindparam("job_ids", None, type_=ARRAY(BigInteger)))),
+        case((finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
+    )
+    conditions = [
+        _limited(q),
+        ~q.c.paused,
+        q.c.route.is_(None),
+        # a correlated LIMIT 1, probed per limited queue (an EXISTS could read every due job)
+        select(true()).where(x.c.queue == q.c.name, _due(x)).limit(_ONE).scalar_subquery(),
+    ]
+    if queue_names is not None:
+        conditions.append(q.c.name == any_(bindparam("queues", type_=ARRAY(Text))))
+    return (
+        select(q.c.name, q.c.rate_limit, slots.label("slots"))
+        .where(*conditions)
+        .cte("limited")
+        .prefix_with("MATERIALIZED")
+    )
+
+
+def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
+    """Claim up to `:limit` due jobs, lowest priority first, and mark them running; the
+    rows come back in that order (`CLAIMED_COLUMNS`).
 
     Parameters: `limit`, `worker_id`, `lease` (seconds), `task_leases` and
     `task_max_attempts` (JSON objects of the registered tasks' own settings), and `queues`
@@ -177,38 +230,96 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
     candidates CTE is MATERIALIZED so the planner cannot re-run the locking
     subquery and lock more than `limit` rows.
 
+    Jobs of queues with a concurrency or rate limit are claimed apart, at most as many as
+    `claim_slots` allows each queue (see `_limited_queues`), and each such claim records
+    its starts in `queue_starts` for the rate limit; without a limited queue that branch
+    reads the small queues table and nothing more.
+
     Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
     """
-    # Short aliases and max_attempts computed once keep the text (with a completion folded
-    # in) within the 4 KiB that psycopg caches its parsing of.
-    c = _alias("c")
-    conditions = [
-        _is(JobStatus.queued, c),
-        c.c.run_at <= func.now(),
-        # routed queues' jobs are the relay's (sqla_queue.brokers)
-        ~exists().where(
-            queues.c.name == c.c.queue, or_(queues.c.paused, queues.c.route.is_not(None))
-        ),
-    ]
-    if queue_names is not None:
-        conditions.append(c.c.queue == any_(bindparam("queues", type_=ARRAY(Text))))
-    candidates = (
-        select(c.c.id, _max_attempts(c).label("max_attempts"))
+    c, k = _alias("c"), _alias("k")
+    limit = bindparam("limit", type_=Integer)
+    # routed queues' jobs are the relay's (sqla_queue.brokers); limited ones go below
+    p = queues.alias("p")
+    held_back = select(p.c.name).where(or_(p.c.paused, p.c.route.is_not(None), _limited(p)))
+    if queue_names is None:
+        # NOT IN, not NOT EXISTS: a hashed filter the planner cannot turn into an anti join
+        # that would sort every due job instead of reading the claim index in order
+        served = c.c.queue.not_in(held_back)
+    else:
+        # the held-back queues leave the list first
+        listed = (
+            func.unnest(bindparam("queues", type_=ARRAY(Text)))
+            .table_valued("name")
+            .render_derived("v")
+        )
+        allowed = (
+            select(listed.c.name)
+            .where(listed.c.name.not_in(held_back))
+            .cte("free")
+            .prefix_with("MATERIALIZED")
+        )
+        # the second condition is on no row: a one-time filter that skips the scan at once
+        # when every listed queue is held back (an index read in priority order would
+        # otherwise walk a limited queue's whole backlog finding nothing)
+        served = and_(
+            c.c.queue == any_(func.array(select(allowed.c.name).scalar_subquery())),
+            exists(select(allowed.c.name)),
+        )
+    conditions = [_due(c), served]
+
+    def columns(t: Any) -> tuple[Any, ...]:
+        return (t.c.id, t.c.task, t.c.max_attempts, t.c.queue, t.c.priority, t.c.run_at)
+
+    order = (c.c.priority, c.c.run_at, c.c.id)
+    free = (
+        select(*columns(c))
         .where(*conditions)
-        .order_by(c.c.priority, c.c.run_at, c.c.id)
-        .limit(bindparam("limit", type_=Integer))
+        .order_by(*order)
+        .limit(limit)
         .with_for_update(skip_locked=True)
+        .subquery("a")  # FOR UPDATE is not allowed in a UNION's own branches
+    )
+    limited = _limited_queues(queue_names)
+    held = (
+        select(*columns(k))
+        .where(k.c.queue == limited.c.name, _due(k))
+        .order_by(k.c.priority, k.c.run_at, k.c.id)
+        .limit(func.least(limited.c.slots, limit))
+        .with_for_update(skip_locked=True)
+        .lateral("h")
+    )
+    both = (
+        select(*free.c)
+        .union_all(select(*held.c).select_from(limited).join(held, true()))
+        .subquery("u")
+    )
+    candidates = (
+        select(both.c.id, both.c.queue, _max_attempts(both).label("max_attempts"))
+        .order_by(both.c.priority, both.c.run_at, both.c.id)
+        .limit(limit)
         .cte("candidates")
         .prefix_with("MATERIALIZED")
+    )
+    started = (
+        insert(queue_starts)
+        .from_select(
+            ["queue", "started_at", "jobs"],
+            select(candidates.c.queue, func.clock_timestamp(), func.count())
+            .join_from(candidates, limited, limited.c.name == candidates.c.queue)
+            .where(limited.c.rate_limit.is_not(None))
+            .group_by(candidates.c.queue),
+        )
+        .cte("started")
     )
     j = _alias("j")
     lease = func.coalesce(
         _task_number("task_leases", Float, j), bindparam("lease", 60.0, type_=Float)
     )
     exhausted = j.c.attempts >= candidates.c.max_attempts
-    return (
+    claimed = (
         update(j)
         .where(j.c.id == candidates.c.id)
         .values(
@@ -237,8 +348,13 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Update:
                 else_=j.c.last_error,
             ),
         )
-        .returning(*claimed_columns(j))
+        .returning(*claimed_columns(j), j.c.priority, j.c.run_at)
+        .cte("claimed")
     )
+    # UPDATE ... RETURNING has no order: the join back may read jobs in any order
+    returned = [claimed.c[column.name] for column in CLAIMED_COLUMNS]
+    order = (claimed.c.priority, claimed.c.run_at, claimed.c.id)
+    return select(*returned).order_by(*order).add_cte(started)
 
 
 # -- finish ----------------------------------------------------------------------------------
@@ -282,13 +398,37 @@ def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
     return names, values
 
 
+RESULTS_CHANNEL = f"{NOTIFY_CHANNEL}_results"
+"""The channel on which finishing statements name (by id) the jobs that reached a final
+state with something to tell a waiter: a kept result, or a failure (`sqla_queue.wait_for`)."""
+
+
+def _results_batch() -> TableValuedAlias:
+    """The claimed batch with `:job_results`, each a JSON text to keep or NULL (optional)."""
+    return _claimed_batch(("job_results", "result", Text), optional=True)
+
+
+def _limited_queue(queue: Any) -> ColumnElement[bool]:
+    """Whether `queue` (a column) names a limited queue: its finishes wake other workers."""
+    named: ColumnElement[bool] = queue.in_(select(queues.c.name).where(_limited()))
+    return named
+
+
+def _wake_limited(queue: Any) -> Any:
+    """`pg_notify` on the queue's channel when `queue` is a limited queue (else NULL): a
+    finished job frees a slot, and workers that found the queue full wait for this."""
+    return case((_limited_queue(queue), func.pg_notify(NOTIFY_CHANNEL, queue)))
+
+
 def _completion_ctes() -> tuple[CTE, ...]:
     """Finish a batch of succeeded jobs as each one's queue's retention says, read now.
 
     The retention is read in the same statement (a queue without a row deletes), so a queue
     whose retention just changed is honoured at once. Archiving skips ids already archived.
-    Each part joins the id arrays to the jobs' primary key, as the other finishing
-    statements do (no CTE in between, whose size the planner could not know).
+    A job with a result to keep (`:job_results`) of a queue that deletes is kept as `done`
+    instead, until its queue's `result_ttl` passes (`expire_results`). Each part joins the
+    id arrays to the jobs' primary key, as the other finishing statements do (no CTE in
+    between, whose size the planner could not know).
     """
 
     def retention(table: Any) -> Any:
@@ -297,12 +437,28 @@ def _completion_ctes() -> tuple[CTE, ...]:
             literal_column(f"'{Retention.delete.value}'"),
         )
 
-    keep: ColumnElement[str] = literal_column(f"'{Retention.keep.value}'")
+    def kept_here(table: Any, batch: TableValuedAlias) -> ColumnElement[bool]:
+        keep: ColumnElement[str] = literal_column(f"'{Retention.keep.value}'")
+        delete_: ColumnElement[str] = literal_column(f"'{Retention.delete.value}'")
+        return or_(
+            retention(table) == keep,
+            and_(retention(table) == delete_, batch.c.result.is_not(None)),
+        )
+
     d, k = _alias("d"), _alias("k")  # short names keep the text short (see claim_jobs)
+    gone, stays = _results_batch(), _results_batch()
+    returned = [
+        gone.c.result.cast(JSONB).label("result") if column.name == "result" else d.c[column.name]
+        for column in archive.c
+    ]
     removed = (
         delete(d)
-        .where(*_fenced(_claimed_batch(), d), retention(d) != keep)
-        .returning(*(d.c[column.name] for column in archive.c), retention(d).label("retention"))
+        .where(*_fenced(gone, d), ~kept_here(d, gone))
+        .returning(
+            *returned,
+            retention(d).label("retention"),
+            gone.c.result.is_not(None).label("told"),
+        )
         .cte("removed")
     )
     names, values = _archived_values(removed)
@@ -319,9 +475,14 @@ def _completion_ctes() -> tuple[CTE, ...]:
     )
     kept = (
         update(k)
-        .where(*_fenced(_claimed_batch(), k), retention(k) == keep)
-        .values(status=_text(JobStatus.done.value), finished_at=func.now(), **_ENDED)
-        .returning(k.c.id)
+        .where(*_fenced(stays, k), kept_here(k, stays))
+        .values(
+            status=_text(JobStatus.done.value),
+            finished_at=func.now(),
+            result=stays.c.result.cast(JSONB),
+            **_ENDED,
+        )
+        .returning(k.c.id, k.c.queue, stays.c.result.is_not(None).label("told"))
         .cte("kept")
     )
     return removed, archived, kept
@@ -329,16 +490,30 @@ def _completion_ctes() -> tuple[CTE, ...]:
 
 def complete_jobs() -> Select[Any]:
     """Finish succeeded jobs by their queue's retention (delete, keep or archive), in one
-    statement. Parameters: `job_ids`, `job_attempts`. Returns how many were still ours."""
+    statement. Parameters: `job_ids`, `job_attempts`, optionally `job_results` (JSON texts
+    to keep, or NULLs). Returns how many were still ours.
+
+    On commit it NOTIFYs `RESULTS_CHANNEL` with the id of each job whose result it kept,
+    and the queue's channel for limited queues (a slot is free).
+    """
     removed, archived, kept = _completion_ctes()
     finished = (
         select(func.count()).select_from(removed).scalar_subquery()
         + select(func.count()).select_from(kept).scalar_subquery()
     )
-    return select(finished).add_cte(archived)
+    ended = union_all(
+        select(removed.c.id, removed.c.queue, removed.c.told),
+        select(kept.c.id, kept.c.queue, kept.c.told),
+    ).subquery("e")
+    notified = select(
+        func.count(case((ended.c.told, func.pg_notify(RESULTS_CHANNEL, ended.c.id.cast(Text)))))
+        + func.count(_wake_limited(ended.c.queue))
+    ).scalar_subquery()
+    # the WHERE only makes the notifications run (a CTE nobody reads would not)
+    return select(finished).where(notified >= 0).add_cte(archived)
 
 
-def complete_and_claim(queue_names: Sequence[str] | None) -> Update:
+def complete_and_claim(queue_names: Sequence[str] | None) -> Select[Any]:
     """Delete succeeded jobs of queues whose retention is `delete`, then `claim_jobs`, in one
     statement: one commit per cycle, not two.
 
@@ -356,7 +531,7 @@ def complete_and_claim(queue_names: Sequence[str] | None) -> Update:
         delete(d).where(*_fenced(_claimed_batch(), d), ~keeps_rows).returning(d.c.id).cte("removed")
     )
     finished = select(func.array_agg(removed.c.id)).scalar_subquery().label("finished")
-    return claim_jobs(queue_names).add_cte(removed).returning(finished)
+    return claim_jobs(queue_names).add_cte(removed).add_columns(finished)
 
 
 def complete_archive() -> Insert:
@@ -383,6 +558,7 @@ def retry_jobs() -> Update:
             locked_at=None,
             **_ENDED,
         )
+        .returning(_wake_limited(jobs.c.queue))
     )
 
 
@@ -412,11 +588,15 @@ def snooze_jobs() -> Update:
             locked_at=None,
             **_ENDED,
         )
+        .returning(_wake_limited(jobs.c.queue))
     )
 
 
 def fail_jobs() -> Update:
-    """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`."""
+    """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`.
+
+    On commit it NOTIFYs `RESULTS_CHANNEL` with each job's id (a waiter raises its error),
+    and the queue's channel for limited queues."""
     batch = _claimed_batch(("job_errors", "error", Text))
     return (
         update(jobs)
@@ -427,6 +607,9 @@ def fail_jobs() -> Update:
             last_error=batch.c.error,
             heartbeat_at=None,
             lease_expires_at=None,
+        )
+        .returning(
+            func.pg_notify(RESULTS_CHANNEL, jobs.c.id.cast(Text)), _wake_limited(jobs.c.queue)
         )
     )
 
@@ -525,6 +708,7 @@ def reap_stale_jobs() -> Update:
     that has used all its attempts is marked failed. Safe when several workers reap at
     once: SKIP LOCKED splits the rows between them and the status condition is re-checked
     on the locked row. Parameter: `task_max_attempts` (optional, as for `claim_jobs`).
+    The same statement deletes results kept past their queue's ttl (`expire_results`).
     """
     stale = (
         select(jobs.c.id)
@@ -571,6 +755,8 @@ def reap_stale_jobs() -> Update:
             **_ENDED,
         )
         .returning(jobs.c.id, jobs.c.queue, jobs.c.status)
+        # the reaper runs on every worker: it also deletes kept results past their ttl
+        .add_cte(expire_results().cte("expired"))
     )
 
 
@@ -619,6 +805,37 @@ def job_status() -> Select[Any]:
     return select(jobs.c.status, jobs.c.attempts).where(
         jobs.c.id == bindparam("job_id", type_=BigInteger)
     )
+
+
+def job_outcome() -> CompoundSelect[Any]:
+    """(status, task, result, last_error) of the job `:job_id`, from jobs or else the archive
+    (no row: no such job, or it succeeded and was deleted)."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    columns = ("status", "task", "result", "last_error")
+    return (
+        select(*(jobs.c[name] for name in columns))
+        .where(jobs.c.id == job_id)
+        .union_all(select(*(archive.c[name] for name in columns)).where(archive.c.id == job_id))
+    )
+
+
+def expire_results() -> Delete:
+    """Delete up to 500 `done` jobs kept only for their result (their queue deletes its jobs)
+    whose queue's `result_ttl` has passed since they finished; the reaper runs it."""
+    expired = (
+        select(jobs.c.id)
+        .join(queues, queues.c.name == jobs.c.queue)
+        .where(
+            _is(JobStatus.done),
+            jobs.c.result.is_not(None),
+            queues.c.retention == _text(Retention.delete.value),
+            jobs.c.finished_at < func.now() - queues.c.result_ttl * _SECOND,
+        )
+        .limit(literal_column("500"))
+        .with_for_update(of=jobs, skip_locked=True)
+        .scalar_subquery()
+    )
+    return delete(jobs).where(jobs.c.id.in_(expired))
 
 
 def job_by_id() -> Select[Any]:
@@ -710,6 +927,9 @@ CANCEL_CHANNEL = f"{NOTIFY_CHANNEL}_cancel"
 
 LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"; LISTEN "{CANCEL_CHANNEL}"'
 """Not expressible in Core: the one plain-text statement, sent by the listener connection."""
+
+LISTEN_RESULTS = f'LISTEN "{RESULTS_CHANNEL}"'
+"""Not expressible in Core: what `sqla_queue.wait_for`'s listener connection sends."""
 
 
 def notify_cancelled() -> Select[Any]:

@@ -7,7 +7,9 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     Delete,
+    Float,
     Insert,
+    Integer,
     Select,
     Text,
     Update,
@@ -38,10 +40,18 @@ from .common import (
 
 
 def queue_settings() -> Select[Any]:
-    """(name, paused, retention, route) of every queue."""
-    return select(queues.c.name, queues.c.paused, queues.c.retention, queues.c.route).order_by(
-        queues.c.name
-    )
+    """(name, paused, retention, route, concurrency, rate_limit, rate_window, result_ttl) of
+    every queue."""
+    return select(
+        queues.c.name,
+        queues.c.paused,
+        queues.c.retention,
+        queues.c.route,
+        queues.c.concurrency,
+        queues.c.rate_limit,
+        queues.c.rate_window,
+        queues.c.result_ttl,
+    ).order_by(queues.c.name)
 
 
 def create_queue() -> Insert:
@@ -80,6 +90,40 @@ def set_queue_route() -> Update:
         update(queues)
         .where(queues.c.name == bindparam("queue_name"))
         .values(route=bindparam("new_route"))
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_concurrency() -> Update:
+    """Set (or clear, with NULL) the concurrency limit of `:queue_name` to `:concurrency`."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(concurrency=bindparam("concurrency", type_=Integer))
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_rate() -> Update:
+    """Set (or clear, with NULLs) the rate limit of `:queue_name`: `:rate_limit` starts per
+    `:rate_window` seconds."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(
+            rate_limit=bindparam("rate_limit", type_=Integer),
+            rate_window=bindparam("rate_window", type_=Float),
+        )
+        .returning(queues.c.name)
+    )
+
+
+def set_queue_result_ttl() -> Update:
+    """Set how long (`:result_ttl` seconds) kept results of `:queue_name` stay readable."""
+    return (
+        update(queues)
+        .where(queues.c.name == bindparam("queue_name"))
+        .values(result_ttl=bindparam("result_ttl", type_=Float))
         .returning(queues.c.name)
     )
 

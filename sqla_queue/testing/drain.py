@@ -24,6 +24,7 @@ from sqla_queue.errors import ConfigurationError, JobTimeoutError, Snooze, TaskN
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job
 from sqla_queue.registry import JobContext, Registry, Task
+from sqla_queue.results import encode_result
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 from sqla_queue.worker.executor import resources_of
 from sqla_queue.worker.jobs import decode_args, error_text
@@ -201,7 +202,16 @@ def _run_job(
         if not isinstance(exc, Exception):
             raise  # its outcome is written; a test failure or an interrupt goes on up
         return exc
-    run(queries.complete_jobs(), fence)  # by the queue's retention, decided in the SQL
+    kept = None
+    if task.keep_result:
+        kept, problem = encode_result(task.name, returned)
+        if problem is not None:
+            run(queries.fail_jobs(), {**fence, "job_errors": [problem]})
+            result.failed += 1
+            result.errors.append((row.id, problem))
+            return None
+    # by the queue's retention, decided in the SQL
+    run(queries.complete_jobs(), {**fence, "job_results": [kept]})
     result.succeeded += 1
     return None
 

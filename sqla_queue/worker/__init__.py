@@ -20,6 +20,7 @@ transaction (no ORM Session, no savepoint, nothing held open while a handler run
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -34,6 +35,7 @@ from sqla_queue.database import create_queue_engine
 from sqla_queue.migrate import check_schema
 from sqla_queue.notify import Listener
 from sqla_queue.registry import JobContext, Registry
+from sqla_queue.transactional import job_session
 
 from .board import JobBoard
 from .completer import Completer
@@ -71,6 +73,8 @@ class Worker:
             if isinstance(engine, str)
             else engine
         )
+        # ctx.session(): a Session on this engine whose commit finishes the job (fenced)
+        self._job_session = functools.partial(job_session, self.engine)
         self.stats = WorkerStats()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -176,7 +180,7 @@ class Worker:
                 self._stopping.wait(next(delays))
 
     def _make_job(self, row: Any, columns: ClaimColumns) -> ClaimedJob:
-        return ClaimedJob(row, columns, self.resources, self._beat_one)
+        return ClaimedJob(row, columns, self.resources, self._beat_one, self._job_session)
 
     def _beat_one(self, ctx: JobContext) -> bool:
         for job in self.board.find(ctx.job_id):

@@ -190,6 +190,16 @@ class JobBoard:
             self.outcomes.clear()
             return taken
 
+    def only_successes(self) -> bool:
+        """Successes wait to be written and nothing else: the producer folds them into a
+        claim even when the queue looked empty (the same one statement as writing them
+        alone, and it takes at once any slot they free in a concurrency-limited queue)."""
+        with self.mutex:
+            outcomes = self.outcomes
+            return bool(outcomes) and all(
+                o.kind is OutcomeKind.succeeded and o.result is None for o in outcomes
+            )
+
     def take_successes(self) -> list[ClaimedJob] | None:
         """If every settled outcome is a success, take them all and forget their jobs (one
         lock round); else None, and nothing changes."""
@@ -199,7 +209,8 @@ class JobBoard:
                 return None
             succeeded = OutcomeKind.succeeded
             for outcome in outcomes:
-                if outcome.kind is not succeeded:
+                # a kept result is written by complete_jobs, which stores it
+                if outcome.kind is not succeeded or outcome.result is not None:
                     return None
             jobs = [outcome.job for outcome in outcomes]
             outcomes.clear()

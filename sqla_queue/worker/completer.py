@@ -55,13 +55,15 @@ class Completer:
         if not outcomes:
             return
         succeeded = [o for o in outcomes if o.kind is OutcomeKind.succeeded]
+        self.stats.succeeded += sum(1 for o in succeeded if o.committed)
+        succeeded = [o for o in succeeded if not o.committed]  # written by their own commit
         retried = [o for o in outcomes if o.kind not in WRITES_NOTHING and o.requeues]
         failed = [
             o
             for o in outcomes
             if o.kind in (OutcomeKind.failed, OutcomeKind.timed_out) and not o.requeues
         ]
-        self._write(self._complete, succeeded, _none)
+        self._write(self._complete, succeeded, _result)
         self.stats.succeeded += len(succeeded)
         self._write(
             self._retry,
@@ -117,6 +119,10 @@ class Completer:
 
 def _none(outcome: Outcome) -> dict[str, Any]:
     return {}
+
+
+def _result(outcome: Outcome) -> dict[str, Any]:
+    return {"job_results": outcome.result}
 
 
 def _snoozed(outcome: Outcome) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from sqla_queue.errors import JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_queue.registry import JobContext, Registry, Task
+from sqla_queue.results import encode_result
 from sqla_queue.retry import DEFAULT_RETRY
 
 from .board import JobBoard
@@ -122,13 +123,25 @@ class Executor:
                 return Outcome(_lost_kind(ctx), job, "", None, exc)
             return self.failure(job, task, exc)
         except Snooze as snooze:
+            if ctx.committed:  # its own ctx.session() commit finished it: nothing to undo
+                return Outcome(OutcomeKind.succeeded, job)
             return snoozed(job, task, snooze)
         except BaseException as exc:
+            if ctx.committed:
+                log.warning("job %s (%s) raised after its session committed it", job.id, job.task)
+                return Outcome(OutcomeKind.succeeded, job)
             return self.failure(job, task, exc)
+        if ctx.committed:  # finished by the handler's own commit: written already
+            return Outcome(OutcomeKind.succeeded, job)
         if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
             return Outcome(_lost_kind(ctx), job)
         if result is not None and isinstance(result, Snooze):  # returning it works as raising
             return snoozed(job, task, result)
+        if task.keep_result:
+            kept, problem = encode_result(task.name, result)
+            if problem is not None:  # retrying would not help: the same value comes back
+                return Outcome(OutcomeKind.failed, job, problem)
+            return Outcome(OutcomeKind.succeeded, job, result=kept)
         return Outcome(OutcomeKind.succeeded, job)
 
     def _skip_reason(self, job: ClaimedJob) -> OutcomeKind | None:

@@ -56,6 +56,14 @@ class Outcome:
     exception: BaseException | None = None
     task_max_attempts: int | None = None
     """A snoozed job's task's own max_attempts (its budget when the job has none)."""
+    result: str | None = None
+    """A succeeded job's return value as JSON text, when its task keeps results."""
+
+    @property
+    def committed(self) -> bool:
+        """Whether the handler's own `ctx.session()` commit finished the job already: the
+        completer writes nothing for it."""
+        return self.job.ctx.committed
 
     @property
     def requeues(self) -> bool:
@@ -145,6 +153,7 @@ class ClaimedJob:
         columns: ClaimColumns,
         resources: Mapping[str, Any],
         heartbeat: Any = None,
+        session_factory: Any = None,
     ) -> None:
         self.id: int = row[columns.id]
         self.task: str = row[columns.task]
@@ -162,6 +171,7 @@ class ClaimedJob:
             resources,
             tags=row[columns.tags],
             meta=row[columns.meta_json],
+            session_factory=session_factory,
         )
         self.key = (self.id, self.attempt)
         """(id, attempt): how the board holds it."""

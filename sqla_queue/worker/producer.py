@@ -110,7 +110,7 @@ class Producer:
                 if board.outcomes and not flush_after:
                     flush_after = now + FLUSH_DELAY
                 if (
-                    not queue_empty
+                    (not queue_empty or (board.running == 0 and board.only_successes()))
                     and not board.ready
                     and want > 0
                     and (want == cfg.batch or board.running == 0)
@@ -177,10 +177,12 @@ class Producer:
             result = self.db.execute(self._claim, limit)
             rows = result.all()
         else:
+            # a job its handler's ctx.session() committed is finished already
+            to_finish = [j for j in successes if not j.ctx.committed]
             params = {
                 "limit": want,
-                "job_ids": [j.id for j in successes],
-                "job_attempts": [j.attempt for j in successes],
+                "job_ids": [j.id for j in to_finish],
+                "job_attempts": [j.attempt for j in to_finish],
             }
             try:
                 result = self.db.execute(self._complete_and_claim, params)
@@ -189,14 +191,14 @@ class Producer:
                 if not is_row_error(exc):
                     raise
                 log.warning("finishing and claiming at once failed (%s)", describe(exc))
-                self.completer.write_successes(successes)
+                self.completer.write_successes(to_finish)
                 result = self.db.execute(self._claim, limit)
                 rows = result.all()
             else:
                 deleted: set[int] = set()
                 if rows:  # the same on every row: read it once
                     deleted = set(int_array(rows[0][list(result.keys()).index("finished")]))
-                rest = [job for job in successes if job.id not in deleted]
+                rest = [job for job in to_finish if job.id not in deleted]
                 if rest:  # kept or archived by their queue (or nothing claimed to tell)
                     self.completer.write_successes(rest)
             self.stats.succeeded += len(successes)

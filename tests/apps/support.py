@@ -42,8 +42,15 @@ def create_task_log(engine: Engine) -> None:
         conn.execute(TASK_LOG_DDL)
 
 
-def record_attempt(url: str, job_id: int, attempt: int) -> None:
-    """Insert (job id, attempt, pid, thread) into `task_log`, on a pooled engine per URL."""
+_INSERT_LOG_AT = text(
+    "INSERT INTO public.task_log (job_id, attempt, pid, thread, at) "
+    "VALUES (:j, :a, :p, :t, to_timestamp(:at))"
+)
+
+
+def record_attempt(url: str, job_id: int, attempt: int, at: float | None = None) -> None:
+    """Insert (job id, attempt, pid, thread) into `task_log`, on a pooled engine per URL;
+    `at` (epoch seconds, e.g. the handler's own start) instead of the insert's clock."""
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
@@ -51,10 +58,11 @@ def record_attempt(url: str, job_id: int, attempt: int) -> None:
                 normalize_url(url), pool_size=10, max_overflow=10, isolation_level="AUTOCOMMIT"
             )
     with engine.connect() as conn:  # one round trip: the INSERT commits by itself
-        conn.execute(
-            _INSERT_LOG,
-            {"j": job_id, "a": attempt, "p": os.getpid(), "t": threading.current_thread().name},
-        )
+        row = {"j": job_id, "a": attempt, "p": os.getpid(), "t": threading.current_thread().name}
+        if at is None:
+            conn.execute(_INSERT_LOG, row)
+        else:
+            conn.execute(_INSERT_LOG_AT, {**row, "at": at})
 
 
 def dispose_engines() -> None:

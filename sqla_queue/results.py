@@ -1,0 +1,260 @@
+"""Waiting for a job: `wait_for(engine, job_id)` returns its kept result or raises its failure.
+
+The finishing statements NOTIFY `RESULTS_CHANNEL` with a job's id when it ends with a kept
+result (its task has `keep_result=True`) or fails; one LISTEN connection per engine wakes
+every thread waiting on it. A waiter also looks at the row every `recheck` seconds, for
+ends that send no notification (a cancel, a success of a task that keeps no result).
+
+    job = send_invoice.enqueue(session, {"order_id": 7}, flush=True)
+    session.commit()
+    invoice = sqla_queue.wait_for(engine, job.id, timeout=30)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+from . import queries
+from .database import create_queue_engine
+from .errors import (
+    ConfigurationError,
+    JobFailedError,
+    ResultMissingError,
+    ResultTimeoutError,
+)
+from .models import JobStatus
+from .notify import listening
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+log = logging.getLogger("sqla_queue.results")
+
+RECHECK = 5.0
+"""Seconds between looks at a waited-for row that sent no notification (the safety net)."""
+IDLE_CLOSE = 10.0
+"""Seconds the LISTEN connection of an engine stays open once nobody waits."""
+
+_ENDED_WITHOUT_RESULT = (JobStatus.failed.value, JobStatus.cancelled.value)
+
+
+class _Listener:
+    """One LISTEN connection per engine on `RESULTS_CHANNEL`, waking waiters by job id."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._waiters: dict[int, set[threading.Event]] = {}
+        self._thread: threading.Thread | None = None
+        self._listening = threading.Event()
+
+    def subscribe(self, job_id: int, timeout: float | None) -> threading.Event:
+        """An event set when `job_id` may have ended; returns once LISTEN is in force, so a
+        finish committed after this call is never missed."""
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(job_id, set()).add(event)
+            if self._thread is None or not self._thread.is_alive():
+                self._listening.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name="sqla-queue-results", daemon=True
+                )
+                self._thread.start()
+        if not self._listening.wait(timeout):
+            self.unsubscribe(job_id, event)
+            raise ResultTimeoutError(job_id=job_id, timeout=timeout or 0, status="unknown")
+        return event
+
+    def unsubscribe(self, job_id: int, event: threading.Event) -> None:
+        with self._lock:
+            events = self._waiters.get(job_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[job_id]
+
+    def _wake(self, job_id: int | None) -> None:
+        with self._lock:
+            if job_id is None:
+                targets = [e for events in self._waiters.values() for e in events]
+            else:
+                targets = list(self._waiters.get(job_id, ()))
+        for event in targets:
+            event.set()
+
+    def _idle(self) -> bool:
+        """Nobody waits: the thread ends (under the lock, so a new waiter starts another)."""
+        with self._lock:
+            if self._waiters:
+                return False
+            self._thread = None
+            self._listening.clear()
+            return True
+
+    def _run(self) -> None:
+        while not self._idle():
+            try:
+                self._listen()
+            except Exception as exc:  # lost or refused: waiters look at their rows meanwhile
+                log.warning("results LISTEN connection: %s; reconnecting", exc)
+                self._listening.clear()
+                self._wake(None)
+                time.sleep(0.5)
+
+    def _listen(self) -> None:
+        """LISTEN until nobody has waited for `IDLE_CLOSE` seconds."""
+        with listening(self._engine, queries.LISTEN_RESULTS) as conn:
+            self._listening.set()
+            self._wake(None)  # anything that ended while (re)connecting
+            idle_since = time.monotonic()
+            while True:
+                for note in conn.notifies(timeout=0.5):
+                    if note.payload.isdigit():
+                        self._wake(int(note.payload))
+                with self._lock:
+                    if self._waiters:
+                        idle_since = time.monotonic()
+                if time.monotonic() - idle_since >= IDLE_CLOSE:
+                    return
+
+
+_listeners: weakref.WeakKeyDictionary[Engine, _Listener] = weakref.WeakKeyDictionary()
+_listeners_lock = threading.Lock()
+
+
+def _listener(engine: Engine) -> _Listener:
+    with _listeners_lock:
+        listener = _listeners.get(engine)
+        if listener is None:
+            listener = _listeners[engine] = _Listener(engine)
+        return listener
+
+
+def encode_result(task: str, value: Any) -> tuple[str | None, str | None]:
+    """A handler's return value as the JSON text `result` keeps: (text, None), or (None, why
+    it cannot be kept: not JSON-serialisable, or holding what jsonb refuses)."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return None, (
+            f"the result of task {task!r} cannot be kept: it is not JSON-serialisable ({exc}); "
+            "return only dicts, lists, str, int, float, bool and None (e.g. ids, not objects)"
+        )
+    if "\\u0000" in encoded:
+        return None, (
+            f"the result of task {task!r} cannot be kept: it holds a NUL character (\\u0000), "
+            "which PostgreSQL's jsonb refuses"
+        )
+    return encoded, None
+
+
+def _engine_of(bind: Engine | Connection | Session) -> Engine:
+    if isinstance(bind, Engine):
+        return bind
+    if isinstance(bind, Connection):
+        return bind.engine
+    if isinstance(bind, Session):
+        return _engine_of(bind.get_bind())
+    raise ConfigurationError(
+        detail=f"wait_for needs an Engine, a Connection or a Session, got {type(bind).__name__}"
+    )
+
+
+def _look(engine: Engine, job_id: int) -> tuple[bool, Any]:
+    """(ended, result) of the job; raises its failure, or `ResultMissingError`."""
+    with engine.connect() as conn:
+        row = conn.execute(queries.job_outcome(), {"job_id": job_id}).mappings().first()
+    if row is None:
+        raise ResultMissingError(job_id=job_id)
+    if row["status"] == JobStatus.done.value:
+        return True, row["result"]
+    if row["status"] in _ENDED_WITHOUT_RESULT:
+        raise JobFailedError(job_id, row["task"], row["status"], row["last_error"])
+    return False, row["status"]
+
+
+def wait_for(
+    bind: Engine | Connection | Session,
+    job_id: int,
+    timeout: float | None = None,
+    *,
+    recheck: float = RECHECK,
+) -> Any:
+    """Wait until job `job_id` has ended; return its result, or raise why it did not succeed.
+
+    `bind` is an engine, or a connection or session whose engine is used (the wait reads
+    the row on connections of its own, never in the caller's transaction: commit the
+    enqueue first). Returns what the handler returned when its task has
+    `keep_result=True` (None otherwise). Raises `JobFailedError` (status failed or
+    cancelled, with the last error), `ResultTimeoutError` after `timeout` seconds (None:
+    no limit), `ResultMissingError` if no row is found (never existed, or succeeded
+    without a kept result in a queue that deletes its jobs, or expired or pruned).
+
+    Woken by the NOTIFY of the statement that finished the job; `recheck` seconds is only
+    how often it looks without one (for ends that notify nobody).
+    """
+    engine = _engine_of(bind)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    listener = _listener(engine)
+    event = listener.subscribe(job_id, timeout)
+    try:
+        status = "unknown"
+        while True:
+            ended, value = _look(engine, job_id)
+            if ended:
+                return value
+            status = value
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ResultTimeoutError(job_id=job_id, timeout=timeout, status=status)
+            event.wait(recheck if left is None else min(recheck, left))
+            event.clear()
+    finally:
+        listener.unsubscribe(job_id, event)
+
+
+_sync_engines: dict[str, Engine] = {}
+_sync_engines_lock = threading.Lock()
+
+
+def _sync_engine(bind: AsyncEngine | AsyncConnection | AsyncSession) -> Engine:
+    """A small synchronous engine on the same database as an async bind (one per URL)."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    if isinstance(bind, AsyncSession):
+        found = bind.bind
+        if found is None:
+            raise ConfigurationError(detail="wait_for_async needs a session bound to an engine")
+        return _sync_engine(found)
+    engine = bind.engine if isinstance(bind, AsyncConnection) else bind
+    url = engine.url.render_as_string(hide_password=False)
+    with _sync_engines_lock:
+        found_engine = _sync_engines.get(url)
+        if found_engine is None:
+            found_engine = _sync_engines[url] = create_queue_engine(url, pool_size=2)
+        return found_engine
+
+
+async def wait_for_async(
+    bind: AsyncEngine | AsyncConnection | AsyncSession,
+    job_id: int,
+    timeout: float | None = None,
+    *,
+    recheck: float = RECHECK,
+) -> Any:
+    """`wait_for` for asyncio: the same wait, woken by the same NOTIFY, in a worker thread
+    (the event loop stays free). `bind` is an async engine, connection or session."""
+    engine = _sync_engine(bind)
+    return await asyncio.to_thread(wait_for, engine, job_id, timeout, recheck=recheck)
+
+
+__all__ = ["RECHECK", "encode_result", "wait_for", "wait_for_async"]

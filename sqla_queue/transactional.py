@@ -1,0 +1,50 @@
+"""Completing a job in the handler's own transaction: what `JobContext.session()` returns.
+
+The session's `before_commit` hook runs the finishing statement of a succeeded job, fenced
+on the job's id, attempt and `running` status, on the session's own connection: the
+handler's writes, the follow-up jobs it enqueued and the job's completion commit together,
+or not at all. If the attempt no longer holds the job (reaped while it was paused, or
+cancelled), the statement finishes nothing, the hook raises `JobLostError`, and `commit()`
+raises it with nothing committed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine, event
+from sqlalchemy.orm import Session
+
+from . import queries
+from .errors import JobLostError
+
+if TYPE_CHECKING:
+    from .registry import JobContext
+
+
+def job_session(engine: Engine, ctx: JobContext) -> Session:
+    """A `Session` on `engine` whose commit finishes `ctx`'s job as succeeded (fenced).
+
+    The worker gives it to `JobContext` as its session factory; once a commit succeeded,
+    `ctx.committed` is True and the worker writes no outcome for the job.
+    """
+    session = Session(engine)
+    fence = {"job_ids": [ctx.job_id], "job_attempts": [ctx.attempt]}
+
+    @event.listens_for(session, "before_commit")
+    def finish_job(session: Session) -> None:
+        if ctx.committed:  # a second commit of the same session: the job is finished
+            return
+        session.flush()  # the handler's rows first, then the job, one transaction
+        finished = session.execute(queries.complete_jobs(), fence).scalar_one()
+        if not finished:
+            raise JobLostError(job_id=ctx.job_id)
+
+    @event.listens_for(session, "after_commit")
+    def mark_committed(session: Session) -> None:
+        ctx.committed = True
+
+    return session
+
+
+__all__ = ["job_session"]

@@ -1,0 +1,258 @@
+"""Stored results and `wait_for`: the finishing statement keeps the result and NOTIFYs the
+waiters, which wake without polling; failures are raised; results of queues that delete
+their jobs are kept for the queue's result_ttl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from apps.support import count_where, enqueue_jobs
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.orm import Session
+
+from sqla_queue import (
+    JobFailedError,
+    Registry,
+    ResultMissingError,
+    ResultTimeoutError,
+    admin,
+    queries,
+    wait_for,
+    wait_for_async,
+)
+from sqla_queue.testing import drain, run_until_empty
+
+NO_POLLING = 600.0
+"""A recheck interval no test waits out: a waiter that returns was woken by NOTIFY."""
+
+
+def claim_all(engine: Engine) -> dict[int, int]:
+    """Claim every due job; {id: attempt}."""
+    with engine.begin() as conn:
+        rows = conn.execute(queries.claim_jobs(None), {"limit": 1000, "worker_id": "w"}).all()
+    return {row.id: row.attempts for row in rows}
+
+
+def succeed(engine: Engine, claimed: dict[int, int], results: dict[int, Any]) -> int:
+    """Finish claimed jobs as succeeded, keeping `results[id]` (JSON) where given."""
+    ids = list(claimed)
+    params = {
+        "job_ids": ids,
+        "job_attempts": [claimed[i] for i in ids],
+        "job_results": [json.dumps(results[i]) if i in results else None for i in ids],
+    }
+    with engine.begin() as conn:
+        return int(conn.execute(queries.complete_jobs(), params).scalar_one())
+
+
+def later(delay: float, action: Any) -> threading.Thread:
+    thread = threading.Timer(delay, action)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def one_job(engine: Engine) -> int:
+    (job_id,) = enqueue_jobs(engine, "t", 1)
+    return job_id
+
+
+def test_wait_for_returns_the_result_the_finishing_statement_kept(
+    engine: Engine, one_job: int
+) -> None:
+    claimed = claim_all(engine)
+    finisher = later(0.2, lambda: succeed(engine, claimed, {one_job: {"total": 42, "ok": True}}))
+    result = wait_for(engine, one_job, timeout=60, recheck=NO_POLLING)
+    finisher.join()
+    assert result == {"total": 42, "ok": True}
+
+
+def test_wait_for_raises_the_jobs_failure_with_its_error(engine: Engine, one_job: int) -> None:
+    claimed = claim_all(engine)
+
+    def fail() -> None:
+        params = {
+            "job_ids": [one_job],
+            "job_attempts": [claimed[one_job]],
+            "job_errors": ["ValueError: card declined"],
+        }
+        with engine.begin() as conn:
+            conn.execute(queries.fail_jobs(), params)
+
+    finisher = later(0.2, fail)
+    with pytest.raises(JobFailedError, match="card declined") as raised:
+        wait_for(engine, one_job, timeout=60, recheck=NO_POLLING)
+    finisher.join()
+    assert (raised.value.job_id, raised.value.status) == (one_job, "failed")
+
+
+def test_wait_for_a_cancelled_job_raises_on_its_next_look(engine: Engine, one_job: int) -> None:
+    with engine.begin() as conn:
+        admin.cancel_jobs(conn, [one_job])
+    with pytest.raises(JobFailedError, match="ended cancelled"):
+        wait_for(engine, one_job, timeout=5)
+
+
+def test_wait_for_times_out_naming_the_jobs_status(engine: Engine, one_job: int) -> None:
+    with pytest.raises(ResultTimeoutError, match=r"within 0.3 s \(it is queued\)"):
+        wait_for(engine, one_job, timeout=0.3)
+
+
+def test_wait_for_an_unknown_job_says_why_there_may_be_no_row(engine: Engine) -> None:
+    with pytest.raises(ResultMissingError, match="keep_result=True"):
+        wait_for(engine, 123456789, timeout=1)
+
+
+def test_wait_for_takes_a_session_and_returns_none_for_a_job_kept_without_a_result(
+    engine: Engine, one_job: int
+) -> None:
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", "keep")
+    succeed(engine, claim_all(engine), {})
+    with Session(engine) as session:
+        assert wait_for(session, one_job, timeout=5) is None
+
+
+def test_a_result_in_a_deleting_queue_is_kept_until_its_ttl_then_the_reaper_deletes_it(
+    engine: Engine,
+) -> None:
+    kept, plain = enqueue_jobs(engine, "t", 2)
+    assert succeed(engine, claim_all(engine), {kept: [1, 2, 3]}) == 2
+    assert count_where(engine, f"id = {plain}") == 0  # no result: deleted as before
+    assert count_where(engine, f"id = {kept} AND status = 'done'") == 1
+    assert wait_for(engine, kept, timeout=5) == [1, 2, 3]
+    with engine.begin() as conn:
+        conn.execute(queries.reap_stale_jobs())  # within its ttl (a day): left alone
+    assert count_where(engine, f"id = {kept}") == 1
+    with engine.begin() as conn:
+        admin.set_result_ttl(conn, "default", 0)
+    with engine.begin() as conn:
+        conn.execute(queries.reap_stale_jobs())
+    assert count_where(engine, f"id = {kept}") == 0
+
+
+def test_an_archiving_queue_archives_the_result_and_wait_for_reads_it_there(
+    engine: Engine, one_job: int
+) -> None:
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", "archive")
+    succeed(engine, claim_all(engine), {one_job: "receipt-7.pdf"})
+    assert count_where(engine, f"id = {one_job}") == 0
+    with engine.connect() as conn:
+        stored = conn.scalar(
+            text("SELECT result FROM sqla_queue.jobs_archive WHERE id = :id"), {"id": one_job}
+        )
+    assert stored == "receipt-7.pdf"
+    assert wait_for(engine, one_job, timeout=5) == "receipt-7.pdf"
+
+
+def test_a_stale_attempt_keeps_no_result(engine: Engine, one_job: int) -> None:
+    claimed = claim_all(engine)
+    stale = {one_job: claimed[one_job] + 1}
+    assert succeed(engine, stale, {one_job: "late"}) == 0
+    assert count_where(engine, f"id = {one_job} AND status = 'running' AND result IS NULL") == 1
+
+
+def test_ten_threads_waiting_for_a_hundred_jobs_each_get_their_own_result(
+    engine: Engine,
+) -> None:
+    ids = enqueue_jobs(engine, "t", 100)
+    got: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def waiter(mine: list[int]) -> None:
+        try:
+            for job_id in mine:
+                got[job_id] = wait_for(engine, job_id, timeout=60, recheck=NO_POLLING)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=waiter, args=(ids[i::10],)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    claimed = claim_all(engine)
+    for batch in (ids[:50], ids[50:]):
+        succeed(engine, {i: claimed[i] for i in batch}, {i: {"n": i} for i in batch})
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert got == {i: {"n": i} for i in ids}
+
+
+def test_wait_for_async_returns_the_result_with_the_loop_free(
+    database_url: str, engine: Engine, one_job: int
+) -> None:
+    claimed = claim_all(engine)
+    async_engine = create_async_engine(
+        database_url.replace("postgresql://", "postgresql+psycopg://")
+    )
+
+    async def main() -> tuple[Any, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, lambda: succeed(engine, claimed, {one_job: "async ok"}))
+        try:
+            return await wait_for_async(async_engine, one_job, 60, recheck=NO_POLLING), ticks
+        finally:
+            ticker.cancel()
+            await async_engine.dispose()
+
+    result, ticks = asyncio.run(main())
+    assert result == "async ok"
+    assert ticks > 5, "the event loop ran while the job was awaited"
+
+
+# -- handlers: drain and the worker --------------------------------------------------------------
+
+
+def keeping_registry() -> Registry:
+    registry = Registry()
+
+    @registry.task(name="calc", keep_result=True)
+    def calc(n: int) -> dict[str, int]:
+        return {"double": n * 2}
+
+    @registry.task(name="opaque", keep_result=True, max_attempts=1)
+    def opaque() -> object:
+        return object()
+
+    @registry.task(name="plain")
+    def plain() -> str:
+        return "not kept"
+
+    return registry
+
+
+@pytest.mark.parametrize("runner", ["drain", "worker"])
+def test_a_task_with_keep_result_keeps_its_return_value_and_others_do_not(
+    engine: Engine, runner: str
+) -> None:
+    registry = keeping_registry()
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", "keep")
+    (calc,) = enqueue_jobs(engine, "calc", 1, args={"n": 21})
+    (opaque,) = enqueue_jobs(engine, "opaque", 1)
+    (plain,) = enqueue_jobs(engine, "plain", 1)
+    if runner == "drain":
+        drain(engine, registry)
+    else:
+        run_until_empty(engine, registry)
+    assert wait_for(engine, calc, timeout=5) == {"double": 42}
+    assert wait_for(engine, plain, timeout=5) is None
+    with pytest.raises(JobFailedError, match="not JSON-serialisable"):
+        wait_for(engine, opaque, timeout=5)
