@@ -114,6 +114,26 @@ def _enqueue_paths_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# -- limits and results_wait (helper "flow"): functions of (db, ...) -> dict -----------------
+
+
+def _limits(module: ModuleType, db: Any, plan: Any, say: Say) -> dict[str, Any]:
+    jobs = 5_000 if plan.is_quick else 20_000
+    cost = dict(module.limit_cost(db, jobs=jobs, repeat=2 if plan.is_quick else 4))
+    say(f"limits: a limit that never binds costs {1 - cost['ratio']:.0%} of the drain")
+    bound = dict(module.binding_limit(db))
+    say(f"limits: a binding limit of {bound['limit']} drains at {bound['share_of_limit']:.2f}x")
+    db.reset_jobs()
+    return {"limit_cost": cost, "binding_limit": bound}
+
+
+def _results_wait(module: ModuleType, db: Any, plan: Any, say: Say) -> dict[str, Any]:
+    result = dict(module.measure(db))
+    say(f"wait_for: p50 {result['p50']:.1f} ms, p99 {result['p99']:.1f} ms")
+    db.reset_jobs()
+    return result
+
+
 SECTIONS = (
     Section(
         name="enqueue_paths",
@@ -127,7 +147,15 @@ SECTIONS = (
     Section(
         name="limits",
         module="benchmarks.limits",
-        title="Drain with a concurrency limit",
+        title="Drain with a concurrency limit (issue 10)",
         what="drain with a queue concurrency limit vs unlimited",
+        call=_limits,
+    ),
+    Section(
+        name="results_wait",
+        module="benchmarks.results_wait",
+        title="wait_for: finish to wake-up (issue 10)",
+        what="wait_for's latency from a finishing commit to its return, 100 jobs, 10 threads",
+        call=_results_wait,
     ),
 )
