@@ -118,8 +118,7 @@ def _enqueue_paths_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _limits(module: ModuleType, db: Any, plan: Any, say: Say) -> dict[str, Any]:
-    jobs = 5_000 if plan.is_quick else 20_000
-    cost = dict(module.limit_cost(db, jobs=jobs, repeat=2 if plan.is_quick else 4))
+    cost = dict(module.limit_cost(db, jobs=plan.drain_jobs, repeat=max(2, plan.repeat)))
     say(f"limits: a limit that never binds costs {1 - cost['ratio']:.0%} of the drain")
     bound = dict(module.binding_limit(db))
     say(f"limits: a binding limit of {bound['limit']} drains at {bound['share_of_limit']:.2f}x")

@@ -29,7 +29,7 @@ TINY = [
 
 SCENARIOS = [
     "backlog", "bulk_enqueue", "ceiling", "drain", "enqueue_paths", "enqueue_single",
-    "latency", "limits", "multixacts", "processes", "table_size",
+    "latency", "limits", "multixacts", "processes", "results_wait", "table_size",
 ]  # fmt: skip
 
 
@@ -52,6 +52,14 @@ def test_harness_writes_every_scenario_at_tiny_sizes(admin_url: str, tmp_path: P
     }  # fmt: skip
     assert all(r["median"] > 0 for r in results["scenarios"]["drain"]["grid"])
     assert results["scenarios"]["table_size"]["processed"] == 2000
+    limits = results["scenarios"]["limits"]
+    assert limits["available"] is True, limits
+    assert limits["limit_cost"]["ratio"] > 0
+    assert limits["binding_limit"]["share_of_limit"] > 0
+    wait = results["scenarios"]["results_wait"]
+    assert wait["available"] is True, wait
+    assert wait["jobs"] == 100
+    assert wait["p99"] >= wait["p50"] > 0
     assert results["meta"]["server"]["synchronous_commit"] in {
         "on",
         "off",
