@@ -168,6 +168,7 @@ WORKER_GRANTS = [
     "GRANT DELETE ON sqla_queue.jobs TO {role}",
     "GRANT INSERT ON sqla_queue.jobs_archive TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.workers TO {role}",
+    "GRANT SELECT, INSERT, DELETE ON sqla_queue.queue_starts TO {role}",
 ]
 """Exactly what README.md ("Security") lists for the worker's role."""
 
