@@ -41,6 +41,7 @@ from .queries import (
     retry_jobs,
 )
 from .queries.metrics import heartbeat_lag, queue_depth
+from .worker.connection import STATEMENT_KIND
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -148,7 +149,6 @@ class QueueMetrics:
         self._timers: dict[int, threading.Event] = {}
         self._statements: dict[Any, str] = {}
         self._registries: list[Registry] = []
-        self._statement_texts: dict[str, str] = {}
 
     # -- installation -----------------------------------------------------------------------
 
@@ -175,11 +175,11 @@ class QueueMetrics:
             ("release", release_jobs()),
             ("heartbeat", heartbeat_jobs()),
         ):
+            # The worker names its claim and completion (compiled text) by an execution
+            # option; these keys find the same statements run through SQLAlchemy.
             key = statement._generate_cache_key()
             if key is not None:
                 self._statements[key.key] = kind
-            # The worker runs its claim and completion as compiled text (exec_driver_sql).
-            self._statement_texts[statement.compile(dialect=engine.dialect).string] = kind
         if engine in self._engines:
             return
         self._engines.add(engine)
@@ -271,9 +271,12 @@ class QueueMetrics:
     # -- engine events ----------------------------------------------------------------------
 
     def _statement_kind(self, context: Any) -> str | None:
+        named: str | None = context.execution_options.get(STATEMENT_KIND)
+        if named is not None:  # the worker's compiled text (DriverStatement)
+            return named
         compiled = getattr(context, "compiled", None)
         if compiled is None:
-            return self._statement_texts.get(getattr(context, "statement", None) or "")
+            return None
         key = compiled.cache_key
         if key is None:  # the engine's statement cache is off
             key = compiled.statement._generate_cache_key()

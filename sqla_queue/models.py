@@ -57,7 +57,8 @@ NAMING_CONVENTION = {
 
 
 SCHEMA_MAX_ARGS_BYTES = 1_000_000
-"""The largest `args` (as jsonb text) the schema's CHECK constraint ck_jobs_args_size admits."""
+"""The largest `args` (as jsonb text) the schema admits: the trigger ck_jobs_args_size
+(migration sqlaq_0007; a CHECK constraint before it) refuses larger ones."""
 SCHEMA_MAX_NAME_LENGTH = 200
 """The longest task or queue name the schema's CHECK constraints admit."""
 MAX_INT_DIGITS = 4300
@@ -372,9 +373,10 @@ def check_name(column: str) -> str:
 
 
 CHECK_ARGS_OBJECT = "jsonb_typeof(args) = 'object'"
-CHECK_ARGS_SIZE = f"octet_length(args::text) <= {SCHEMA_MAX_ARGS_BYTES}"
 CHECK_PRIORITY = f"priority BETWEEN 0 AND {PRIORITY_MAX}"
 NO_TAGS = text("'{}'::text[]")
+TAGGED = text("tags <> '{}'::text[]")
+"""The predicate of `ix_jobs_tags`: a query by tags states it so the index may serve it."""
 
 
 def unique_predicate(table: str = "") -> str:
@@ -458,7 +460,6 @@ class Job(Base):
         CheckConstraint(check_name("task"), name="task_name"),
         CheckConstraint(check_name("queue"), name="queue_name"),
         CheckConstraint(CHECK_ARGS_OBJECT, name="args_object"),
-        CheckConstraint(CHECK_ARGS_SIZE, name="args_size"),
         CheckConstraint(CHECK_PRIORITY, name="priority"),
         Index(
             "ix_jobs_claim",
@@ -480,14 +481,14 @@ class Job(Base):
             "lease_expires_at",
             postgresql_where=text("status = 'running'"),
         ),
-        Index("ix_jobs_locked_by", "locked_by", postgresql_where=text("status = 'running'")),
         Index(
             "ix_jobs_finished",
             "finished_at",
             postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
         ),
         CheckConstraint("jsonb_typeof(meta) = 'object'", name="meta_object"),
-        Index("ix_jobs_tags", "tags", postgresql_using="gin"),
+        # tagged jobs only: a filter by tags must say `tags <> '{}'` too (`TAGGED`)
+        Index("ix_jobs_tags", "tags", postgresql_using="gin", postgresql_where=TAGGED),
         Index(
             "ix_jobs_kept_results",
             "finished_at",

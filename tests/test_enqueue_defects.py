@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from apps.support import jobs_by_id
 from click.testing import CliRunner
-from sqlalchemy import Engine, create_engine, insert, text
+from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -259,3 +259,26 @@ def test_doctor_names_no_command_for_text_that_does_not_start_with_one() -> None
     assert _command("hunter2 oops") is None
     assert _command("/* secret */ SELECT 1") is None
     assert _command(None) is None
+
+
+def test_the_args_size_is_checked_where_args_are_written_not_on_every_update(
+    engine: Engine,
+) -> None:
+    """ck_jobs_args_size is a trigger on INSERT and UPDATE OF args (sqlaq_0007): a claim,
+    heartbeat or retry does not write the args out as text again; writing args does."""
+    with Session(engine) as session:
+        job = enqueue(session, "t", {"ok": 1}, flush=True)
+        session.commit()
+        job_id = job.id
+    too_large = {"b": "x" * 1_000_000}
+    with engine.begin() as conn:  # a row written before the limit: the trigger set aside
+        conn.execute(text("ALTER TABLE sqla_queue.jobs DISABLE TRIGGER ck_jobs_args_size"))
+        conn.execute(update(Job).where(Job.id == job_id).values(args=too_large))
+        conn.execute(text("ALTER TABLE sqla_queue.jobs ENABLE TRIGGER ck_jobs_args_size"))
+    with engine.begin() as conn:  # what a claim writes: no args, no check of them
+        conn.execute(update(Job).where(Job.id == job_id).values(status="running", attempts=1))
+    with engine.connect() as conn, pytest.raises(InvalidJobError) as raised:
+        conn.execute(update(Job).where(Job.id == job_id).values(args=too_large))
+    assert "CHECK constraint ck_jobs_args_size" in str(raised.value)
+    with engine.connect() as conn:
+        assert conn.scalar(select(Job.attempts).where(Job.id == job_id)) == 1

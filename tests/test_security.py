@@ -276,7 +276,8 @@ def test_worker_role_cannot_touch_anything_else(worker_role: WorkerRole) -> None
 def test_each_documented_privilege_is_needed(
     fault_db: FaultDatabase, worker_role: WorkerRole, grant: str
 ) -> None:
-    """Without any one grant, a job in an archive queue cannot be claimed and finished."""
+    """Without any one grant, a job in a rate-limited archive queue cannot be claimed and
+    finished (the limit makes the claim record its start in queue_starts)."""
     registry = Registry()
     registry.task(name="noop")(lambda: None)
     admin_engine = create_engine(fault_db.url)
@@ -285,6 +286,7 @@ def test_each_documented_privilege_is_needed(
     try:
         with Session(admin_engine) as session, session.begin():
             admin.create_queue(session, "archived", "archive")
+            admin.set_rate(session, "archived", "1000/s")
             enqueue(session, "noop", queue="archived")
         fault_db.conn.execute(worker_role.revoke(grant))
         with pytest.raises(Exception, match="permission denied"):

@@ -24,7 +24,7 @@ from sqlalchemy import (
     update,
 )
 
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus, unique_predicate
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS, JobStatus, unique_predicate
 
 from .common import _is, archive, jobs
 
@@ -63,7 +63,10 @@ def list_jobs(
     if status is not None:
         statement = statement.where(_is(status))
     if tags:
-        statement = statement.where(jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))))
+        statement = statement.where(
+            jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))),
+            jobs.c.tags != NO_TAGS,  # the GIN index's predicate: it holds tagged jobs only
+        )
     if before:
         statement = statement.where(jobs.c.id < bindparam("before", type_=BigInteger))
     return statement.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))

@@ -57,6 +57,7 @@ from .common import (
     CLAIMED_COLUMNS,
     _claimed_batch,
     _fenced,
+    _held,
     _is,
     archive,
     claimed_columns,
@@ -219,11 +220,15 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
     )
 
 
-def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
+def claim_jobs(
+    queue_names: Sequence[str] | None, limits: bool = True, size: int | None = None
+) -> Select[Any]:
     """Claim up to `:limit` due jobs, lowest priority first, and mark them running; the
     rows come back in that order (`CLAIMED_COLUMNS`).
 
-    Parameters: `limit`, `worker_id`, `lease` (seconds), `task_leases` and
+    Parameters: `limit` (unless `size` is given: then the text says it, which lets
+    PostgreSQL plan a prepared claim once instead of on every run; see `DriverStatement`),
+    `worker_id`, `lease` (seconds), `task_leases` and
     `task_max_attempts` (JSON objects of the registered tasks' own settings), and `queues`
     (a list) when `queue_names` is given; `None` claims from every queue. Paused queues are
     skipped, and so are routed ones (their jobs are the relay's, see sqla_queue.brokers). The
@@ -233,14 +238,21 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
     Jobs of queues with a concurrency or rate limit are claimed apart, at most as many as
     `claim_slots` allows each queue (see `_limited_queues`), and each such claim records
     its starts in `queue_starts` for the rate limit; without a limited queue that branch
-    reads the small queues table and nothing more.
+    reads the small queues table and nothing more. With `limits=False` the statement has
+    no such branch: it claims from unlimited queues only (limited ones stay held back),
+    and plans in well under half the time (0.16 against 0.39 ms). The worker uses it while
+    no queue has a limit (its heartbeat tells it, `beat_worker`).
 
     Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
     """
     c, k = _alias("c"), _alias("k")
-    limit = bindparam("limit", type_=Integer)
+    limit: Any = (
+        bindparam("limit", type_=Integer)
+        if size is None
+        else literal_column(str(int(size)), Integer)
+    )
     # routed queues' jobs are the relay's (sqla_queue.brokers); limited ones go below
     p = queues.alias("p")
     held_back = select(p.c.name).where(or_(p.c.paused, p.c.route.is_not(None), _limited(p)))
@@ -273,15 +285,21 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
     def columns(t: Any) -> tuple[Any, ...]:
         return (t.c.id, t.c.task, t.c.max_attempts, t.c.queue, t.c.priority, t.c.run_at)
 
-    order = (c.c.priority, c.c.run_at, c.c.id)
-    free = (
-        select(*columns(c))
-        .where(*conditions)
-        .order_by(*order)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .subquery("a")  # FOR UPDATE is not allowed in a UNION's own branches
-    )
+    def due_first(*selected: Any) -> Select[Any]:
+        """The first `:limit` due jobs of unlimited queues, locked, skipping locked ones."""
+        return (
+            select(*selected)
+            .where(*conditions)
+            .order_by(c.c.priority, c.c.run_at, c.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+
+    if not limits:
+        picked = due_first(c.c.id, c.c.queue, _max_attempts(c).label("max_attempts"))
+        return _claimed(picked.cte("candidates").prefix_with("MATERIALIZED"))
+    # FOR UPDATE is not allowed in a UNION's own branches: a subquery each
+    free = due_first(*columns(c)).subquery("a")
     limited = _limited_queues(queue_names)
     held = (
         select(*columns(k))
@@ -314,6 +332,11 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
         )
         .cte("started")
     )
+    return _claimed(candidates).add_cte(started)
+
+
+def _claimed(candidates: CTE) -> Select[Any]:
+    """Mark `candidates` (id, queue, max_attempts; locked) running, in claim order."""
     j = _alias("j")
     lease = func.coalesce(
         _task_number("task_leases", Float, j), bindparam("lease", 60.0, type_=Float)
@@ -354,7 +377,7 @@ def claim_jobs(queue_names: Sequence[str] | None) -> Select[Any]:
     # UPDATE ... RETURNING has no order: the join back may read jobs in any order
     returned = [claimed.c[column.name] for column in CLAIMED_COLUMNS]
     order = (claimed.c.priority, claimed.c.run_at, claimed.c.id)
-    return select(*returned).order_by(*order).add_cte(started)
+    return select(*returned).order_by(*order)
 
 
 # -- finish ----------------------------------------------------------------------------------
@@ -513,25 +536,27 @@ def complete_jobs() -> Select[Any]:
     return select(finished).where(notified >= 0).add_cte(archived)
 
 
-def complete_and_claim(queue_names: Sequence[str] | None) -> Select[Any]:
+def complete_and_claim(
+    queue_names: Sequence[str] | None, limits: bool = True, size: int | None = None
+) -> Select[Any]:
     """Delete succeeded jobs of queues whose retention is `delete`, then `claim_jobs`, in one
     statement: one commit per cycle, not two.
 
-    Parameters: those of both. Each claimed row also carries `finished`, the ids deleted
-    (the same on every row). A success not among them (its queue keeps or archives, or the
-    job is no longer ours), or every success when nothing was claimed, is for
-    `complete_jobs`, whose statement is fenced: running it again changes nothing. The
-    deleted rows were `running`, so they are never among the candidates.
+    Parameters: those of both. Each claimed row also carries `finished`, how many it deleted
+    (the same on every row: a count, not the ids, which 50 rows of 50 ids each cost the
+    server more to send than the rest of the claim's rows). When that is fewer than the
+    successes given (a queue keeps or archives, or a job is no longer ours), or nothing was
+    claimed to tell, the successes all go to `complete_jobs`: it is fenced, so the ones
+    deleted here match nothing there. The deleted rows were `running`, so they are never
+    among the candidates.
     """
     d = _alias("d")
     keeps_rows = exists().where(
         queues.c.name == d.c.queue, queues.c.retention != _text(Retention.delete.value)
     )
-    removed = (
-        delete(d).where(*_fenced(_claimed_batch(), d), ~keeps_rows).returning(d.c.id).cte("removed")
-    )
-    finished = select(func.array_agg(removed.c.id)).scalar_subquery().label("finished")
-    return claim_jobs(queue_names).add_cte(removed).add_columns(finished)
+    removed = delete(d).where(*_held(d), ~keeps_rows).returning(d.c.id).cte("removed")
+    finished = select(func.count()).select_from(removed).scalar_subquery().label("finished")
+    return claim_jobs(queue_names, limits, size).add_cte(removed).add_columns(finished)
 
 
 def complete_archive() -> Insert:

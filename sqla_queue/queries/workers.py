@@ -16,20 +16,22 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    or_,
     select,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus
 
-from .common import _is, jobs, workers
+from .common import _is, jobs, queues, workers
 
 
 def beat_worker() -> Insert:
     """Register worker `:worker_id`, or extend its registration: it expires `:stale_after`
     seconds from now unless beaten again. Parameters also `hostname`, `pid`, `queues`,
     `concurrency`. An upsert, so a worker whose row was removed (it was thought dead)
-    registers again."""
+    registers again. Returns `limits`: whether any queue has a concurrency or rate limit
+    (the worker's claim then takes the statement that honours them, `claim_jobs`)."""
     expires = func.now() + func.make_interval(
         0, 0, 0, 0, 0, 0, bindparam("stale_after", type_=Float)
     )
@@ -41,10 +43,13 @@ def beat_worker() -> Insert:
         concurrency=bindparam("concurrency", type_=Integer),
         expires_at=expires,
     )
+    limited = exists().where(
+        or_(queues.c.concurrency.is_not(None), queues.c.rate_limit.is_not(None))
+    )
     return statement.on_conflict_do_update(
         index_elements=[workers.c.id],
         set_={"heartbeat_at": func.now(), "expires_at": statement.excluded.expires_at},
-    )
+    ).returning(limited.label("limits"))
 
 
 def deregister_worker() -> Delete:

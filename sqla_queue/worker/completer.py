@@ -35,7 +35,9 @@ class Completer:
         self.board = board
         self.db = db
         self.stats = stats
-        self._complete = DriverStatement(queries.complete_jobs(), db.engine, {}, JOB_ARRAYS)
+        self._complete = DriverStatement(
+            queries.complete_jobs(), db.engine, {}, JOB_ARRAYS, kind="complete"
+        )
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()

@@ -2,7 +2,8 @@
 
 One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it):
 - registers the worker and extends its registration (the workers table), so other
-  workers' reapers requeue its jobs within `dead_after` seconds if it dies;
+  workers' reapers requeue its jobs within `dead_after` seconds if it dies; the same
+  statement says whether any queue has a limit (`limits`, read by the producer);
 - extends the lease of every held job every quarter of its lease, and reports which
   jobs have started (the reaper refunds the attempt of one that had not);
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline;
@@ -73,6 +74,9 @@ class Keeper:
         self.tick = min(config.heartbeat, self.beat_jobs_every)
         self.last_job_beat = time.monotonic()
         self._loop_warned = False
+        self.limits = True
+        """Whether some queue has a concurrency or rate limit, as of the last worker beat:
+        the producer's claim takes the statement that honours limits only then."""
         self._registration = {
             "worker_id": config.worker_id,
             "hostname": socket.gethostname(),
@@ -84,7 +88,7 @@ class Keeper:
 
     def register(self, conn: Connection) -> None:
         """Register the worker (called once before its first claim)."""
-        conn.execute(queries.beat_worker(), self._registration)
+        self.limits = bool(conn.execute(queries.beat_worker(), self._registration).scalar())
 
     def deregister(self, conn: Connection) -> None:
         conn.execute(queries.deregister_worker(), {"worker_id": self.config.worker_id})
@@ -116,7 +120,7 @@ class Keeper:
                     now = time.monotonic()
                     if now >= next_worker_beat:
                         next_worker_beat = now + self.config.heartbeat
-                        conn.execute(beat_worker, self._registration)
+                        self.limits = bool(conn.execute(beat_worker, self._registration).scalar())
                     jobs = self.board.snapshot()
                     if now >= next_job_beat:
                         next_job_beat = now + self.beat_jobs_every

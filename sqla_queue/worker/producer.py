@@ -26,7 +26,6 @@ from .connection import (
     DriverStatement,
     Stopped,
     describe,
-    int_array,
     is_row_error,
 )
 from .executor import Executor
@@ -76,15 +75,12 @@ class Producer:
         if config.queues is not None:
             static["queues"] = list(config.queues)
         # Compiled once, their unchanging parameters converted once (JSON of the tasks'
-        # settings): each claim only sends its limit and the successes it finishes.
-        self._claim = DriverStatement(queries.claim_jobs(config.queues), db.engine, static)
-        self._complete_and_claim = DriverStatement(
-            queries.complete_and_claim(config.queues),
-            db.engine,
-            static,
-            JOB_ARRAYS,
-            unparsed_bigint_arrays=True,
-        )
+        # settings): each claim only sends its limit and the successes it finishes. Each
+        # in two forms, by whether some queue has a limit (`keeper.limits`): without one,
+        # the statement has no branch for limited queues and plans in less than half the
+        # time. A queue limited meanwhile is held back by both until the next worker beat.
+        self._static = static
+        self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
 
     def on_notify(self) -> None:
@@ -164,43 +160,54 @@ class Producer:
         self._behind_warned = behind
         return behind
 
+    def _statement(self, folds: bool, limits: bool, size: int) -> DriverStatement:
+        key = (folds, limits, size)
+        statement = self._statements.get(key)
+        if statement is None:
+            make = queries.complete_and_claim if folds else queries.claim_jobs
+            statement = DriverStatement(
+                make(self.config.queues, limits, size),
+                self.db.engine,
+                self._static,
+                JOB_ARRAYS if folds else (),
+                kind="complete_and_claim" if folds else "claim",
+            )
+            self._statements[key] = statement
+        return statement
+
     def claim(self, want: int) -> int:
         """Write pending outcomes, then claim up to `want` jobs.
 
         When every pending outcome is a success, finishing them and the claim are one
         statement: one commit per cycle instead of two.
         """
-        limit = {"limit": want}
+        limits = self.keeper.limits
         successes = self.completer.take_successes()
         if successes is None:
             self.completer.flush()
-            result = self.db.execute(self._claim, limit)
+            result = self.db.execute(self._statement(False, limits, want))
             rows = result.all()
         else:
             # a job its handler's ctx.session() committed is finished already
             to_finish = [j for j in successes if not j.ctx.committed]
             params = {
-                "limit": want,
                 "job_ids": [j.id for j in to_finish],
                 "job_attempts": [j.attempt for j in to_finish],
             }
             try:
-                result = self.db.execute(self._complete_and_claim, params)
+                result = self.db.execute(self._statement(True, limits, want), params)
                 rows = result.all()
             except DBAPIError as exc:  # one bad row must not cost the batch: apart, one by one
                 if not is_row_error(exc):
                     raise
                 log.warning("finishing and claiming at once failed (%s)", describe(exc))
                 self.completer.write_successes(to_finish)
-                result = self.db.execute(self._claim, limit)
+                result = self.db.execute(self._statement(False, limits, want))
                 rows = result.all()
             else:
-                deleted: set[int] = set()
-                if rows:  # the same on every row: read it once
-                    deleted = set(int_array(rows[0][list(result.keys()).index("finished")]))
-                rest = [job for job in to_finish if job.id not in deleted]
-                if rest:  # kept or archived by their queue (or nothing claimed to tell)
-                    self.completer.write_successes(rest)
+                finished = rows[0][list(result.keys()).index("finished")] if rows else 0
+                if finished < len(to_finish):  # some kept or archived (or nothing to tell)
+                    self.completer.write_successes(to_finish)  # fenced: the deleted are gone
             self.stats.succeeded += len(successes)
         if not rows:
             return 0
