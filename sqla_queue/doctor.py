@@ -132,6 +132,13 @@ FIX_AUTOVACUUM_OFF = (
     "Turn autovacuum back on (autovacuum = on; RESET (autovacuum_enabled) on the table): "
     "without it nothing removes the dead versions of finished jobs and the table bloats."
 )
+FIX_BLOCKED_LOOP = (
+    "An async handler is calling blocking code (time.sleep, a sync client, heavy CPU), so the "
+    "worker's event loop cannot run its other async jobs, and after half a lease their leases "
+    "lapse and they are reaped. Await instead (asyncio.sleep, an async client), move the "
+    "blocking call to a thread (await asyncio.to_thread(...)), or make the task a sync one. "
+    "The worker's log names the jobs that were running."
+)
 FIX_STUCK = (
     "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
     "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
@@ -548,6 +555,9 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
             "concurrency": row["concurrency"],
             "running": int(row["running"]),
             "silent_seconds": float(row["silent_seconds"]),
+            "loop_blocked_seconds": (
+                None if row["loop_blocked_seconds"] is None else float(row["loop_blocked_seconds"])
+            ),
         }
         for row in rows
     ]
@@ -556,6 +566,14 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
         if workers
         else "no live worker: queued jobs wait and stuck jobs are not reaped"
     )
+    blocked = [w for w in workers if w["loop_blocked_seconds"] is not None]
+    if blocked:
+        named = ", ".join(
+            f"{w['id']} ({w['hostname']}, pid {w['pid']}) for {w['loop_blocked_seconds']:.0f} s"
+            for w in blocked[:5]
+        )
+        value += f"; event loop blocked in {len(blocked)}: {named}"
+        return Finding("workers", Severity.warn, value, FIX_BLOCKED_LOOP, {"workers": workers})
     return Finding("workers", Severity.ok, value, FIX_STUCK, {"workers": workers})
 
 

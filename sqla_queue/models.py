@@ -646,6 +646,9 @@ class WorkerRegistration(Base):
         DateTime(timezone=True), server_default=text("now()")
     )
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    loop_blocked_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """Since when the worker's event loop has not run (an async handler calls blocking
+    code), as of its last heartbeat; NULL while it runs. `doctor` warns of it."""
 
 
 class BrokerDone(Base):

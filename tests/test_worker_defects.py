@@ -14,6 +14,7 @@ from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wa
 from sqlalchemy import Engine, create_engine, text
 
 from sqla_queue import JobContext, Registry, RetryPolicy, WorkerConfig, admin, queries
+from sqla_queue.doctor import DoctorOptions, Finding, Severity, diagnose
 from sqla_queue.testing import run_until_empty
 
 NO_WAIT = RetryPolicy(base=0, jitter=0)
@@ -319,6 +320,34 @@ def test_an_async_handler_that_blocks_the_loop_still_times_out_and_is_reported(
         wait_for(lambda: "the event loop has not run" in caplog.text, timeout=10)
     assert failed_after < 3.5  # at its 0.5 s timeout, not when the handler returns
     assert "ran longer than its timeout of 0.5 s" in (jobs_by_id(engine)[job_id].last_error or "")
+
+
+def test_a_blocked_event_loop_is_reported_by_doctor_until_it_runs_again(engine: Engine) -> None:
+    """Defect 12: the worker records a blocked event loop in its registration; doctor
+    names the worker (and clears it once the loop runs again)."""
+    registry = Registry()
+    release = threading.Event()
+
+    @registry.task(name="blocks", max_attempts=1)
+    async def blocks() -> None:
+        release.wait(20)  # blocking the event loop is the point
+
+    def workers_finding() -> Finding:
+        (finding,) = [f for f in diagnose(engine, DoctorOptions(sample=0)) if f.name == "workers"]
+        return finding
+
+    enqueue_jobs(engine, "blocks", 1)
+    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=2):
+        blocked = wait_for(
+            lambda: (f := workers_finding()).severity is Severity.warn and f, timeout=10
+        )
+        assert "event loop blocked in 1:" in blocked.value
+        assert "asyncio.to_thread" in blocked.fix
+        (worker,) = blocked.details["workers"]
+        assert worker["loop_blocked_seconds"] >= 1.0
+        release.set()
+        wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0)
+        wait_for(lambda: workers_finding().severity is Severity.ok, timeout=10)
 
 
 def test_a_statement_error_is_waited_out_with_backoff_and_logged_once(

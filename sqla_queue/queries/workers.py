@@ -30,8 +30,10 @@ def beat_worker() -> Insert:
     """Register worker `:worker_id`, or extend its registration: it expires `:stale_after`
     seconds from now unless beaten again. Parameters also `hostname`, `pid`, `queues`,
     `concurrency`. An upsert, so a worker whose row was removed (it was thought dead)
-    registers again. Returns `limits`: whether any queue has a concurrency or rate limit
-    (the worker's claim then takes the statement that honours them, `claim_jobs`)."""
+    registers again. `loop_blocked_for`: seconds the worker's event loop has not run, or
+    None while it runs (`loop_blocked_since`). Returns `limits`: whether any queue has a
+    concurrency or rate limit (the worker's claim then takes the statement that honours
+    them, `claim_jobs`)."""
     expires = func.now() + func.make_interval(
         0, 0, 0, 0, 0, 0, bindparam("stale_after", type_=Float)
     )
@@ -42,13 +44,19 @@ def beat_worker() -> Insert:
         queues=bindparam("queues", type_=ARRAY(Text)),
         concurrency=bindparam("concurrency", type_=Integer),
         expires_at=expires,
+        loop_blocked_since=func.now()
+        - func.make_interval(0, 0, 0, 0, 0, 0, bindparam("loop_blocked_for", None, type_=Float)),
     )
     limited = exists().where(
         or_(queues.c.concurrency.is_not(None), queues.c.rate_limit.is_not(None))
     )
     return statement.on_conflict_do_update(
         index_elements=[workers.c.id],
-        set_={"heartbeat_at": func.now(), "expires_at": statement.excluded.expires_at},
+        set_={
+            "heartbeat_at": func.now(),
+            "expires_at": statement.excluded.expires_at,
+            "loop_blocked_since": statement.excluded.loop_blocked_since,
+        },
     ).returning(limited.label("limits"))
 
 
@@ -65,7 +73,8 @@ def delete_expired_workers() -> Delete:
 
 def live_workers() -> Select[Any]:
     """(id, hostname, pid, queues, concurrency, started_at, seconds since its heartbeat,
-    running jobs) of every registered worker that has not expired."""
+    running jobs, seconds its event loop has been blocked or NULL) of every registered
+    worker that has not expired."""
     running = (
         select(func.count())
         .where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
@@ -81,6 +90,9 @@ def live_workers() -> Select[Any]:
             workers.c.started_at,
             func.extract("epoch", func.now() - workers.c.heartbeat_at).label("silent_seconds"),
             running.label("running"),
+            func.extract("epoch", func.now() - workers.c.loop_blocked_since).label(
+                "loop_blocked_seconds"
+            ),
         )
         .where(workers.c.expires_at >= func.now())
         .order_by(workers.c.started_at)

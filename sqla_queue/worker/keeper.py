@@ -7,8 +7,9 @@ One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it)
 - extends the lease of every held job every quarter of its lease, and reports which
   jobs have started (the reaper refunds the attempt of one that had not);
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline;
-- watches the event loop: an async handler that blocks it is reported, and once the loop
-  has been stuck for half a lease its jobs' leases are no longer extended.
+- watches the event loop: an async handler that blocks it is reported (in the log, and in
+  the worker's registration for `doctor`), and once the loop has been stuck for half a
+  lease its jobs' leases are no longer extended.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Keeper:
             "queues": list(config.queues) if config.queues is not None else None,
             "concurrency": config.concurrency,
             "stale_after": config.dead_after,
+            "loop_blocked_for": None,  # seconds, while the event loop is blocked
         }
 
     def register(self, conn: Connection) -> None:
@@ -217,7 +219,10 @@ class Keeper:
         lag = self.executor.probe_loop()
         if lag is None:
             return
-        if lag > max(1.0, 2 * self.config.heartbeat):
+        blocked = lag > max(1.0, 2 * self.config.heartbeat)
+        # the next worker beat records it for `doctor` (workers.loop_blocked_since)
+        self._registration["loop_blocked_for"] = lag if blocked else None
+        if blocked:
             if not self._loop_warned:
                 running = [
                     f"{j.id} ({j.task})"
