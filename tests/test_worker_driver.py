@@ -11,7 +11,7 @@ import threading
 
 import pytest
 from apps.support import enqueue_jobs
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from sqla_queue import queries
@@ -69,3 +69,36 @@ def test_a_driver_error_is_sqlalchemys_exception_with_its_sqlstate(engine: Engin
     assert not raised.value.connection_invalidated
     assert getattr(raised.value.orig, "sqlstate", "")[:2] == "22"  # a data exception
     assert not isinstance(raised.value, IntegrityError)
+
+
+def test_task_settings_in_the_claims_text_survive_any_task_name(engine: Engine) -> None:
+    """The worker's claim carries its tasks' leases and max_attempts as a jsonb constant
+    in its text (so a plan made once still reads them once): quotes, percent signs and the
+    dollar-quote tag itself in a task name change nothing."""
+    odd = "o'k%s$j$%(x)s\\"
+    (job_id,) = enqueue_jobs(engine, odd, 1)
+    settings = {"task_leases": {odd: 1234.0}, "task_max_attempts": {odd: 7}}
+    claim = DriverStatement(
+        queries.claim_jobs(None, limits=False, size=5, settings=settings),
+        engine,
+        {"worker_id": "w1", "lease": 60.0},
+    )
+    link = _link(engine)
+    try:
+        rows = link.execute(claim)
+        keys = rows.keys()
+        (row,) = rows.all()
+        with engine.connect() as conn:
+            lease = conn.execute(
+                text(
+                    "SELECT extract(epoch FROM lease_expires_at - locked_at) "
+                    "FROM sqla_queue.jobs WHERE id = :id"
+                ),
+                {"id": job_id},
+            ).scalar()
+    finally:
+        link.close()
+    assert row[keys.index("id")] == job_id
+    assert row[keys.index("status")] == "running"
+    assert lease is not None
+    assert abs(float(lease) - 1234.0) < 1

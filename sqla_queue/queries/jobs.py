@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -143,9 +144,33 @@ def unique_holders() -> Select[Any]:
 # -- claim -----------------------------------------------------------------------------------
 
 
-def _task_number(name: str, type_: Any, table: Any = jobs) -> Any:
-    """`(:name ->> jobs.task)::type`: a task's own setting from a JSON object of them, or NULL."""
-    return bindparam(name, {}, type_=JSONB)[table.c.task].astext.cast(type_)
+TaskSettings = Mapping[str, Mapping[str, Any]]
+"""The registered tasks' own settings, `{"task_leases": {task: seconds}, "task_max_attempts":
+{task: n}}`, for a claim that carries them in its text rather than as parameters."""
+
+
+def _json_literal(value: Mapping[str, Any]) -> Any:
+    """A JSON object as a jsonb constant in the statement's text, dollar-quoted (a tag the
+    text does not hold), so no quote or backslash in it needs escaping."""
+    body = json.dumps(value, sort_keys=True)
+    tag, n = "$j$", 0
+    while tag in body:
+        n += 1
+        tag = f"$j{n}$"
+    return literal_column(f"{tag}{body}{tag}::jsonb", JSONB)
+
+
+def _task_number(
+    name: str, type_: Any, table: Any = jobs, settings: TaskSettings | None = None
+) -> Any:
+    """`(:name ->> jobs.task)::type`: a task's own setting from a JSON object of them, or NULL.
+
+    With `settings`, the object is a constant in the text: a plan made once for all runs
+    (see `claim_jobs`) then still reads it once, where a parameter is cast to jsonb again
+    for every row.
+    """
+    source = bindparam(name, {}, type_=JSONB) if settings is None else _json_literal(settings[name])
+    return source[table.c.task].astext.cast(type_)
 
 
 def _text(value: str) -> Any:
@@ -165,11 +190,11 @@ def _alias(name: str) -> Any:
 _SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 
 
-def _max_attempts(table: Any = jobs) -> Any:
+def _max_attempts(table: Any = jobs, settings: TaskSettings | None = None) -> Any:
     """A job's max_attempts: its own, else its task's (`:task_max_attempts`), else the default."""
     return func.coalesce(
         table.c.max_attempts,
-        _task_number("task_max_attempts", Integer, table),
+        _task_number("task_max_attempts", Integer, table, settings),
         literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer),
     )
 
@@ -221,15 +246,18 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
 
 
 def claim_jobs(
-    queue_names: Sequence[str] | None, limits: bool = True, size: int | None = None
+    queue_names: Sequence[str] | None,
+    limits: bool = True,
+    size: int | None = None,
+    settings: TaskSettings | None = None,
 ) -> Select[Any]:
     """Claim up to `:limit` due jobs, lowest priority first, and mark them running; the
     rows come back in that order (`CLAIMED_COLUMNS`).
 
     Parameters: `limit` (unless `size` is given: then the text says it, which lets
     PostgreSQL plan a prepared claim once instead of on every run; see `DriverStatement`),
-    `worker_id`, `lease` (seconds), `task_leases` and
-    `task_max_attempts` (JSON objects of the registered tasks' own settings), and `queues`
+    `worker_id`, `lease` (seconds), `task_leases` and `task_max_attempts` (JSON objects of
+    the registered tasks' own settings, unless `settings` puts them in the text), and `queues`
     (a list) when `queue_names` is given; `None` claims from every queue. Paused queues are
     skipped, and so are routed ones (their jobs are the relay's, see sqla_queue.brokers). The
     candidates CTE is MATERIALIZED so the planner cannot re-run the locking
@@ -296,8 +324,8 @@ def claim_jobs(
         )
 
     if not limits:
-        picked = due_first(c.c.id, c.c.queue, _max_attempts(c).label("max_attempts"))
-        return _claimed(picked.cte("candidates").prefix_with("MATERIALIZED"))
+        picked = due_first(c.c.id, c.c.queue, _max_attempts(c, settings).label("max_attempts"))
+        return _claimed(picked.cte("candidates").prefix_with("MATERIALIZED"), settings)
     # FOR UPDATE is not allowed in a UNION's own branches: a subquery each
     free = due_first(*columns(c)).subquery("a")
     limited = _limited_queues(queue_names)
@@ -315,7 +343,7 @@ def claim_jobs(
         .subquery("u")
     )
     candidates = (
-        select(both.c.id, both.c.queue, _max_attempts(both).label("max_attempts"))
+        select(both.c.id, both.c.queue, _max_attempts(both, settings).label("max_attempts"))
         .order_by(both.c.priority, both.c.run_at, both.c.id)
         .limit(limit)
         .cte("candidates")
@@ -332,14 +360,14 @@ def claim_jobs(
         )
         .cte("started")
     )
-    return _claimed(candidates).add_cte(started)
+    return _claimed(candidates, settings).add_cte(started)
 
 
-def _claimed(candidates: CTE) -> Select[Any]:
+def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
     """Mark `candidates` (id, queue, max_attempts; locked) running, in claim order."""
     j = _alias("j")
     lease = func.coalesce(
-        _task_number("task_leases", Float, j), bindparam("lease", 60.0, type_=Float)
+        _task_number("task_leases", Float, j, settings), bindparam("lease", 60.0, type_=Float)
     )
     exhausted = j.c.attempts >= candidates.c.max_attempts
     claimed = (
@@ -537,7 +565,10 @@ def complete_jobs() -> Select[Any]:
 
 
 def complete_and_claim(
-    queue_names: Sequence[str] | None, limits: bool = True, size: int | None = None
+    queue_names: Sequence[str] | None,
+    limits: bool = True,
+    size: int | None = None,
+    settings: TaskSettings | None = None,
 ) -> Select[Any]:
     """Delete succeeded jobs of queues whose retention is `delete`, then `claim_jobs`, in one
     statement: one commit per cycle, not two.
@@ -556,7 +587,8 @@ def complete_and_claim(
     )
     removed = delete(d).where(*_held(d), ~keeps_rows).returning(d.c.id).cte("removed")
     finished = select(func.count()).select_from(removed).scalar_subquery().label("finished")
-    return claim_jobs(queue_names, limits, size).add_cte(removed).add_columns(finished)
+    claim = claim_jobs(queue_names, limits, size, settings)
+    return claim.add_cte(removed).add_columns(finished)
 
 
 def complete_archive() -> Insert:

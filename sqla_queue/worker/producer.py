@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from sqla_queue import queries
+from sqla_queue.queries.jobs import TaskSettings
 
 from .board import WAKE_MORE_AFTER, JobBoard
 from .completer import FLUSH_DELAY, Completer
@@ -66,19 +67,19 @@ class Producer:
         self._make_job = make_job
         self._on_claimed = on_claimed
         self._on_finished = on_finished
-        static: dict[str, Any] = {
-            "worker_id": config.worker_id,
-            "lease": config.lease,
+        static: dict[str, Any] = {"worker_id": config.worker_id, "lease": config.lease}
+        self._settings: TaskSettings = {
             "task_leases": keeper.task_leases,
             "task_max_attempts": keeper.task_max_attempts,
         }
         if config.queues is not None:
             static["queues"] = list(config.queues)
-        # Compiled once, their unchanging parameters converted once (JSON of the tasks'
-        # settings): each claim only sends its limit and the successes it finishes. Each
-        # in two forms, by whether some queue has a limit (`keeper.limits`): without one,
-        # the statement has no branch for limited queues and plans in less than half the
-        # time. A queue limited meanwhile is held back by both until the next worker beat.
+        # Compiled on first use, one per (folds successes, some queue has a limit, size):
+        # the size and the tasks' settings are constants in the text, so PostgreSQL plans
+        # each once; the unchanging parameters are converted once, so each claim only sends
+        # the successes it finishes. While no queue has a limit (`keeper.limits`), the
+        # statement has no branch for limited queues and plans in less than half the time;
+        # a queue limited meanwhile is held back by both until the next worker beat.
         self._static = static
         self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
@@ -166,7 +167,7 @@ class Producer:
         if statement is None:
             make = queries.complete_and_claim if folds else queries.claim_jobs
             statement = DriverStatement(
-                make(self.config.queues, limits, size),
+                make(self.config.queues, limits, size, self._settings),
                 self.db.engine,
                 self._static,
                 JOB_ARRAYS if folds else (),
