@@ -4,19 +4,21 @@ Run it alternately from two virtual environments (one per checkout: the old comm
 new) against one private cluster, so each pair of runs sees the same machine:
 
     python benchmarks/before_after.py LABEL OUTFILE [ADMIN_URL] [--drain-only]
-        [--batch N] [--concurrency N] [--jobs N]
+        [--batch N] [--concurrency N] [--jobs N] [--server-data DATADIR]
 
 ADMIN_URL defaults to a private cluster at 127.0.0.1:55432. Each run creates its own
 database, drains 20,000 no-op jobs (c=4, batch 50, burst, poll-only; `--batch`,
 `--concurrency` and `--jobs` change them), then, unless `--drain-only`, times 1,500
 one-job transactions and one 20,000-row enqueue_many, appends a JSON line to OUTFILE and
 drops its database. The drain line also carries the process's CPU seconds per job
-(`drain_cpu_us`). Results of the worker rebuild: results/worker-rebuild-before-after.md.
+(`drain_cpu_us`) and, with `--server-data` (the cluster's data directory, on this machine),
+the PostgreSQL processes' own (`server_cpu_us`, read from /proc). Results of the worker rebuild: results/worker-rebuild-before-after.md.
 The script only uses what both checkouts have, so the old one can run this copy.
 """
 
 import argparse
 import json
+import os
 import time
 import uuid
 
@@ -37,7 +39,36 @@ parser.add_argument("--drain-only", action="store_true")
 parser.add_argument("--batch", type=int, default=50)
 parser.add_argument("--concurrency", type=int, default=4)
 parser.add_argument("--jobs", type=int, default=20000)
+parser.add_argument(
+    "--server-data",
+    help="the cluster's data directory (same machine): the drain line then carries the"
+    " server's CPU seconds per job too (`server_cpu_us`)",
+)
 opts = parser.parse_args()
+
+
+def server_cpu() -> float:
+    """CPU seconds of the postmaster and its children, live and reaped (0 without --server-data)."""
+    if not opts.server_data:
+        return 0.0
+    with open(f"{opts.server_data}/postmaster.pid") as f:
+        postmaster = int(f.readline())
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(pid) == postmaster:
+            total += sum(int(x) for x in fields[11:15])  # own and reaped children's
+        elif int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
 
 admin = create_engine(opts.admin_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool)
 db = "bp_" + uuid.uuid4().hex[:8]
@@ -62,10 +93,12 @@ try:
         concurrency=opts.concurrency, batch=opts.batch, burst=True, poll_only=True
     )
     cpu0 = time.process_time()
+    server0 = server_cpu()
     t0 = time.perf_counter()
     Worker(engine, registry, config).run(install_signal_handlers=False)
     drain = N / (time.perf_counter() - t0)
     drain_cpu_us = (time.process_time() - cpu0) / N * 1e6
+    server_cpu_us = (server_cpu() - server0) / N * 1e6
     with engine.connect() as c:
         left = c.execute(
             text("SELECT count(*) FROM sqla_queue.jobs WHERE status in ('queued','running')")
@@ -78,6 +111,7 @@ try:
         "jobs": N,
         "drain": drain,
         "drain_cpu_us": drain_cpu_us,
+        "server_cpu_us": server_cpu_us,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if not opts.drain_only:
