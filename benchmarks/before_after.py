@@ -12,8 +12,9 @@ database, drains 20,000 no-op jobs (c=4, batch 50, burst, poll-only; `--batch`,
 one-job transactions and one 20,000-row enqueue_many, appends a JSON line to OUTFILE and
 drops its database. The drain line also carries the process's CPU seconds per job
 (`drain_cpu_us`) and, with `--server-data` (the cluster's data directory, on this machine),
-the PostgreSQL processes' own (`server_cpu_us`, read from /proc). Results of the worker rebuild: results/worker-rebuild-before-after.md.
-The script only uses what both checkouts have, so the old one can run this copy.
+the PostgreSQL processes' own (`server_cpu_us`, read from /proc). Results of the worker
+rebuild: results/worker-rebuild-before-after.md. The script only uses what both checkouts
+have, so the old one can run this copy.
 """
 
 import argparse
