@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -770,6 +771,73 @@ def _peer_bars(ax: Any, results: dict[str, Any]) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+BEFORE_AFTER = (
+    ("drain, c=4 batch 50, 20,000 no-op jobs", "worker-rebuild-pairs-4-b50.jsonl"),
+    ("drain, c=4 batch 1, 2,000 no-op jobs", "worker-rebuild-pairs-4-b1.jsonl"),
+    ("drain, c=64 batch 50, 10,000 no-op jobs", "worker-rebuild-pairs-4-c64.jsonl"),
+)
+"""The paired runs of `benchmarks/before_after.py` quoted in BENCHMARKS.md (issue 8)."""
+
+_PAIRED = (
+    ("drain", "{what}", "jobs/s", 0),
+    ("server_cpu_us", "{what}: PostgreSQL CPU per job", "µs", 1),
+    ("drain_cpu_us", "{what}: worker CPU per job", "µs", 1),
+    ("enqueue", "one job per transaction (`enqueue` + commit)", "/s", 0),
+    ("bulk", "`enqueue_many`, 20,000 rows (COPY)", "rows/s", 0),
+)
+
+
+def _at(stamp: str) -> str:
+    """`2026-11-30T19:32:47Z` as `2026-11-30 19:32`."""
+    return stamp[:16].replace("T", " ")
+
+
+def before_after_section(root: Path) -> list[str]:
+    """Old (033f02c, before the worker rebuild) against new, pair by pair, from the raw
+    lines in benchmarks/results (absent files are left out)."""
+    rows: list[str] = []
+    when: list[str] = []
+    for what, name in BEFORE_AFTER:
+        path = root / "benchmarks" / "results" / name
+        if not path.exists():
+            continue
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        old = [line for line in lines if line["label"] == "old"]
+        new = [line for line in lines if line["label"] == "new"]
+        when += [line["at"] for line in lines]
+        for key, title, unit, digits in _PAIRED:
+            pairs = [
+                (o[key], n[key]) for o, n in zip(old, new, strict=False) if key in o and key in n
+            ]
+            if not pairs:
+                continue
+            ratios = [n / o for o, n in pairs if o]
+            before = _fmt(statistics.median(o for o, _ in pairs), digits)
+            after = _fmt(statistics.median(n for _, n in pairs), digits)
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+            rows.append(
+                f"| {title.format(what=what)} | {before} {unit} | {after} {unit} | "
+                f"**{statistics.median(ratios):.2f}x** | {spread} | {len(pairs)} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "## The worker rebuild (issue 8): before and after",
+        "",
+        "`benchmarks/before_after.py` run alternately from two virtual environments, the "
+        "commit before the rebuild (033f02c) and this one, against one private PostgreSQL 15 "
+        f"cluster (stock settings), {_at(min(when))} to {_at(max(when))} UTC; raw lines in "
+        "`benchmarks/results/worker-rebuild-pairs-4-*.jsonl`, the story in "
+        "`benchmarks/results/worker-rebuild-before-after.md`. The ratio is new / old taken "
+        "pair by pair (below 1.00x for CPU is less).",
+        "",
+        "| what | old (median) | new (median) | new / old, median of pairs | range | pairs |",
+        "|---|---:|---:|---:|---|---:|",
+        *rows,
+    ]
+
+
 def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
     meta = results["meta"]
     sc = results["scenarios"]
@@ -1017,6 +1085,7 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
     ]
 
     out += optional_sections(results)
+    out += before_after_section(root)
     out += ["", PROFILING.rstrip("\n")]
     out += ["", "## Targets"]
     out += targets_table(
