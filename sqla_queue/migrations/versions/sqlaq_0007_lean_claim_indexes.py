@@ -6,7 +6,8 @@ for each such index. Two of them were paid for by every job and used by almost n
 
 - `ix_jobs_tags` (GIN) indexed every row, the untagged ones too (an empty array is an
   entry of its own in a GIN index). It now covers tagged jobs only (`tags <> '{}'`); the
-  tag filters of `jobs list` and the dashboard say so, so the planner can use it.
+  tag filter of `jobs list` says so too, so the planner can use it (the dashboard's reads
+  a bounded window by primary key and needs no index).
 - `ix_jobs_locked_by` served the reaper's look-up of a dead worker's jobs, which reads
   running jobs only: `ix_jobs_lease_expires_at` (running jobs) already holds those few.
 
@@ -24,7 +25,10 @@ NULL while the loop runs), so `doctor` can say which worker has an async handler
 blocking code. A NULL column rewrites no row.
 
 Measured on a private PostgreSQL 15 with stock settings (benchmarks/before_after.py, c=4,
-batch 50): the server's CPU per drained job went from 26 to 24 µs.
+batch 50, no-op jobs): without the two indexes the server's CPU per drained job fell from
+45 to 43.5 µs (before the claim's own changes of the same release). 20,000 UPDATEs that
+leave args alone, of rows with 1.2 kB of args: 158 ms without the size check, 275 ms with
+the CHECK constraint.
 
 Dropping an index and building a partial one over few rows are short, but the build reads
 the whole table under a lock that blocks writes to it: on a very large jobs table, run
