@@ -51,12 +51,18 @@ def supervised_workers(
             time.sleep(0.1)
         yield proc
     finally:
+        stop_process(proc, timeout=60)
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM `proc` (if it still runs), wait up to `timeout` s for it, then SIGKILL it."""
+    if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _drain_once(db: BenchDatabase, jobs: int) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from sqla_queue.worker import Worker, WorkerConfig
 
 from . import peers, tasks
 from .database import JOBS, BenchDatabase
-from .processes import supervised_workers
+from .processes import stop_process, supervised_workers
 from .stats import latency_summary, summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,12 +154,7 @@ def worker_process(db: BenchDatabase, concurrency: int, batch: int) -> Iterator[
     try:
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 # -- 1. ceiling ------------------------------------------------------------------------------
@@ -389,16 +383,6 @@ def drain(db: BenchDatabase, plan: Plan, say: Say, step: Callable[[], None]) -> 
 # -- 4b. worker --processes N ----------------------------------------------------------------
 
 
-def _stop(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def processes(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     """Drain at batch 50 by `sqla-queue worker --processes N` (N = plan.processes)."""
     concurrency = plan.processes_concurrency
@@ -493,7 +477,7 @@ def _windows(
                 break
         return rates, startup
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def _small_backlog(system: _Ours | _Peer, plan: Plan, say: Say) -> dict[str, Any]:
