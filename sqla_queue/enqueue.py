@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import psycopg
-from sqlalchemy import Connection, event, func
+from sqlalchemy import Connection, event, func, insert
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import (
@@ -40,6 +40,7 @@ from .models import (
     SCHEMA_MAX_NAME_LENGTH,
     UNIQUE_DUE,
     Job,
+    Queue,
     validate_job,
     validate_tags_and_meta,
 )
@@ -295,6 +296,9 @@ def _run_due_hooks(job: Job) -> NewJob | None:
 
 @event.listens_for(Session, "before_flush")
 def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instances: object) -> None:
+    added = list(session.new)
+    if any(isinstance(obj, Job) for obj in added):
+        _write_added_queues(session, [obj for obj in added if isinstance(obj, Queue)])
     enqueued: list[Job] = []
     for obj in list(session.new):
         if isinstance(obj, Job):
@@ -313,6 +317,34 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
     for job in enqueued:
         if not _write_enqueued(session, job):  # the unit of work writes it, as an added Job
             del job.__dict__[_ENQUEUED]
+
+
+def _write_added_queues(session: Session, added: list[Queue]) -> None:
+    """Write the queues added to `session` before the jobs of the same flush: the unit of
+    work knows no order between the two (the jobs' foreign key is not a relationship it
+    follows), and `enqueue(session, ...)` writes its jobs before the unit of work runs, so
+    `session.add(Queue(name="emails"))` and a job for "emails" in one transaction would
+    otherwise fail with UnknownQueueError. Each becomes persistent, as after a flush."""
+    if not added:
+        return
+    connection = session.connection(bind_arguments={"mapper": Queue})
+    columns = [attr.key for attr in Queue.__mapper__.column_attrs]
+    defaulted = {c.key for c in Queue.__table__.columns if c.server_default is not None}
+    for queue in added:
+        given = {
+            key: queue.__dict__[key]
+            for key in columns
+            if key in queue.__dict__ and not (queue.__dict__[key] is None and key in defaulted)
+        }
+        session.expunge(queue)
+        try:
+            connection.execute(insert(Queue).values(given))
+        except BaseException:
+            session.add(queue)  # still pending, as a failed flush leaves it
+            raise
+        make_transient_to_detached(queue)
+        session.add(queue)
+        session.expire(queue, [key for key in columns if key not in given])
 
 
 _ENQUEUED = "_sqla_queue_enqueued"

@@ -18,6 +18,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqla_queue import (
     InvalidJobError,
     Job,
+    Queue,
     Registry,
     UnknownQueueError,
     admin,
@@ -119,6 +120,28 @@ def test_enqueue_returns_the_job_and_never_commits_by_itself(engine: Engine) -> 
         assert job_count(engine) == 0  # flushed but not committed: invisible elsewhere
         session.commit()
     assert job_count(engine) == 1
+
+
+def test_a_queue_added_in_the_same_transaction_as_its_jobs_is_written_first(
+    engine: Engine,
+) -> None:
+    """session.add(Queue(...)) and jobs for it, by each way of enqueuing, in one flush:
+    the queue row goes first (the unit of work alone would order them at random)."""
+    with Session(engine) as session:
+        session.add(Queue(name="reports", retention="keep"))
+        session.add(Job(task="reports.build", queue="reports"))
+        session.add(Queue(name="digests"))
+        enqueue(session, "digests.send", queue="digests")
+        session.commit()
+        assert session.get(Queue, "reports") is not None
+    with Session(engine) as session:
+        reports = session.get(Queue, "reports")
+        digests = session.get(Queue, "digests")
+        assert reports is not None
+        assert digests is not None
+        assert (reports.retention, reports.paused) == ("keep", False)
+        assert (digests.retention, digests.result_ttl) == ("delete", 86400)
+        assert sorted(session.scalars(select(Job.queue))) == ["digests", "reports"]
 
 
 def test_rolled_back_transaction_leaves_no_job(engine: Engine) -> None:
