@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, overload
 
 import psycopg
-from sqlalchemy import Connection, event, func, insert
+from sqlalchemy import Connection, event, func
 from sqlalchemy.engine import Engine, ExceptionContext
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import (
@@ -59,6 +59,7 @@ _NO_DELAY = dt.timedelta(0)
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
 _INSERT_JOBS = queries.insert_jobs()
 _INSERT_AND_NOTIFY = queries.insert_job_and_notify()
+_INSERT_QUEUE = queries.insert_queue()
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
 _RESERVE_JOB_ID_ARRAY = queries.reserve_job_id_array()
 _NOTIFY_QUEUES = queries.notify_queues()
@@ -297,23 +298,23 @@ def _run_due_hooks(job: Job) -> NewJob | None:
 @event.listens_for(Session, "before_flush")
 def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instances: object) -> None:
     added = list(session.new)
-    if any(isinstance(obj, Job) for obj in added):
+    jobs = [obj for obj in added if isinstance(obj, Job)]
+    if jobs:
         _write_added_queues(session, [obj for obj in added if isinstance(obj, Queue)])
     enqueued: list[Job] = []
-    for obj in list(session.new):
-        if isinstance(obj, Job):
-            if _ENQUEUED in obj.__dict__:
-                enqueued.append(obj)
-                continue
-            try:
-                unique = _run_due_hooks(obj)
-            except Exception:
-                # Refused (or a hook broke) before anything is sent: the transaction goes on
-                # without this job, which must not be written later with its hooks skipped.
-                session.expunge(obj)
-                raise
-            if unique is not None:
-                _write_unique(session, obj, unique)
+    for job in jobs:
+        if _ENQUEUED in job.__dict__:
+            enqueued.append(job)
+            continue
+        try:
+            unique = _run_due_hooks(job)
+        except Exception:
+            # Refused (or a hook broke) before anything is sent: the transaction goes on
+            # without this job, which must not be written later with its hooks skipped.
+            session.expunge(job)
+            raise
+        if unique is not None:
+            _write_unique(session, job, unique)
     for job in enqueued:
         if not _write_enqueued(session, job):  # the unit of work writes it, as an added Job
             del job.__dict__[_ENQUEUED]
@@ -338,7 +339,7 @@ def _write_added_queues(session: Session, added: list[Queue]) -> None:
         }
         session.expunge(queue)
         try:
-            connection.execute(insert(Queue).values(given))
+            connection.execute(_INSERT_QUEUE, given)
         except BaseException:
             session.add(queue)  # still pending, as a failed flush leaves it
             raise

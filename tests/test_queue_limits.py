@@ -7,11 +7,12 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import enqueue_jobs
+from apps.support import WorkerThread, count_where, enqueue_jobs, wait_for
 from click.testing import CliRunner, Result
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.orm import Session
 
-from sqla_queue import admin, queries
+from sqla_queue import Registry, admin, enqueue_many, queries
 from sqla_queue.cli import main
 from sqla_queue.durations import describe_rate, parse_rate
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
@@ -71,6 +72,32 @@ def test_claims_take_no_more_than_the_queue_concurrency_until_jobs_finish(engine
         third = claim(conn, 10)
     assert len(third) == 1
     assert running(engine, "emails") == 3
+
+
+def test_a_queue_limited_while_a_worker_runs_is_never_claimed_past_its_limit(
+    engine: Engine,
+) -> None:
+    """A worker claims with the statement without the limited-queue branch while no queue
+    has a limit; a queue limited meanwhile is held back until the worker's next heartbeat
+    says so, then claimed within its limit, never past it."""
+    registry = Registry()
+    release = threading.Event()
+    registry.task(name="slow")(lambda: release.wait(10))
+    with WorkerThread(engine, registry, concurrency=4, heartbeat=0.3, poll_interval=0.05) as w:
+        wait_for(lambda: w.worker.keeper.limits is False)  # the lean claim is in use
+        with Session(engine) as session, session.begin():  # limited before its first job
+            admin.create_queue(session, "emails")
+            admin.set_concurrency(session, "emails", 1)
+            enqueue_many(session, [{"task": "slow", "queue": "emails"}] * 4)
+        seen = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            seen.append(running(engine, "emails"))
+            time.sleep(0.05)
+        release.set()
+        wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0)
+    assert max(seen) == 1  # claimed once the beat told the worker, and one at a time
+    assert w.worker.keeper.limits is True
 
 
 def test_a_limited_queue_does_not_hold_back_jobs_of_other_queues(engine: Engine) -> None:

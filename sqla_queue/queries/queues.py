@@ -18,6 +18,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    insert,
     or_,
     select,
     update,
@@ -62,6 +63,12 @@ def create_queue() -> Insert:
         .on_conflict_do_nothing(index_elements=[queues.c.name])
         .returning(queues.c.name)
     )
+
+
+def insert_queue() -> Insert:
+    """Insert a queue row from the columns given as parameters (the session's flush of an
+    added `Queue`, written ahead of its jobs: `enqueue._write_added_queues`)."""
+    return insert(queues)
 
 
 def set_queue_paused(paused: bool) -> Update:
