@@ -139,6 +139,13 @@ FIX_BLOCKED_LOOP = (
     "blocking call to a thread (await asyncio.to_thread(...)), or make the task a sync one. "
     "The worker's log names the jobs that were running."
 )
+FIX_OVERRUN = (
+    "A sync handler cannot be interrupted: past its timeout, or once its job is cancelled, "
+    "it runs on until it returns, and keeps its slot of the worker and of its queue's "
+    "concurrency until then (a worker whose every slot is held so claims nothing). Make the "
+    "handler return: give its blocking calls their own timeouts, and check ctx.cancelled in "
+    "long loops. Restarting the worker ends the thread (its job is written as decided)."
+)
 FIX_STUCK = (
     "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
     "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
@@ -558,6 +565,7 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
             "loop_blocked_seconds": (
                 None if row["loop_blocked_seconds"] is None else float(row["loop_blocked_seconds"])
             ),
+            "overruns": list(row["overruns"] or []),
         }
         for row in rows
     ]
@@ -566,6 +574,11 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
         if workers
         else "no live worker: queued jobs wait and stuck jobs are not reaped"
     )
+    overruns = [(w, o) for w in workers for o in w["overruns"]]
+    if overruns:
+        named = "; ".join(_overrun(w, o) for w, o in overruns[:5])
+        value += f"; {len(overruns)} handler(s) overran and still run: {named}"
+        return Finding("workers", Severity.warn, value, FIX_OVERRUN, {"workers": workers})
     blocked = [w for w in workers if w["loop_blocked_seconds"] is not None]
     if blocked:
         named = ", ".join(
@@ -575,6 +588,18 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
         value += f"; event loop blocked in {len(blocked)}: {named}"
         return Finding("workers", Severity.warn, value, FIX_BLOCKED_LOOP, {"workers": workers})
     return Finding("workers", Severity.ok, value, FIX_STUCK, {"workers": workers})
+
+
+def _overrun(worker: dict[str, Any], overrun: dict[str, Any]) -> str:
+    """One handler that overran its timeout or cancel, as its worker's last beat told it."""
+    seconds = float(overrun.get("seconds") or 0) + worker["silent_seconds"]
+    job, task, reason = overrun.get("job"), overrun.get("task"), overrun.get("reason")
+    how = (
+        f"has overrun its timeout by {seconds:.0f} s"
+        if reason == "timed out"
+        else f"was {reason} {seconds:.0f} s ago"
+    )
+    return f"job {job} of task {task} {how} and its thread still runs on worker {worker['id']}"
 
 
 def check_backlog(conn: Connection, options: DoctorOptions) -> Finding:

@@ -11,7 +11,8 @@ Everything is measured on the worker's public seams, never inside it:
   statements (recognised by their cache key), disconnects and reconnects;
 - a timer thread per worker, started by `on_worker_started`: queue depth and the oldest due
   job's age (one query on queued and running rows every `depth_interval` seconds) and the
-  worker's heartbeat lag read back from `sqla_queue.workers`.
+  worker's heartbeat lag and its overrunning handlers (past their timeout or cancel, not
+  yet returned) read back from `sqla_queue.workers`.
 
 Labels are bounded: queue, task (a name the registry does not know is "unknown"), outcome,
 statement; never a job id. Every worker process exports the same queue gauges: aggregate
@@ -40,7 +41,7 @@ from .queries import (
     release_jobs,
     retry_jobs,
 )
-from .queries.metrics import heartbeat_lag, queue_depth
+from .queries.metrics import heartbeat_lag, queue_depth, worker_overruns
 from .worker.connection import STATEMENT_KIND
 
 if TYPE_CHECKING:
@@ -138,6 +139,17 @@ class QueueMetrics:
             "How long the oldest due queued job has been due (0: none is).",
             ["queue"],
         )
+        self.overrunning = gauge(
+            "sqla_queue_worker_overrunning_handlers",
+            "Handlers of this worker past their timeout or cancel that have not returned "
+            "(each keeps its slot), as of its last heartbeat.",
+            ["queue", "task"],
+        )
+        self.longest_overrun = gauge(
+            "sqla_queue_worker_longest_overrun_seconds",
+            "How long the longest-overrunning handler of this worker has been past its "
+            "timeout or cancel (0: none is).",
+        )
         self.refresh_errors = counter(
             "sqla_queue_metrics_refresh_errors",
             "Queue depth or heartbeat lag queries that failed.",
@@ -145,6 +157,7 @@ class QueueMetrics:
         self._lock = threading.Lock()
         self._broken = 0
         self._queues: set[str] = set()
+        self._overrun_labels: set[tuple[str, str]] = set()
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._timers: dict[int, threading.Event] = {}
         self._statements: dict[Any, str] = {}
@@ -191,8 +204,11 @@ class QueueMetrics:
     # -- middleware and hooks ---------------------------------------------------------------
 
     def _task(self, ctx: JobContext) -> str:
-        known = any(ctx.task in registry for registry in self._registries)
-        return ctx.task if known else UNKNOWN_TASK
+        return self._task_name(ctx.task)
+
+    def _task_name(self, task: str) -> str:
+        known = any(task in registry for registry in self._registries)
+        return task if known else UNKNOWN_TASK
 
     def _time_handler(self, ctx: JobContext, call_next: Callable[[], Any]) -> Any:
         started = time.perf_counter()
@@ -241,11 +257,10 @@ class QueueMetrics:
         try:
             with engine.connect() as conn:
                 rows = conn.execute(queue_depth()).mappings().all()
-                lag = (
-                    conn.execute(heartbeat_lag(), {"worker_id": worker_id}).scalar()
-                    if worker_id is not None
-                    else None
-                )
+                lag = overruns = None
+                if worker_id is not None:
+                    lag = conn.execute(heartbeat_lag(), {"worker_id": worker_id}).scalar()
+                    overruns = conn.execute(worker_overruns(), {"worker_id": worker_id}).scalar()
         except Exception as exc:
             self.refresh_errors.inc()
             log.warning("metrics: reading queue depth failed: %s", str(exc).splitlines()[0])
@@ -267,6 +282,21 @@ class QueueMetrics:
             self._queues |= seen
         if lag is not None:
             self.heartbeat_lag.set(max(0.0, float(lag)))
+        if worker_id is not None:
+            self._set_overruns(list(overruns or []))
+
+    def _set_overruns(self, overruns: list[dict[str, Any]]) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for overrun in overruns:
+            key = (str(overrun.get("queue")), self._task_name(str(overrun.get("task"))))
+            counts[key] = counts.get(key, 0) + 1
+        with self._lock:
+            for key in self._overrun_labels - counts.keys():  # returned since: zero
+                self.overrunning.labels(*key).set(0)
+            for key, count in counts.items():
+                self.overrunning.labels(*key).set(count)
+            self._overrun_labels |= counts.keys()
+        self.longest_overrun.set(max((float(o.get("seconds") or 0) for o in overruns), default=0))
 
     # -- engine events ----------------------------------------------------------------------
 

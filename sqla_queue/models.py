@@ -482,6 +482,11 @@ class Job(Base):
             postgresql_where=text("status = 'running'"),
         ),
         Index(
+            "ix_jobs_cancelled_held",
+            "queue",
+            postgresql_where=text("status = 'cancelled' AND lease_expires_at IS NOT NULL"),
+        ),
+        Index(
             "ix_jobs_finished",
             "finished_at",
             postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
@@ -649,6 +654,10 @@ class WorkerRegistration(Base):
     loop_blocked_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """Since when the worker's event loop has not run (an async handler calls blocking
     code), as of its last heartbeat; NULL while it runs. `doctor` warns of it."""
+    overruns: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    """Handlers past their timeout or cancel that have not returned, as of its last
+    heartbeat (job, task, queue, reason, seconds); NULL when there is none. Each still
+    holds its slot; `doctor` and the metrics report them."""
 
 
 class BrokerDone(Base):

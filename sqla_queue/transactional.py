@@ -35,6 +35,8 @@ def job_session(engine: Engine, ctx: JobContext) -> Session:
     def finish_job(session: Session) -> None:
         if ctx.committed:  # a second commit of the same session: the job is finished
             return
+        if ctx.cancelled:  # timed out (its row stays running until it returns), or lost
+            raise JobLostError(job_id=ctx.job_id)
         session.flush()  # the handler's rows first, then the job, one transaction
         finished = session.execute(queries.complete_jobs(), fence).scalar_one()
         if not finished:

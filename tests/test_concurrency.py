@@ -255,5 +255,12 @@ def test_cancelled_running_job_cannot_be_finished_by_its_worker(engine: Engine) 
         params = {"job_ids": [job_id], "job_attempts": [1]}
         assert conn.execute(queries.complete_delete(), params).rowcount == 0
         beat = {**params, "job_leases": [60.0], "job_started": [True]}
-        assert conn.execute(queries.heartbeat_jobs(), beat).all() == []
+        # its handler may still run: the lease (its queue slot) is kept, the worker told
+        assert conn.execute(queries.heartbeat_jobs(), beat).all() == [(job_id, "cancelled")]
+        assert (
+            conn.execute(
+                queries.retry_jobs(), {**params, "job_delays": [0.0], "job_errors": ["x"]}
+            ).rowcount
+            == 0
+        )
     assert jobs_by_id(engine)[job_id].status == "cancelled"

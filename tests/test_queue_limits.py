@@ -148,6 +148,67 @@ def test_a_queue_that_keeps_jobs_frees_its_slots_only_once_they_are_done(engine:
         assert len(claim(conn, 5)) == 1
 
 
+def register_worker(conn: Connection, worker_id: str) -> None:
+    registration = {
+        "worker_id": worker_id,
+        "hostname": "h",
+        "pid": 1,
+        "queues": None,
+        "concurrency": 1,
+        "stale_after": 60.0,
+        "loop_blocked_for": None,
+        "overruns": None,
+    }
+    conn.execute(queries.beat_worker(), registration)
+    conn.commit()
+
+
+def test_a_job_cancelled_while_running_holds_its_slot_until_its_worker_frees_it(
+    engine: Engine,
+) -> None:
+    """Issue 20, 1.5: its handler runs on until it returns; the worker says when."""
+    make_queue(engine, "emails", concurrency=1)
+    enqueue_jobs(engine, "t", 2, queue="emails")
+    with engine.connect() as conn:
+        register_worker(conn, "w")
+        (held,) = claim(conn, 10)
+        fence = {"job_ids": [held["id"]], "job_attempts": [held["attempts"]]}
+        assert admin.cancel_jobs(conn, [held["id"]]) == {held["id"]: "running"}
+        conn.commit()
+        assert claim(conn, 10) == []  # the cancelled handler still runs: its slot is taken
+        beaten = conn.execute(
+            queries.heartbeat_jobs(), {**fence, "job_leases": [30.0], "job_started": [True]}
+        )
+        assert beaten.all() == [(held["id"], "cancelled")]  # extended, and told it is cancelled
+        conn.execute(queries.free_cancelled_jobs(), fence)  # the handler returned
+        conn.commit()
+        assert len(claim(conn, 10)) == 1
+
+
+def test_a_cancelled_job_holds_no_slot_once_its_worker_is_gone_or_no_longer_holds_it(
+    engine: Engine,
+) -> None:
+    make_queue(engine, "emails", concurrency=1)
+    enqueue_jobs(engine, "t", 3, queue="emails")
+    with engine.connect() as conn:
+        register_worker(conn, "w")
+        (held,) = claim(conn, 10)
+        admin.cancel_jobs(conn, [held["id"]])
+        conn.commit()
+        free = queries.free_unheld_cancelled_jobs()
+        conn.execute(text("UPDATE sqla_queue.jobs SET locked_at = now() - interval '1 minute'"))
+        conn.execute(free, {"worker_id": "w", "job_ids": [held["id"]]})  # still held: kept
+        conn.commit()
+        assert claim(conn, 10) == []
+        conn.execute(free, {"worker_id": "w", "job_ids": []})  # the reaper round: not held
+        conn.commit()
+        (second,) = claim(conn, 10)
+        admin.cancel_jobs(conn, [second["id"]])
+        conn.execute(queries.deregister_worker(), {"worker_id": "w"})  # stopped or expired
+        conn.commit()
+        assert len(claim(conn, 10)) == 1
+
+
 def test_many_connections_claiming_at_once_never_exceed_the_limit(engine: Engine) -> None:
     make_queue(engine, "emails", concurrency=3)
     enqueue_jobs(engine, "t", 40, queue="emails")

@@ -696,18 +696,38 @@ def release_jobs() -> Update:
 # -- liveness --------------------------------------------------------------------------------
 
 
+def _holding(batch: Any) -> ColumnElement[bool]:
+    """The rows `batch` names at their attempt that the worker still holds: running, or
+    cancelled while its handler runs (`cancel_jobs` keeps its lease until the worker says
+    the handler returned, `free_cancelled_jobs`)."""
+    return and_(
+        jobs.c.id == batch.c.id,
+        jobs.c.attempts == batch.c.attempt,
+        or_(_is(JobStatus.running), _cancelled_held()),
+    )
+
+
+def _cancelled_held(table: Any = jobs) -> ColumnElement[bool]:
+    """A job cancelled while its handler ran, whose handler has not returned yet (as its
+    worker said): it still takes its queue's slot (`claim_slots` counts it while its lease
+    lasts). `ix_jobs_cancelled_held` holds these rows."""
+    return and_(_is(JobStatus.cancelled, table), table.c.lease_expires_at.is_not(None))
+
+
 def heartbeat_jobs() -> Update:
-    """Extend the leases of the jobs a worker holds; returns the ids it extended.
+    """Extend the leases of the jobs a worker holds; returns (id, status) of those extended.
 
     Parameters: `job_ids`, `job_attempts`, `job_leases` (seconds from now), `job_started`
     (whether the handler has started: the reaper refunds the attempt of a job that had not).
+    A job cancelled while its handler runs is extended too (status `cancelled`: the worker
+    tells its handler): its slot stays taken until the handler returns.
     Rows locked by someone else (a cancel in an open transaction) are skipped, not waited
     for: `held_jobs` tells a skipped job, still ours, from a lost one.
     """
     batch = _claimed_batch(("job_leases", "lease", Float), ("job_started", "started", Boolean))
     mine = (
         select(jobs.c.id, batch.c.lease, batch.c.started)
-        .select_from(jobs.join(batch, and_(*_fenced(batch))))
+        .select_from(jobs.join(batch, _holding(batch)))
         .with_for_update(of=jobs, skip_locked=True)
         .cte("mine")
         .prefix_with("MATERIALIZED")
@@ -720,14 +740,55 @@ def heartbeat_jobs() -> Update:
             lease_expires_at=func.now() + mine.c.lease * _SECOND,
             started_at=func.coalesce(jobs.c.started_at, case((mine.c.started, func.now()))),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, jobs.c.status)
     )
 
 
 def held_jobs() -> Select[Any]:
-    """Which of `:job_ids`/`:job_attempts` are still running under that attempt (no lock)."""
+    """(id, status) of `:job_ids`/`:job_attempts` still held under that attempt: running, or
+    cancelled while its handler runs (no lock)."""
     batch = _claimed_batch()
-    return select(jobs.c.id).select_from(jobs.join(batch, and_(*_fenced(batch))))
+    return select(jobs.c.id, jobs.c.status).select_from(jobs.join(batch, _holding(batch)))
+
+
+def free_cancelled_jobs() -> Update:
+    """The handlers of jobs cancelled while they ran have returned: clear their leases, so
+    their slots of a limited queue are free. Parameters: `job_ids`, `job_attempts`.
+
+    NOTIFYs the queue's channel for limited queues on commit."""
+    batch = _claimed_batch()
+    return (
+        update(jobs)
+        .where(jobs.c.id == batch.c.id, jobs.c.attempts == batch.c.attempt, _cancelled_held())
+        .values(heartbeat_at=None, lease_expires_at=None)
+        .returning(_wake_limited(jobs.c.queue))
+    )
+
+
+UNHELD_AFTER = 10
+"""Seconds after its claim a job cannot be on its way to the worker's board any more."""
+
+
+def free_unheld_cancelled_jobs() -> Update:
+    """Clear the leases of cancelled jobs whose handlers no longer run (the reaper's
+    round): those whose lease expired, and those of worker `:worker_id` that it no longer
+    holds (`:job_ids` are the ones it holds; a job claimed in the last `UNHELD_AFTER`
+    seconds may not be on its board yet). A handler that returned before its worker heard
+    of the cancel finished with an outcome the fence refused, and left its lease.
+
+    NOTIFYs the queue's channel for limited queues on commit."""
+    held = bindparam("job_ids", type_=ARRAY(BigInteger))
+    unheld = and_(
+        jobs.c.locked_by == bindparam("worker_id", type_=Text),
+        jobs.c.locked_at < func.now() - text(f"interval '{UNHELD_AFTER} seconds'"),
+        ~(jobs.c.id == any_(held)),
+    )
+    return (
+        update(jobs)
+        .where(_cancelled_held(), or_(jobs.c.lease_expires_at < func.now(), unheld))
+        .values(heartbeat_at=None, lease_expires_at=None)
+        .returning(_wake_limited(jobs.c.queue))
+    )
 
 
 LEGACY_LEASE_SECONDS = 60
@@ -851,7 +912,9 @@ def cancel_jobs() -> Update:
             status=JobStatus.cancelled.value,
             finished_at=func.now(),
             heartbeat_at=None,
-            lease_expires_at=None,
+            # a running job's handler goes on until it returns: it keeps its queue's slot
+            # (its worker extends the lease, then clears it: `free_cancelled_jobs`)
+            lease_expires_at=case((_is(JobStatus.running), jobs.c.lease_expires_at)),
         )
         .returning(jobs.c.id, before.c.status)
     )

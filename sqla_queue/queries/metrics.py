@@ -40,3 +40,9 @@ def heartbeat_lag() -> Select[Any]:
     return select(func.extract("epoch", func.now() - workers.c.heartbeat_at)).where(
         workers.c.id == bindparam("worker_id")
     )
+
+
+def worker_overruns() -> Select[Any]:
+    """Worker `:worker_id`'s handlers past their timeout or cancel that have not returned,
+    as of its last heartbeat (jsonb list or NULL; no row: not registered)."""
+    return select(workers.c.overruns).where(workers.c.id == bindparam("worker_id"))

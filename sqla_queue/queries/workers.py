@@ -19,6 +19,7 @@ from sqlalchemy import (
     or_,
     select,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus
@@ -31,9 +32,10 @@ def beat_worker() -> Insert:
     seconds from now unless beaten again. Parameters also `hostname`, `pid`, `queues`,
     `concurrency`. An upsert, so a worker whose row was removed (it was thought dead)
     registers again. `loop_blocked_for`: seconds the worker's event loop has not run, or
-    None while it runs (`loop_blocked_since`). Returns `limits`: whether any queue has a
-    concurrency or rate limit (the worker's claim then takes the statement that honours
-    them, `claim_jobs`)."""
+    None while it runs (`loop_blocked_since`); `overruns`: the handlers past their timeout
+    or cancel that have not returned (a list as jsonb, or None). Returns `limits`: whether
+    any queue has a concurrency or rate limit (the worker's claim then takes the statement
+    that honours them, `claim_jobs`)."""
     expires = func.now() + func.make_interval(
         0, 0, 0, 0, 0, 0, bindparam("stale_after", type_=Float)
     )
@@ -46,6 +48,7 @@ def beat_worker() -> Insert:
         expires_at=expires,
         loop_blocked_since=func.now()
         - func.make_interval(0, 0, 0, 0, 0, 0, bindparam("loop_blocked_for", None, type_=Float)),
+        overruns=bindparam("overruns", None, type_=JSONB(none_as_null=True)),
     )
     limited = exists().where(
         or_(queues.c.concurrency.is_not(None), queues.c.rate_limit.is_not(None))
@@ -56,6 +59,7 @@ def beat_worker() -> Insert:
             "heartbeat_at": func.now(),
             "expires_at": statement.excluded.expires_at,
             "loop_blocked_since": statement.excluded.loop_blocked_since,
+            "overruns": statement.excluded.overruns,
         },
     ).returning(limited.label("limits"))
 
@@ -73,8 +77,8 @@ def delete_expired_workers() -> Delete:
 
 def live_workers() -> Select[Any]:
     """(id, hostname, pid, queues, concurrency, started_at, seconds since its heartbeat,
-    running jobs, seconds its event loop has been blocked or NULL) of every registered
-    worker that has not expired."""
+    running jobs, seconds its event loop has been blocked or NULL, its overrunning handlers
+    or NULL) of every registered worker that has not expired."""
     running = (
         select(func.count())
         .where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
@@ -93,6 +97,7 @@ def live_workers() -> Select[Any]:
             func.extract("epoch", func.now() - workers.c.loop_blocked_since).label(
                 "loop_blocked_seconds"
             ),
+            workers.c.overruns,
         )
         .where(workers.c.expires_at >= func.now())
         .order_by(workers.c.started_at)

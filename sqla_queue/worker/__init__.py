@@ -200,7 +200,7 @@ class Worker:
         """A NOTIFY from `admin.cancel_jobs`: tell the handlers of the jobs we hold."""
         for job_id in job_ids:
             for job in self.board.find(job_id):
-                job.ctx.mark_lost("cancelled")
+                self.executor.give_up(job, "cancelled")
 
     def _start_threads(self) -> None:
         cfg = self.config

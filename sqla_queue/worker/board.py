@@ -95,6 +95,11 @@ class JobBoard:
         with self.mutex:
             return [job for key, job in self.held.items() if key[0] == job_id]
 
+    def held_jobs(self) -> list[ClaimedJob]:
+        """Every held job, settled ones whose outcome is not yet written too."""
+        with self.mutex:
+            return list(self.held.values())
+
     def snapshot(self) -> list[ClaimedJob]:
         """Held jobs not yet settled, for heartbeats."""
         with self.mutex:
@@ -113,8 +118,7 @@ class JobBoard:
     ) -> ClaimedJob | None:
         """Settle `previous` with `outcome` if this thread `owned` it, then wait for the
         next job; None tells the thread to exit. One lock round per job. A thread whose job
-        was taken by someone else (timed out, abandoned) exits: a replacement thread has
-        already taken its place.
+        was taken by someone else (shutdown, once its timeout passed) exits.
         """
         with self.mutex:
             if previous is not None:
@@ -132,6 +136,34 @@ class JobBoard:
             if not self.ready and self.claimable and self.running < self.concurrency:
                 self._wake()  # room to claim the next batch while this one runs
             return job
+
+    def returned(self, job: ClaimedJob, outcome: Outcome) -> Outcome | None:
+        """A handler thread's job has returned: its outcome, which is the one decided at
+        its timeout if it overran (`hold_overrun`); None if someone else took the job
+        (shutdown), and the thread must exit."""
+        with self.mutex:
+            if not job.take():
+                return None
+            return job.pending or outcome
+
+    def hold_overrun(self, job: ClaimedJob, outcome: Outcome) -> bool:
+        """The job's handler overran its timeout: keep `outcome` until it returns. The job
+        stays held and running (its lease extended, this worker's slot and its queue's
+        taken) until then. False if the handler returned meanwhile."""
+        with self.mutex:
+            if job.settled:
+                return False
+            job.pending = outcome
+            return True
+
+    def only_overrunning(self) -> bool:
+        """Whether every running handler is one that overran its timeout (burst mode exits
+        to the shutdown, which writes their outcomes)."""
+        with self.mutex:
+            overrunning = sum(
+                1 for job in self.held.values() if job.pending is not None and not job.settled
+            )
+            return self.running == overrunning
 
     def watch_deadline(self, job: ClaimedJob, deadline: float) -> None:
         with self.mutex:
@@ -166,8 +198,8 @@ class JobBoard:
             self._wake()
 
     def expired(self, now: float) -> tuple[list[ClaimedJob], float | None]:
-        """Jobs past their deadline (now marked settled by the caller's outcome), and the
-        nearest deadline still ahead."""
+        """Jobs past their deadline (each returned once: the caller decides its outcome,
+        `hold_overrun`), and the nearest deadline still ahead."""
         nearest: float | None = None
         expired: list[ClaimedJob] = []
         with self.mutex:

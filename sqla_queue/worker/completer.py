@@ -41,6 +41,7 @@ class Completer:
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()
+        self._free_cancelled = queries.free_cancelled_jobs()
 
     def take_successes(self) -> list[ClaimedJob] | None:
         """Take the pending outcomes' jobs if all are successes (for the claim to finish);
@@ -78,6 +79,9 @@ class Completer:
         snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed]
         self._write(self._snooze, snoozed, _snoozed)
         self.stats.snoozed += len(snoozed)
+        # a job cancelled while its handler ran kept its queue's slot until now
+        given_up = [o for o in outcomes if o.job.ctx.cancelled]
+        self._write(self._free_cancelled, given_up, _none)
         for outcome in outcomes:
             if outcome.kind is OutcomeKind.timed_out:
                 self.stats.timed_out += 1

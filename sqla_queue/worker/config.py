@@ -106,3 +106,6 @@ class WorkerStats:
     timed_out: int = 0
     reaped: int = 0
     snoozed: int = 0
+    overran: int = 0
+    """Handlers that had not returned a second after their timeout or cancel (each kept
+    its slot until it returned)."""

@@ -4,8 +4,10 @@ Handler threads (`serve`) take claimed jobs from the board, run each through `ex
 and settle it with the `Outcome`. Sync and async handlers take the same path: the
 middleware chain runs on the handler thread; a handler's awaitable result (an `async def`
 handler, or a sync decorator around one) is run on the worker's event loop while the
-thread waits for it. Timeouts are watched by the producer (`time_out`), which settles the
-job, tells its context, and cancels an async handler's task.
+thread waits for it. Timeouts are watched by the producer (`time_out`), which decides the
+job's outcome, tells its context, and cancels an async handler's task; the outcome is
+written only once the handler has returned (a sync handler cannot be interrupted): until
+then the job stays running and keeps its slot of the worker and of its queue's limit.
 """
 
 from __future__ import annotations
@@ -78,9 +80,10 @@ class Executor:
             job = self.board.next_job(job, outcome, owned)
             if job is None:
                 return
-            outcome = self.execute(job)
-            owned = job.take()
-            if owned:  # before the outcome is visible: hooks run before the worker stops
+            # a handler that overran its timeout ends with the outcome decided then
+            outcome = self.board.returned(job, self.execute(job))
+            owned = outcome is not None
+            if outcome is not None:  # before the outcome is visible: hooks run first
                 self._on_finished(outcome)
 
     def execute(self, job: ClaimedJob) -> Outcome:
@@ -183,13 +186,21 @@ class Executor:
     # -- async handlers -----------------------------------------------------------------------
 
     def _await(self, awaitable: Awaitable[Any], job: ClaimedJob) -> Any:
-        """Run an awaitable on the event loop; this thread waits for its result."""
+        """Run an awaitable on the event loop; this thread waits for it to end. A timeout or
+        a cancel cancels its task (`give_up`), and this thread still waits until the task
+        has ended: a coroutine that swallows the CancelledError keeps its slots."""
         loop = self.loop()
-        future = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), loop)
+        future = asyncio.run_coroutine_threadsafe(_as_task(awaitable, job), loop)
         job.future = future
-        if job.ctx.cancelled:  # timed out while the coroutine was being scheduled
-            future.cancel()
         return future.result()
+
+    def give_up(self, job: ClaimedJob, reason: str) -> None:
+        """Tell a job's handler it is timed out or cancelled (`ctx.cancelled`); an async
+        handler's task is cancelled at its next await."""
+        job.ctx.mark_lost(reason)
+        task, loop = job.task_handle, self._loop
+        if task is not None and loop is not None:  # else `_as_task` sees the mark itself
+            loop.call_soon_threadsafe(task.cancel)
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The worker's event loop, started on first use by an async handler."""
@@ -244,18 +255,22 @@ class Executor:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def failure(self, job: ClaimedJob, task: Task, exc: BaseException) -> Outcome:
-        """The outcome of an attempt that raised: retried, or failed on its last attempt."""
+    def failure(
+        self, job: ClaimedJob, task: Task, exc: BaseException, report: bool = True
+    ) -> Outcome:
+        """The outcome of an attempt that raised: retried, or failed on its last attempt
+        (logged unless not `report`)."""
         kind = OutcomeKind.timed_out if isinstance(exc, JobTimeoutError) else OutcomeKind.retried
         error = error_text(exc)
-        max_attempts = job.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
+        max_attempts = _max_attempts(job, task)
         if job.attempt >= max_attempts:
             if kind is OutcomeKind.retried:
                 kind = OutcomeKind.failed
             outcome = Outcome(kind, job, error, None, exc)
         else:
             outcome = Outcome(kind, job, error, self._retry_delay(job, task), exc)
-        self.reporter.report(outcome, max_attempts)
+        if report:
+            self.reporter.report(outcome, max_attempts)
         return outcome
 
     def _retry_delay(self, job: ClaimedJob, task: Task) -> float:
@@ -265,17 +280,23 @@ class Executor:
             log.exception("the retry policy of %s raised; using the default backoff", task.name)
             return DEFAULT_RETRY.delay(job.attempt)
 
-    def time_out(self, job: ClaimedJob) -> Outcome:
-        """Called by the producer for a job past its deadline: its outcome, handler told."""
+    def time_out(self, job: ClaimedJob, deadline: float) -> None:
+        """Called by the producer for a job past its deadline: its outcome is decided and
+        held until the handler returns (`JobBoard.hold_overrun`), the handler told."""
         task = self.registry[job.task]
-        log.warning("job %s (%s) timed out after %ss", job.id, job.task, task.timeout)
-        outcome = self.failure(
-            job, task, JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout)
+        error = JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout)
+        outcome = self.failure(job, task, error, report=False)
+        if not self.board.hold_overrun(job, outcome):  # it returned meanwhile
+            return
+        job.gave_up_at = deadline
+        log.warning(
+            "job %s (%s) timed out after %ss; it keeps its slot until its handler returns",
+            job.id,
+            job.task,
+            task.timeout,
         )
-        job.ctx.mark_lost("timed out")
-        if job.future is not None:
-            job.future.cancel()
-        return outcome
+        self.reporter.report(outcome, _max_attempts(job, task))
+        self.give_up(job, "timed out")
 
 
 def snoozed(job: ClaimedJob, task: Task, snooze: Snooze) -> Outcome:
@@ -299,7 +320,16 @@ def _lost_kind(ctx: JobContext) -> OutcomeKind:
     return OutcomeKind.lost
 
 
-async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
+def _max_attempts(job: ClaimedJob, task: Task) -> int:
+    return job.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
+
+
+async def _as_task(awaitable: Awaitable[Any], job: ClaimedJob) -> Any:
+    """An async handler as a task `give_up` can cancel (the handle is set before the
+    check, `give_up` marks before it reads the handle: one of the two sees the other)."""
+    job.task_handle = asyncio.current_task()
+    if job.ctx.cancelled:  # timed out or cancelled while it was being scheduled
+        raise asyncio.CancelledError
     return await awaitable
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import time
@@ -138,13 +139,17 @@ class ClaimedJob:
         "deadline",
         "decode_error",
         "future",
+        "gave_up_at",
         "id",
         "key",
         "max_attempts",
+        "next_report",
+        "pending",
         "queue",
         "reported_started",
         "started",
         "task",
+        "task_handle",
     )
 
     def __init__(
@@ -181,6 +186,15 @@ class ClaimedJob:
         self.reported_started = False
         self._token = [True]
         self.future: Future[Any] | None = None
+        self.task_handle: asyncio.Task[Any] | None = None
+        """An async handler's task on the worker's loop, once it runs (to cancel it)."""
+        self.pending: Outcome | None = None
+        """The outcome decided when the handler overran its timeout, written once the
+        handler returns: until then the job stays running and keeps its slots."""
+        self.gave_up_at: float | None = None
+        """When the worker gave up on the handler (its deadline, or its cancel seen)."""
+        self.next_report = 0.0
+        """When the keeper reports the overrunning handler next (0: not reported yet)."""
 
     def take(self) -> bool:
         """Become the one who settles this job: True once, for the first caller only (the

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from sqla_queue import queries
+from sqla_queue.models import JobStatus
 from sqla_queue.registry import Registry
 
 from .board import JobBoard
@@ -35,6 +36,13 @@ from .executor import Executor
 from .jobs import ClaimedJob
 
 log = logging.getLogger("sqla_queue.worker")
+
+OVERRUN_GRACE = 1.0
+"""Seconds a handler may take to return after its timeout or cancel before it is reported."""
+OVERRUN_REPORT_EVERY = 60.0
+"""Seconds between two log lines about the same handler that has not returned."""
+MAX_OVERRUNS_SHOWN = 20
+"""Overrunning handlers listed in the worker's registration (the longest first)."""
 
 
 class Keeper:
@@ -86,6 +94,7 @@ class Keeper:
             "concurrency": config.concurrency,
             "stale_after": config.dead_after,
             "loop_blocked_for": None,  # seconds, while the event loop is blocked
+            "overruns": None,  # handlers past their timeout or cancel (`_watch_overruns`)
         }
 
     def register(self, conn: Connection) -> None:
@@ -117,6 +126,7 @@ class Keeper:
         notify, expired = queries.notify_queues(), queries.delete_expired_workers()
         while not self._stopping.wait(self.tick):
             self._watch_loop()  # needs no database: watched even while it is away
+            self._watch_overruns()
             try:
                 with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                     now = time.monotonic()
@@ -155,11 +165,11 @@ class Keeper:
             "job_ids": [j.id for j in jobs],
             "job_attempts": [j.attempt for j in jobs],
         }
-        owned = set(
-            conn.execute(
-                queries.heartbeat_jobs(), {**params, "job_leases": leases, "job_started": started}
-            ).scalars()
-        )
+        beaten = conn.execute(
+            queries.heartbeat_jobs(), {**params, "job_leases": leases, "job_started": started}
+        ).all()
+        owned = {job_id for job_id, _ in beaten}
+        cancelled = {job_id for job_id, status in beaten if status == JobStatus.cancelled.value}
         missing = [j for j in jobs if j.id not in owned]
         if missing:  # skipped because locked elsewhere, or no longer ours?
             ids = {"job_ids": [j.id for j in missing], "job_attempts": [j.attempt for j in missing]}
@@ -168,6 +178,9 @@ class Keeper:
                 if job.id not in still and not job.settled:
                     log.warning("job %s is no longer ours (reaped or cancelled)", job.id)
                     job.ctx.mark_lost()
+        for job in jobs:  # cancelled while it runs (a poll-only worker hears of it here)
+            if job.id in cancelled and not job.ctx.cancelled:
+                self.executor.give_up(job, "cancelled")
         for job, was_started in zip(jobs, started, strict=True):
             if was_started and job.id in owned:
                 job.reported_started = True
@@ -188,16 +201,23 @@ class Keeper:
             owned = conn.execute(queries.heartbeat_jobs(), params).all()
             # A row locked at this instant (the keeper's own beat, a cancel in progress) was
             # skipped, not lost: ask without a lock whether this attempt still holds it.
-            held = bool(owned) or bool(
-                conn.execute(
+            if not owned:
+                owned = conn.execute(
                     queries.held_jobs(), {"job_ids": [job.id], "job_attempts": [job.attempt]}
-                ).first()
-            )
-        if not held:
+                ).all()
+        if any(status == JobStatus.cancelled.value for _, status in owned):
+            self.executor.give_up(job, "cancelled")
+            return False
+        if not owned:
             job.ctx.mark_lost()
-        return held
+        return bool(owned)
 
     def _reap(self, conn: Connection, reap: Any, notify: Any) -> None:
+        held = {
+            "worker_id": self.config.worker_id,
+            "job_ids": [j.id for j in self.board.held_jobs()],
+        }
+        conn.execute(queries.free_unheld_cancelled_jobs(), held)  # their slots are free
         reaped = conn.execute(reap, {"task_max_attempts": self.task_max_attempts}).mappings().all()
         if not reaped:
             return
@@ -211,6 +231,55 @@ class Keeper:
         if queued:
             conn.execute(notify, {"queues": queued})
         self._on_reaped()
+
+    def _watch_overruns(self) -> None:
+        """Report handlers that have not returned `OVERRUN_GRACE` seconds after their
+        timeout or cancel: logged once, then every `OVERRUN_REPORT_EVERY` seconds, counted,
+        and listed in the worker's registration (`workers.overruns`) for `doctor` and the
+        metrics. Each keeps its slot of this worker and of its queue's limit."""
+        now = time.monotonic()
+        overruns: list[dict[str, Any]] = []
+        for job in self.board.snapshot():
+            if not job.started or not job.ctx.cancelled:
+                continue
+            if job.gave_up_at is None:  # cancelled or lost: from when the keeper saw it
+                job.gave_up_at = now
+            overran = now - job.gave_up_at
+            if overran < OVERRUN_GRACE:
+                continue
+            reason = job.ctx.lost_reason or "lost"
+            overruns.append(
+                {
+                    "job": job.id,
+                    "attempt": job.attempt,
+                    "task": job.task,
+                    "queue": job.queue,
+                    "reason": reason,
+                    "seconds": round(overran, 1),
+                }
+            )
+            if now < job.next_report:
+                continue
+            first = not job.next_report
+            job.next_report = now + OVERRUN_REPORT_EVERY
+            if first:
+                self.stats.overran += 1
+            overrun = (
+                f"has overrun its timeout by {overran:.0f} s"
+                if reason == "timed out"
+                else f"was {reason} {overran:.0f} s ago"
+            )
+            log.log(
+                logging.WARNING if first else logging.ERROR,
+                "job %s (%s) %s and its handler has not returned: it keeps its slot of this "
+                "worker and of queue %s until it does",
+                job.id,
+                job.task,
+                overrun,
+                job.queue,
+            )
+        overruns.sort(key=lambda o: -float(o["seconds"]))
+        self._registration["overruns"] = overruns[:MAX_OVERRUNS_SHOWN] or None
 
     def _loop_stuck(self) -> bool:
         return self.executor.loop_lag() > self.config.lease / 2

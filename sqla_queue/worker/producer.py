@@ -133,11 +133,11 @@ class Producer:
                 if (
                     cfg.burst
                     and queue_empty
-                    and board.running == 0
                     and not board.ready
                     and not board.outcomes
+                    and (board.running == 0 or board.only_overrunning())
                 ):
-                    return
+                    return  # the shutdown writes overrunning handlers' outcomes
                 timeouts = [next_poll - now] if queue_empty else []
                 if flush_after:
                     timeouts.append(flush_after - now)
@@ -236,17 +236,15 @@ class Producer:
     def _time_out(self, now: float) -> float | None:
         """Time out overrunning handlers; return the nearest deadline still ahead.
 
-        A sync handler cannot be interrupted: its job is recorded as timed out (retried or
-        failed by the usual rules), its context reports `cancelled`, and whatever it returns
-        later is discarded; a new handler thread takes its place. An async handler's task
-        is cancelled.
+        A sync handler cannot be interrupted: its outcome is decided now (timed out:
+        retried or failed by the usual rules), its context reports `cancelled`, and the
+        outcome is written once the handler returns, whatever it returns. Until then its
+        job stays running (leased, so not reaped) and keeps its slot of this worker and of
+        its queue's limit. An async handler's task is cancelled, and it too keeps its slots
+        until the task has ended.
         """
         expired, nearest = self.board.expired(now)
         for job in expired:
-            if not job.take():  # its handler returned meanwhile
-                continue
-            outcome = self.executor.time_out(job)
-            self._on_finished(outcome)
-            self.board.settle(job, outcome)
-            self.executor.start_thread()
+            assert job.deadline is not None
+            self.executor.time_out(job, job.deadline)
         return nearest

@@ -67,9 +67,22 @@ class Shutdown:
                 self.wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                 self.wake.clear()
             left = [job for job in self.board.snapshot() if job.take()]
+            decided = [job for job in left if job.pending is not None or job.ctx.cancelled]
+            for job in decided:  # their handlers overran a timeout or a cancel: as decided
+                outcome = job.pending or Outcome(_given_up_kind(job), job)
+                self._on_finished(outcome)
+                self.board.settle(job, outcome)
+            left = [job for job in left if job not in decided]
             for job in left:
                 job.ctx.mark_lost("lost")
                 self.board.settle(job, None)
+            if decided:
+                log.warning(
+                    "%d handler(s) past their timeout or cancel still running at exit: "
+                    "their jobs are written as decided (%s)",
+                    len(decided),
+                    ", ".join(f"{job.id} ({job.task})" for job in decided[:10]),
+                )
             if left:
                 log.warning(
                     "%d job(s) still running after the %ss shutdown timeout; requeueing them",
@@ -89,6 +102,10 @@ class Shutdown:
         self.board.forget(jobs)
         for job in jobs:
             self._on_finished(Outcome(OutcomeKind.released, job, "the worker stopped"))
+
+
+def _given_up_kind(job: ClaimedJob) -> OutcomeKind:
+    return OutcomeKind.cancelled if job.ctx.lost_reason == "cancelled" else OutcomeKind.lost
 
 
 def exit_now(engine: Engine, board: JobBoard) -> None:
