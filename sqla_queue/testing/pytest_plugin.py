@@ -20,9 +20,9 @@ Session-wide:
   (`pkg.module:registry`), or None; override it to build one.
 
 Per test:
-- `sqla_queue_queues`: the queues every test database has besides `default`: by default
-  those the registry's tasks name (with the default settings; queues that
-  `sqla_queue_prepare` made are left as they are); override it to return other names;
+- `sqla_queue_queues`: the queues every test database has: `default` and those the
+  registry's tasks name (made with the default settings; a queue `sqla_queue_prepare`
+  made is left as it is); override it to return other names;
 - `sqla_queue_database_url` / `sqla_queue_engine`: a database of the test's own, cloned
   from the template; for code that commits (a web app's own sessions, a real worker);
 - `sqla_queue_connection`: a connection to one database shared by the session's tests,
@@ -103,6 +103,11 @@ def sqla_queue_queues(sqla_queue_registry: Registry | None) -> list[str]:
     return sorted(names)
 
 
+def _to_create(names: list[str]) -> list[str]:
+    """The queues of `names` a migrated database may lack (`migrate` creates `default`)."""
+    return [name for name in names if name != "default"]
+
+
 def _create_queues(bind: Connection, names: list[str]) -> None:
     """Create the queues of `names` that do not exist yet (an existing one is left as it is)."""
     for name in names:
@@ -141,12 +146,13 @@ def sqla_queue_database_url(
 ) -> Iterator[str]:
     """A fresh migrated database of this test's own, with `sqla_queue_queues`; dropped after it."""
     url = _template_for(sqla_queue_databases, sqla_queue_prepare, request).clone()
-    engine = create_engine(url, poolclass=pool.NullPool)
-    try:
-        with engine.begin() as connection:
-            _create_queues(connection, sqla_queue_queues)
-    finally:
-        engine.dispose()
+    if names := _to_create(sqla_queue_queues):  # no connection when there is nothing to do
+        engine = create_engine(url, poolclass=pool.NullPool)
+        try:
+            with engine.begin() as connection:
+                _create_queues(connection, names)
+        finally:
+            engine.dispose()
     yield url
     sqla_queue_databases.drop(url)
 
@@ -183,7 +189,7 @@ def sqla_queue_connection(
     with sqla_queue_shared_engine.connect() as connection:
         event.listen(connection, "commit", lambda _: committed.append(True))
         transaction = connection.begin()
-        _create_queues(connection, sqla_queue_queues)
+        _create_queues(connection, _to_create(sqla_queue_queues))
         yield connection
         transaction.rollback()
     if committed:
