@@ -28,3 +28,5 @@ export SQLA_QUEUE_DATABASE_URL
 "$venv/bin/python" -m examples.shop.app
 "$venv/bin/sqla-queue" worker --app examples.shop.tasks:registry --burst -c 2
 "$venv/bin/sqla-queue" stats
+echo "demo: done counts kept jobs only: the default queue deletes a job once it succeeds;" \
+  "'sqla-queue queues set default --retention keep' keeps them (status done)"

@@ -156,3 +156,88 @@ def test_a_bad_registry_option_is_one_clear_error(
     result = pytester.runpytest("-q")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*Cannot load the task registry 'nowhere.tasks:registry'*"])
+
+
+def test_the_queues_the_registrys_tasks_name_exist_in_every_test_database(
+    pytester: pytest.Pytester, admin_url: str
+) -> None:
+    pytester.makepyfile(
+        shop="""
+        from sqla_queue import Registry
+
+        registry = Registry()
+        sent = []
+
+        @registry.task(queue="emails")
+        def send_receipt(email: str) -> None:
+            sent.append(email)
+
+        @registry.periodic(every=60, queue="reports")
+        def nightly_report() -> None: ...
+
+        @registry.task
+        def plain() -> None: ...
+        """
+    )
+    pytester.makeini(
+        f"""
+        [pytest]
+        sqla_queue_url = {admin_url}
+        sqla_queue_registry = shop:registry
+        """
+    )
+    pytester.makepyfile(
+        test_queues="""
+        from sqlalchemy.orm import Session
+        from sqla_queue import admin
+        from shop import send_receipt, sent
+
+        def test_the_session_s_database(queue, sqla_queue_session):
+            send_receipt.enqueue(sqla_queue_session, {"email": "ada@example.com"})
+            sqla_queue_session.commit()
+            assert queue.drain().succeeded == 1
+            assert sent == ["ada@example.com"]
+
+        def test_an_own_database(sqla_queue_engine, sqla_queue_queues):
+            assert sqla_queue_queues == ["default", "emails", "reports"]
+            with Session(sqla_queue_engine) as session, session.begin():
+                send_receipt.enqueue(session, {"email": "alan@example.com"})
+            with sqla_queue_engine.connect() as connection:
+                names = [q.name for q in admin.list_queues(connection)]
+            assert names == ["default", "emails", "reports"]
+        """
+    )
+    pytester.syspathinsert()
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=2)
+
+
+def test_sqla_queue_queues_overridden_names_the_queues_made(
+    pytester: pytest.Pytester, admin_url: str
+) -> None:
+    pytester.makeini(f"[pytest]\nsqla_queue_url = {admin_url}\n")
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture
+        def sqla_queue_queues():
+            return ["bulk"]
+        """
+    )
+    pytester.makepyfile(
+        test_override="""
+        from sqla_queue import admin
+
+        def test_own(sqla_queue_engine):
+            with sqla_queue_engine.connect() as connection:
+                assert [q.name for q in admin.list_queues(connection)] == ["bulk", "default"]
+
+        def test_shared(sqla_queue_connection):
+            assert [q.name for q in admin.list_queues(sqla_queue_connection)] == [
+                "bulk", "default"
+            ]
+        """
+    )
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=2)

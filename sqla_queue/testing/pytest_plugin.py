@@ -20,6 +20,9 @@ Session-wide:
   (`pkg.module:registry`), or None; override it to build one.
 
 Per test:
+- `sqla_queue_queues`: the queues every test database has: `default` and those the
+  registry's tasks name (made with the default settings; a queue `sqla_queue_prepare`
+  made is left as it is); override it to return other names;
 - `sqla_queue_database_url` / `sqla_queue_engine`: a database of the test's own, cloned
   from the template; for code that commits (a web app's own sessions, a real worker);
 - `sqla_queue_connection`: a connection to one database shared by the session's tests,
@@ -39,6 +42,7 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, event, pool
 from sqlalchemy.orm import Session
 
+from sqla_queue.admin import create_queue
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.hooks import default_registry, set_default_registry
 from sqla_queue.registry import Registry, load_registry
@@ -90,6 +94,26 @@ def sqla_queue_registry(pytestconfig: pytest.Config) -> Registry | None:
     return load_registry(str(path)) if path else None
 
 
+@pytest.fixture
+def sqla_queue_queues(sqla_queue_registry: Registry | None) -> list[str]:
+    """The queues each test's database has: `default` and those the registry's tasks name."""
+    names = {"default"}
+    if sqla_queue_registry is not None:
+        names.update(sqla_queue_registry[name].queue or "default" for name in sqla_queue_registry)
+    return sorted(names)
+
+
+def _to_create(names: list[str]) -> list[str]:
+    """The queues of `names` a migrated database may lack (`migrate` creates `default`)."""
+    return [name for name in names if name != "default"]
+
+
+def _create_queues(bind: Connection, names: list[str]) -> None:
+    """Create the queues of `names` that do not exist yet (an existing one is left as it is)."""
+    for name in names:
+        create_queue(bind, name)
+
+
 def _template_for(
     databases: TemplateDatabases,
     prepare: Callable[[Engine], None] | None,
@@ -117,10 +141,18 @@ def _sqla_queue_default_registry() -> Iterator[None]:
 def sqla_queue_database_url(
     sqla_queue_databases: TemplateDatabases,
     sqla_queue_prepare: Callable[[Engine], None] | None,
+    sqla_queue_queues: list[str],
     request: pytest.FixtureRequest,
 ) -> Iterator[str]:
-    """A fresh migrated database of this test's own; dropped after it."""
+    """A fresh migrated database of this test's own, with `sqla_queue_queues`; dropped after it."""
     url = _template_for(sqla_queue_databases, sqla_queue_prepare, request).clone()
+    if names := _to_create(sqla_queue_queues):  # no connection when there is nothing to do
+        engine = create_engine(url, poolclass=pool.NullPool)
+        try:
+            with engine.begin() as connection:
+                _create_queues(connection, names)
+        finally:
+            engine.dispose()
     yield url
     sqla_queue_databases.drop(url)
 
@@ -148,14 +180,16 @@ def sqla_queue_connection(
     sqla_queue_shared_engine: Engine,
     sqla_queue_databases: TemplateDatabases,
     sqla_queue_prepare: Callable[[Engine], None] | None,
+    sqla_queue_queues: list[str],
     request: pytest.FixtureRequest,
 ) -> Iterator[Connection]:
-    """A connection inside a transaction that is rolled back after the test."""
+    """A connection inside a transaction (with `sqla_queue_queues`) rolled back after the test."""
     _template_for(sqla_queue_databases, sqla_queue_prepare, request)
     committed: list[bool] = []
     with sqla_queue_shared_engine.connect() as connection:
         event.listen(connection, "commit", lambda _: committed.append(True))
         transaction = connection.begin()
+        _create_queues(connection, _to_create(sqla_queue_queues))
         yield connection
         transaction.rollback()
     if committed:
