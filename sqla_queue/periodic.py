@@ -16,8 +16,13 @@ worker ran (a deploy) are known: up to `catch_up` of them are enqueued when a wo
 back (default 1: the last missed slot only; a timedelta: those within that long), never a
 burst. A schedule that never ran starts with its first slot after a worker starts.
 
+Slots are due by the database's clock, read in the transaction that claims them, so a
+worker whose own clock is off enqueues nothing early or late.
+
 Cron expressions are read by `cronsim` (five fields, or a sixth for seconds), in the
-schedule's time zone (`zoneinfo`; DST gaps and repeats as cronsim handles them).
+schedule's time zone (`zoneinfo`). Across DST, as cron does: a time of day the spring
+change skips runs once, when the gap ends; one the autumn change repeats runs once, in its
+first pass; a cron whose minute or hour is `*` follows the clock through both passes.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ log = logging.getLogger("sqla_queue.periodic")
 UTC = dt.timezone.utc
 MAX_TICK = 5.0
 """Longest sleep between two looks at the schedules (a clock change is noticed by then)."""
+CLOCK_SKEW_WARNING = 1.0
+"""Seconds between a worker's clock and the database's beyond which the scheduler warns."""
 MIN_TICK = 0.25
 """Shortest time between the starts of two looks, whatever the schedules say."""
 WAKE_MARGIN = 0.02
@@ -245,6 +252,10 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{name}-periodic", daemon=True)
         self._pruned_at = 0.0
+        self.looked_at: dt.datetime | None = None
+        """The database's time at this scheduler's latest look."""
+        self._looked_mono = 0.0
+        self._skew_warned = False
 
     def start(self) -> None:
         self._thread.start()
@@ -257,15 +268,20 @@ class Scheduler:
     def _run(self) -> None:
         previous: dt.datetime | None = None
         while not self._stop.is_set():
-            now = _now()
-            began = time.monotonic()
             try:
                 # At its first look a scheduler has seen nothing: every slot due is missed.
-                self.tick(now, now if previous is None else previous - LATE_MARGIN)
-                previous = now
+                self.tick(current_from=None if previous is None else previous - LATE_MARGIN)
             except Exception as exc:  # a database away: try again at the next look
                 log.warning("periodic jobs not enqueued this time: %s", exc)
-            self._stop.wait(max(self.next_wait(now) - (time.monotonic() - began), 0.0))
+                self._stop.wait(MAX_TICK)
+                continue
+            previous = self.looked_at
+            if previous is None:  # no schedules (yet)
+                self._stop.wait(MAX_TICK)
+                continue
+            # the wait is counted from the database's clock read, on this host's steady clock
+            elapsed = time.monotonic() - self._looked_mono
+            self._stop.wait(max(self.next_wait(previous) - elapsed, 0.0))
 
     def next_wait(self, looked_at: dt.datetime) -> float:
         """Seconds from a look at `looked_at` to the next one: just past the nearest slot,
@@ -274,13 +290,26 @@ class Scheduler:
         pause = (min(wakes) - looked_at).total_seconds() + WAKE_MARGIN if wakes else MAX_TICK
         return min(max(pause, MIN_TICK), MAX_TICK)
 
-    def tick(self, now: dt.datetime, current_from: dt.datetime) -> list[tuple[str, dt.datetime]]:
+    def tick(
+        self, now: dt.datetime | None = None, current_from: dt.datetime | None = None
+    ) -> list[tuple[str, dt.datetime]]:
         """Enqueue every due slot of every schedule that no one has yet; returns those this
-        scheduler enqueued. One transaction."""
+        scheduler enqueued. One transaction.
+
+        `now`: the database's clock, read in that transaction, unless given (a test's
+        simulated time); it is kept as `looked_at`. `current_from`: this scheduler's
+        previous look (None: `now`, a first look)."""
         schedules = self.registry.schedules
         if not schedules:
             return []
         with self.engine.begin() as conn:
+            if now is None:
+                now = conn.execute(queries.database_now()).scalar_one()
+                self._looked_mono = time.monotonic()
+                self._check_clock(now)
+            self.looked_at = now
+            if current_from is None:
+                current_from = now
             last = _last_slots(conn, list(schedules))
             wanted = [
                 (task, slot)
@@ -294,6 +323,18 @@ class Scheduler:
                 conn.execute(queries.prune_periodic_slots(), {"keep": KEEP_SLOTS})
                 self._pruned_at = now.timestamp()
         return won
+
+    def _check_clock(self, database_now: dt.datetime) -> None:
+        """Warn once if this worker's clock is off the database's (slots follow the latter)."""
+        skew = (_now() - database_now).total_seconds()
+        if abs(skew) > CLOCK_SKEW_WARNING and not self._skew_warned:
+            self._skew_warned = True
+            log.warning(
+                "this worker's clock is %.1f s %s the database's: periodic jobs follow the "
+                "database's clock (sync this host with NTP)",
+                abs(skew),
+                "ahead of" if skew > 0 else "behind",
+            )
 
     def _enqueue(self, conn: Connection, won: list[tuple[str, dt.datetime]]) -> None:
         from .enqueue import enqueue_many
@@ -412,7 +453,7 @@ def schedule_states(conn: Connection, registry: Registry) -> list[ScheduleState]
         task: (slot, job_id)
         for task, slot, job_id in conn.execute(queries.last_periodic_jobs(), {"tasks": tasks})
     }
-    now = _now()
+    now = conn.execute(queries.database_now()).scalar_one()
     return [
         ScheduleState(
             task,

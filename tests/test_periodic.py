@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import logging
 import re
 import time
 from collections import Counter
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from sqla_queue import ConfigurationError, Registry, admin
+from sqla_queue import ConfigurationError, Registry, admin, periodic
 from sqla_queue.cli import main
 from sqla_queue.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Schedule, Scheduler
 
@@ -379,3 +380,24 @@ def test_slots_are_strictly_increasing_matching_times_and_next_after_is_after(
     if not minute.startswith("*") and not hour.startswith("*"):  # a time of day: once a day
         walls = [slot.astimezone(zone).replace(tzinfo=None) for slot in slots]
         assert all(a < b for a, b in itertools.pairwise(walls)), walls
+
+
+def test_a_worker_whose_clock_is_ahead_enqueues_no_slot_before_its_time_by_the_database(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def ahead() -> dt.datetime:
+        return dt.datetime.now(UTC) + dt.timedelta(seconds=1.5)
+
+    monkeypatch.setattr(periodic, "_now", ahead)  # this worker's clock, 1.5 s fast
+    record_run(engine, "tick", dt.datetime.now(UTC).replace(microsecond=0))
+    log_level = caplog.at_level(logging.WARNING, "sqla_queue.periodic")
+    with log_level, WorkerThread(engine, every_second(), concurrency=1):
+        time.sleep(3.5)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT slot, enqueued_at FROM sqla_queue.periodic_slots WHERE job_id IS NOT NULL")
+        ).all()
+    assert len(rows) >= 2
+    early = [(slot, enqueued) for slot, enqueued in rows if enqueued < slot]
+    assert early == []  # by the database's clock, never before its slot
+    assert "clock is 1.5 s ahead of the database's" in caplog.text
