@@ -250,7 +250,8 @@ class Scheduler:
         self.registry = registry
         self.engine = engine
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"{name}-periodic", daemon=True)
+        self._name = f"{name}-periodic"
+        self._thread: threading.Thread | None = None
         self._pruned_at = 0.0
         self.looked_at: dt.datetime | None = None
         """The database's time at this scheduler's latest look."""
@@ -258,30 +259,38 @@ class Scheduler:
         self._skew_warned = False
 
     def start(self) -> None:
+        """Look once now, in the caller's thread, then keep looking on the scheduler's own:
+        the worker starting it claims only after the first look's jobs are enqueued (so a
+        `--burst` worker runs them before it finds the queue empty)."""
+        wait = self._look()
+        self._thread = threading.Thread(
+            target=self._run, args=(wait,), name=self._name, daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _run(self) -> None:
-        previous: dt.datetime | None = None
-        while not self._stop.is_set():
-            try:
-                # At its first look a scheduler has seen nothing: every slot due is missed.
-                self.tick(current_from=None if previous is None else previous - LATE_MARGIN)
-            except Exception as exc:  # a database away: try again at the next look
-                log.warning("periodic jobs not enqueued this time: %s", exc)
-                self._stop.wait(MAX_TICK)
-                continue
-            previous = self.looked_at
-            if previous is None:  # no schedules (yet)
-                self._stop.wait(MAX_TICK)
-                continue
-            # the wait is counted from the database's clock read, on this host's steady clock
-            elapsed = time.monotonic() - self._looked_mono
-            self._stop.wait(max(self.next_wait(previous) - elapsed, 0.0))
+    def _run(self, wait: float) -> None:
+        while not self._stop.wait(wait):
+            wait = self._look()
+
+    def _look(self) -> float:
+        """One look at the schedules; returns the seconds to wait until the next."""
+        previous = self.looked_at
+        try:
+            # At its first look a scheduler has seen nothing: every slot due is missed.
+            self.tick(current_from=None if previous is None else previous - LATE_MARGIN)
+        except Exception as exc:  # a database away: try again at the next look
+            log.warning("periodic jobs not enqueued this time: %s", exc)
+            return MAX_TICK
+        if self.looked_at is None:  # no schedules (yet)
+            return MAX_TICK
+        # counted from the database's clock read, on this host's steady clock
+        elapsed = time.monotonic() - self._looked_mono
+        return max(self.next_wait(self.looked_at) - elapsed, 0.0)
 
     def next_wait(self, looked_at: dt.datetime) -> float:
         """Seconds from a look at `looked_at` to the next one: just past the nearest slot,
@@ -302,12 +311,12 @@ class Scheduler:
         schedules = self.registry.schedules
         if not schedules:
             return []
+        looked_mono = time.monotonic()
         with self.engine.begin() as conn:
             if now is None:
                 now = conn.execute(queries.database_now()).scalar_one()
-                self._looked_mono = time.monotonic()
+                looked_mono = time.monotonic()
                 self._check_clock(now)
-            self.looked_at = now
             if current_from is None:
                 current_from = now
             last = _last_slots(conn, list(schedules))
@@ -322,6 +331,7 @@ class Scheduler:
             if self._pruned_at + 3600 < now.timestamp():
                 conn.execute(queries.prune_periodic_slots(), {"keep": KEEP_SLOTS})
                 self._pruned_at = now.timestamp()
+        self.looked_at, self._looked_mono = now, looked_mono  # once committed
         return won
 
     def _check_clock(self, database_now: dt.datetime) -> None:

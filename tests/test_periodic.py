@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 from sqla_queue import ConfigurationError, Registry, admin, periodic
 from sqla_queue.cli import main
 from sqla_queue.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Schedule, Scheduler
+from sqla_queue.worker import Worker, WorkerConfig
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -401,3 +402,19 @@ def test_a_worker_whose_clock_is_ahead_enqueues_no_slot_before_its_time_by_the_d
     early = [(slot, enqueued) for slot, enqueued in rows if enqueued < slot]
     assert early == []  # by the database's clock, never before its slot
     assert "clock is 1.5 s ahead of the database's" in caplog.text
+
+
+def test_a_burst_worker_runs_the_periodic_job_its_own_scheduler_found_due(engine: Engine) -> None:
+    ran: list[str] = []
+    registry = Registry()
+    registry.periodic(every=dt.timedelta(hours=1), name="hourly")(lambda: ran.append("hourly"))
+    last = dt.datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    record_run(engine, "hourly", last - dt.timedelta(hours=3))  # the last two hours missed
+    stats = Worker(engine, registry, WorkerConfig(burst=True, poll_only=True)).run()
+    assert ran == ["hourly"]  # the last missed slot, enqueued at the worker's start and run
+    assert (stats.claimed, stats.succeeded) == (1, 1)
+    with engine.connect() as conn:
+        slots = conn.execute(
+            text("SELECT slot FROM sqla_queue.periodic_slots WHERE job_id IS NOT NULL")
+        ).scalars()
+        assert list(slots) == [last]
