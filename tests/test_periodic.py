@@ -418,3 +418,45 @@ def test_a_burst_worker_runs_the_periodic_job_its_own_scheduler_found_due(engine
             text("SELECT slot FROM sqla_queue.periodic_slots WHERE job_id IS NOT NULL")
         ).scalars()
         assert list(slots) == [last]
+
+
+def test_periodic_tasks_of_a_registrys_included_modules_are_listed_and_run(
+    database_url: str, engine: Engine
+) -> None:
+    env = {"SQLA_QUEUE_DATABASE_URL": database_url}
+    listed = CliRunner().invoke(
+        main, ["periodic", "list", "--app", "apps.included_app:registry", "--json"], env=env
+    )
+    assert listed.exit_code == 0, listed.output
+    assert [row["task"] for row in json.loads(listed.stdout)] == ["hourly_report"]
+    last = dt.datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    record_run(engine, "hourly_report", last - dt.timedelta(hours=2))
+    worked = CliRunner().invoke(
+        main, ["worker", "--app", "apps.included_app:registry", "--burst", "--poll-only"], env=env
+    )
+    assert worked.exit_code == 0, worked.output
+    assert "done: 1 succeeded, 0 retried, 0 failed" in worked.stderr
+
+
+def test_an_included_module_that_cannot_be_imported_is_named_in_one_line(
+    database_url: str,
+) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["periodic", "list", "--app", "apps.included_app:broken"],
+        env={"SQLA_QUEUE_DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: Cannot load the task registry 'apps.included_app:broken': its include "
+        "'apps.no_such_reports': no module named 'apps.no_such_reports' (is it on PYTHONPATH? "
+        "run from its folder)"
+    ]
+
+
+@pytest.mark.parametrize("include", ["shop.emails", ["shop.emails", ""], [None]])
+def test_a_registry_include_that_is_not_a_list_of_module_names_is_refused(
+    include: object,
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("include is a list of module names")):
+        Registry(include=include)  # type: ignore[arg-type]
