@@ -1019,7 +1019,10 @@ def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> Non
         _echo_json([{k: _iso(v) for k, v in dataclasses.asdict(s).items()} for s in states])
         return
     if not states:
-        click.echo(f"{app_path} has no periodic tasks (register one with @registry.periodic)")
+        click.echo(
+            f"{app_path} has no periodic tasks (register one with @registry.periodic; in "
+            "another module? name it in Registry(include=[...]))"
+        )
         return
     from rich.console import Console
     from rich.table import Table

@@ -16,16 +16,21 @@ worker ran (a deploy) are known: up to `catch_up` of them are enqueued when a wo
 back (default 1: the last missed slot only; a timedelta: those within that long), never a
 burst. A schedule that never ran starts with its first slot after a worker starts.
 
+Slots are due by the database's clock, read in the transaction that claims them, so a
+worker whose own clock is off enqueues nothing early or late.
+
 Cron expressions are read by `cronsim` (five fields, or a sixth for seconds), in the
-schedule's time zone (`zoneinfo`; DST gaps and repeats as cronsim handles them).
+schedule's time zone (`zoneinfo`). Across DST, as cron does: a time of day the spring
+change skips runs once, when the gap ends; one the autumn change repeats runs once, in its
+first pass; a cron whose minute or hour is `*` follows the clock through both passes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,8 +52,20 @@ log = logging.getLogger("sqla_queue.periodic")
 UTC = dt.timezone.utc
 MAX_TICK = 5.0
 """Longest sleep between two looks at the schedules (a clock change is noticed by then)."""
+CLOCK_SKEW_WARNING = 1.0
+"""Seconds between a worker's clock and the database's beyond which the scheduler warns."""
+MIN_TICK = 0.25
+"""Shortest time between the starts of two looks, whatever the schedules say."""
+WAKE_MARGIN = 0.02
+"""A look is this much after the slot it waits for (so that the slot is due by then)."""
 KEEP_SLOTS = dt.timedelta(days=7)
 """How long a task's past slots are kept beside its latest one (which is always kept)."""
+MAX_EVERY = dt.timedelta(days=366)
+"""The longest `every` (slots are aligned to the epoch; use cron for longer periods)."""
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = dt.timedelta(microseconds=1)
+OFFSET_SCAN = dt.timedelta(hours=6)
+"""Steps in which a cron on the elapsed time looks for a change of its zone's UTC offset."""
 LATE_MARGIN = dt.timedelta(seconds=1)
 """A slot this much before the scheduler's previous look is still current, not missed."""
 
@@ -86,10 +103,10 @@ class Schedule:
                     detail=f"periodic task {self.task!r}: cron {self.cron!r} is not valid "
                     f"({exc}); e.g. '0 3 * * *' for 03:00 every day"
                 ) from None
-        if self.every is not None and not self.every >= 1:
+        if self.every is not None and not 1 <= self.every <= MAX_EVERY.total_seconds():
             raise ConfigurationError(
-                detail=f"periodic task {self.task!r}: every must be at least 1 second, "
-                f"got {self.every!r}"
+                detail=f"periodic task {self.task!r}: every must be at least 1 second and at "
+                f"most {MAX_EVERY.days} days (use cron for longer periods), got {self.every!r}"
             )
         catch_up = self.catch_up
         if isinstance(catch_up, bool) or not (
@@ -113,27 +130,90 @@ class Schedule:
         assert self.every is not None
         return f"every {self.every:g}s"
 
+    @property
+    def on_wall_clock(self) -> bool:
+        """True for a time of day (cron's rule: five fields, neither minute nor hour `*`):
+        its slots are wall-clock times; other crons follow the elapsed time."""
+        parts = (self.cron or "").split()
+        return len(parts) == 5 and not parts[0].startswith("*") and not parts[1].startswith("*")
+
     def slots_back(self, at: dt.datetime) -> Iterator[dt.datetime]:
-        """Slots at or before `at`, newest first, as aware UTC datetimes."""
+        """Slots at or before `at`, newest first (strictly decreasing), as aware UTC datetimes."""
         if self.every is not None:
-            slot = math.floor(at.timestamp() / self.every) * self.every
+            step = _micros(dt.timedelta(seconds=self.every))
+            count = _micros(at - EPOCH) // step
             while True:
-                yield dt.datetime.fromtimestamp(slot, UTC)
-                slot -= self.every
+                yield EPOCH + dt.timedelta(microseconds=count * step)
+                count -= 1
         assert self.cron is not None
+        if not self.on_wall_clock:
+            yield from self._elapsed_back(at)
+            return
+        local = at.astimezone(self.zone)
+        if local.fold:
+            # In the second pass of a repeated hour the first pass reached later wall times
+            # than `at`'s: cronsim walks wall times, so start past them and filter.
+            shift = local.replace(fold=0).utcoffset() - local.utcoffset()  # type: ignore[operator]
+            local = (at + shift).astimezone(self.zone)
+        newest = None
         # cronsim yields slots strictly before its start in reverse: start just after `at`.
-        start = at.astimezone(self.zone) + dt.timedelta(microseconds=1)
-        for found in CronSim(self.cron, start, reverse=True):
-            yield found.astimezone(UTC)
+        for found in CronSim(self.cron, local + MICROSECOND, reverse=True):
+            slot = found.astimezone(UTC)
+            if slot <= at and (newest is None or slot < newest):
+                newest = slot
+                yield slot
 
     def next_after(self, at: dt.datetime) -> dt.datetime:
-        """The first slot strictly after `at`."""
+        """The first slot strictly after `at`.
+
+        Across DST, as cron does: a time of day that the spring change skips runs once, at
+        the first time after the gap; one that the autumn change repeats runs once, in its
+        first pass. A cron on the elapsed time (its minute or hour `*`, as `*/15 * * * *`)
+        matches the clock as it reads, through both passes.
+        """
         if self.every is not None:
-            return dt.datetime.fromtimestamp(
-                (math.floor(at.timestamp() / self.every) + 1) * self.every, UTC
-            )
+            step = _micros(dt.timedelta(seconds=self.every))
+            return EPOCH + dt.timedelta(microseconds=(_micros(at - EPOCH) // step + 1) * step)
         assert self.cron is not None
-        return next(iter(CronSim(self.cron, at.astimezone(self.zone)))).astimezone(UTC)
+        if not self.on_wall_clock:
+            return self._elapsed_next(at)
+        for found in CronSim(self.cron, at.astimezone(self.zone)):
+            slot = found.astimezone(UTC)
+            # after a repeated hour's first pass cronsim, walking wall times, yields its
+            # slots again (already past): the next slot is the first one after `at`
+            if slot > at:
+                return slot
+        raise AssertionError("unreachable: cronsim ends only after 50 years without a match")
+
+    # cronsim's own time zone arithmetic misses slots where a zone moves its clocks by less
+    # than an hour (Lord Howe): on the elapsed time, iterate at each stretch's fixed offset.
+
+    def _elapsed_next(self, at: dt.datetime) -> dt.datetime:
+        assert self.cron is not None
+        edge, start = at, at
+        while True:
+            fixed = dt.timezone(_offset(self.zone, edge))
+            found = next(iter(CronSim(self.cron, start.astimezone(fixed)))).astimezone(UTC)
+            change = _offset_change(self.zone, edge, found)
+            if change is None:
+                return found
+            edge, start = change, change - MICROSECOND  # slots from the change on
+
+    def _elapsed_back(self, at: dt.datetime) -> Iterator[dt.datetime]:
+        assert self.cron is not None
+        edge = at
+        while True:
+            fixed = dt.timezone(_offset(self.zone, edge))
+            for found in CronSim(self.cron, (edge + MICROSECOND).astimezone(fixed), reverse=True):
+                slot = found.astimezone(UTC)
+                change = _offset_change(self.zone, edge, slot)
+                if change is not None:  # `slot` is of another offset: restart before `change`
+                    edge = change - MICROSECOND
+                    break
+                yield slot
+                edge = slot
+            else:
+                return  # cronsim found none for 50 years
 
     def due(
         self, now: dt.datetime, last: dt.datetime | None, current_from: dt.datetime
@@ -170,39 +250,75 @@ class Scheduler:
         self.registry = registry
         self.engine = engine
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"{name}-periodic", daemon=True)
+        self._name = f"{name}-periodic"
+        self._thread: threading.Thread | None = None
         self._pruned_at = 0.0
+        self.looked_at: dt.datetime | None = None
+        """The database's time at this scheduler's latest look."""
+        self._looked_mono = 0.0
+        self._skew_warned = False
 
     def start(self) -> None:
+        """Look once now, in the caller's thread, then keep looking on the scheduler's own:
+        the worker starting it claims only after the first look's jobs are enqueued (so a
+        `--burst` worker runs them before it finds the queue empty)."""
+        wait = self._look()
+        self._thread = threading.Thread(
+            target=self._run, args=(wait,), name=self._name, daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _run(self) -> None:
-        previous: dt.datetime | None = None
-        while not self._stop.is_set():
-            now = _now()
-            try:
-                # At its first look a scheduler has seen nothing: every slot due is missed.
-                self.tick(now, now if previous is None else previous - LATE_MARGIN)
-                previous = now
-            except Exception as exc:  # a database away: try again at the next look
-                log.warning("periodic jobs not enqueued this time: %s", exc)
-            schedules = self.registry.schedules.values()
-            wake = min((s.next_after(now) for s in schedules), default=now)
-            pause = (wake - _now()).total_seconds() + 0.01
-            self._stop.wait(min(max(pause, 0.05), MAX_TICK))
+    def _run(self, wait: float) -> None:
+        while not self._stop.wait(wait):
+            wait = self._look()
 
-    def tick(self, now: dt.datetime, current_from: dt.datetime) -> list[tuple[str, dt.datetime]]:
+    def _look(self) -> float:
+        """One look at the schedules; returns the seconds to wait until the next."""
+        previous = self.looked_at
+        try:
+            # At its first look a scheduler has seen nothing: every slot due is missed.
+            self.tick(current_from=None if previous is None else previous - LATE_MARGIN)
+        except Exception as exc:  # a database away: try again at the next look
+            log.warning("periodic jobs not enqueued this time: %s", exc)
+            return MAX_TICK
+        if self.looked_at is None:  # no schedules (yet)
+            return MAX_TICK
+        # counted from the database's clock read, on this host's steady clock
+        elapsed = time.monotonic() - self._looked_mono
+        return max(self.next_wait(self.looked_at) - elapsed, 0.0)
+
+    def next_wait(self, looked_at: dt.datetime) -> float:
+        """Seconds from a look at `looked_at` to the next one: just past the nearest slot,
+        but at least `MIN_TICK` (a slot never makes a scheduler spin) and at most `MAX_TICK`."""
+        wakes = [s.next_after(looked_at) for s in self.registry.schedules.values()]
+        pause = (min(wakes) - looked_at).total_seconds() + WAKE_MARGIN if wakes else MAX_TICK
+        return min(max(pause, MIN_TICK), MAX_TICK)
+
+    def tick(
+        self, now: dt.datetime | None = None, current_from: dt.datetime | None = None
+    ) -> list[tuple[str, dt.datetime]]:
         """Enqueue every due slot of every schedule that no one has yet; returns those this
-        scheduler enqueued. One transaction."""
+        scheduler enqueued. One transaction.
+
+        `now`: the database's clock, read in that transaction, unless given (a test's
+        simulated time); it is kept as `looked_at`. `current_from`: this scheduler's
+        previous look (None: `now`, a first look)."""
         schedules = self.registry.schedules
         if not schedules:
             return []
+        looked_mono = time.monotonic()
         with self.engine.begin() as conn:
+            if now is None:
+                now = conn.execute(queries.database_now()).scalar_one()
+                looked_mono = time.monotonic()
+                self._check_clock(now)
+            if current_from is None:
+                current_from = now
             last = _last_slots(conn, list(schedules))
             wanted = [
                 (task, slot)
@@ -215,7 +331,20 @@ class Scheduler:
             if self._pruned_at + 3600 < now.timestamp():
                 conn.execute(queries.prune_periodic_slots(), {"keep": KEEP_SLOTS})
                 self._pruned_at = now.timestamp()
+        self.looked_at, self._looked_mono = now, looked_mono  # once committed
         return won
+
+    def _check_clock(self, database_now: dt.datetime) -> None:
+        """Warn once if this worker's clock is off the database's (slots follow the latter)."""
+        skew = (_now() - database_now).total_seconds()
+        if abs(skew) > CLOCK_SKEW_WARNING and not self._skew_warned:
+            self._skew_warned = True
+            log.warning(
+                "this worker's clock is %.1f s %s the database's: periodic jobs follow the "
+                "database's clock (sync this host with NTP)",
+                abs(skew),
+                "ahead of" if skew > 0 else "behind",
+            )
 
     def _enqueue(self, conn: Connection, won: list[tuple[str, dt.datetime]]) -> None:
         from .enqueue import enqueue_many
@@ -238,6 +367,43 @@ class Scheduler:
                 "slot_jobs": list(ids),
             },
         )
+
+
+def _micros(delta: dt.timedelta) -> int:
+    """`delta` in whole microseconds (exact integer arithmetic for `every` slots)."""
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _offset(zone: ZoneInfo, at: dt.datetime) -> dt.timedelta:
+    offset = at.astimezone(zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _offset_change(zone: ZoneInfo, edge: dt.datetime, to: dt.datetime) -> dt.datetime | None:
+    """Going from `edge` to `to` (later or earlier), the first instant whose UTC offset in
+    `zone` is not `edge`'s (later: the change itself; earlier: just after it), or None.
+    Scans in steps of `OFFSET_SCAN` (no zone changes its clocks twice within one)."""
+    offset = _offset(zone, edge)
+    step = OFFSET_SCAN if to >= edge else -OFFSET_SCAN
+    same = edge
+    while same != to:
+        probe = same + step if abs(to - same) > OFFSET_SCAN else to
+        if _offset(zone, probe) != offset:
+            changed = probe  # bisect down to the microsecond between `same` and `changed`
+            while abs(_micros(changed - same)) > 1:
+                middle = same + dt.timedelta(microseconds=_micros(changed - same) // 2)
+                same, changed = (
+                    (middle, changed)
+                    if _offset(zone, middle) == offset
+                    else (
+                        same,
+                        middle,
+                    )
+                )
+            return changed if to >= edge else same
+        same = probe
+    return None
 
 
 def _now() -> dt.datetime:
@@ -297,7 +463,7 @@ def schedule_states(conn: Connection, registry: Registry) -> list[ScheduleState]
         task: (slot, job_id)
         for task, slot, job_id in conn.execute(queries.last_periodic_jobs(), {"tasks": tasks})
     }
-    now = _now()
+    now = conn.execute(queries.database_now()).scalar_one()
     return [
         ScheduleState(
             task,

@@ -251,6 +251,10 @@ class Registry:
     `middleware` wraps every job's execution (see `sqla_queue.middleware`); `resources`
     are handed to every job through `JobContext.resources`; lifecycle hooks are added with
     `@registry.on_job_claimed`, `on_job_finished`, `on_worker_started`, `on_worker_stopping`.
+
+    `include`: the modules that register more tasks and schedules in this registry
+    (`Registry(include=["shop.emails", "shop.reports"])`, as Celery's `include`), imported
+    when a worker or an `--app` command loads it (`load_included`).
     """
 
     def __init__(
@@ -259,7 +263,16 @@ class Registry:
         middleware: Sequence[Middleware] = (),
         resources: Mapping[str, Any] | None = None,
         insert_hooks: Iterable[InsertHook] = (),
+        include: Iterable[str] = (),
     ) -> None:
+        modules = [include] if isinstance(include, str) else list(include)
+        if isinstance(include, str) or not all(isinstance(m, str) and m for m in modules):
+            raise ConfigurationError(
+                detail=f"include is a list of module names, e.g. include=['shop.emails'], "
+                f"got {include!r}"
+            )
+        self.include: list[str] = modules
+        """The modules `load_included` imports: they register tasks in this registry."""
         self._tasks: dict[str, Task] = {}
         self.insert_hooks: list[InsertHook] = list(insert_hooks)
         self.middleware: list[Middleware] = list(middleware)
@@ -436,6 +449,14 @@ class Registry:
 
         return schedule
 
+    def load_included(self, path: str | None = None) -> None:
+        """Import each module of `include` (those imported already are not run again), so
+        that the tasks and schedules they register are known. A module that cannot be
+        imported raises `AppLoadError` naming it. `path`: how this registry was named
+        (`pkg.module:registry`), for the error."""
+        for module in self.include:
+            _import_module(path or f"Registry(include={self.include!r})", module, include=True)
+
     def get(self, name: str) -> Task | None:
         """The task registered under `name`, or None."""
         return self._tasks.get(name)
@@ -458,17 +479,7 @@ def load_registry(path: str) -> Registry:
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise AppLoadError(path=path, detail="expected 'package.module:registry'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise AppLoadError(
-                path=path,
-                detail=f"no module named {exc.name!r} (is it on PYTHONPATH? run from its folder)",
-            ) from exc
-        raise AppLoadError(path=path, detail=f"importing it raised {exc!r}") from exc
-    except Exception as exc:
-        raise AppLoadError(path=path, detail=f"importing it raised {exc!r}") from exc
+    module = _import_module(path, module_name)
     try:
         registry = getattr(module, attribute)
     except AttributeError:
@@ -480,4 +491,21 @@ def load_registry(path: str) -> Registry:
             path=path,
             detail=f"{attribute!r} is a {type(registry).__name__}, not a sqla_queue.Registry",
         )
+    registry.load_included(path)
     return registry
+
+
+def _import_module(path: str, module_name: str, include: bool = False) -> Any:
+    """Import `module_name` (the registry's own module, or one of its `include`) for the
+    registry `path`; an `AppLoadError` that names what failed."""
+    which = f"its include {module_name!r}" if include else "it"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and f"{module_name}.".startswith(f"{exc.name}."):
+            missing = f"no module named {exc.name!r} (is it on PYTHONPATH? run from its folder)"
+            detail = f"{which}: {missing}" if include else missing
+            raise AppLoadError(path=path, detail=detail) from exc
+        raise AppLoadError(path=path, detail=f"importing {which} raised {exc!r}") from exc
+    except Exception as exc:
+        raise AppLoadError(path=path, detail=f"importing {which} raised {exc!r}") from exc

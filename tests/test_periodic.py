@@ -5,19 +5,24 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import logging
 import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from zoneinfo import ZoneInfo
 
 import pytest
 from apps.support import WorkerThread, dispose_engines
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from sqla_queue import ConfigurationError, Registry, admin
+from sqla_queue import ConfigurationError, Registry, admin, periodic
 from sqla_queue.cli import main
-from sqla_queue.periodic import LATE_MARGIN, Schedule, Scheduler
+from sqla_queue.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Schedule, Scheduler
+from sqla_queue.worker import Worker, WorkerConfig
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -190,3 +195,268 @@ def test_periodic_list_shows_each_schedule_with_its_next_and_last_run(
     next_run = dt.datetime.fromisoformat(rows["nightly"]["next_run"])
     assert next_run > dt.datetime.now(UTC)
     assert next_run.astimezone(dt.timezone(dt.timedelta(hours=2))).hour in (3, 4)
+
+
+def slots_from(schedule: Schedule, start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+    """The slots of `schedule` after `start` up to `end`, walked with next_after."""
+    found: list[dt.datetime] = []
+    at = start
+    while (at := schedule.next_after(at)) <= end:
+        found.append(at)
+    return found
+
+
+def at_local(zone: str, *fields: int, fold: int = 0) -> dt.datetime:
+    """A wall-clock time in `zone` (fold=1: the second pass of a repeated hour), in UTC."""
+    return dt.datetime(*fields, tzinfo=ZoneInfo(zone), fold=fold).astimezone(UTC)
+
+
+@pytest.mark.parametrize(
+    ("zone", "cron", "day", "expected"),
+    [
+        # autumn: 02:00-03:00 happens twice in Paris; 02:30 runs once, in the first pass
+        ("Europe/Paris", "30 2 * * *", (2026, 10, 25), [(2, 30, 0)]),
+        # spring: 02:00-03:00 does not exist; 02:30 runs once, at 03:00 (as cron does)
+        ("Europe/Paris", "30 2 * * *", (2026, 3, 29), [(3, 0, 0)]),
+        ("Europe/Paris", "0,30 2 * * *", (2026, 3, 29), [(3, 0, 0)]),
+        # a schedule on elapsed time (hour `*`) runs every 30 minutes through both passes
+        (
+            "Europe/Paris",
+            "30 * * * *",
+            (2026, 10, 25),
+            [(h, 30, f) for h, f in [(1, 0), (2, 0), (2, 1), (3, 0)]],
+        ),
+        # Lord Howe moves its clocks by 30 minutes: 01:30-02:00 twice, 02:00-02:30 skipped
+        ("Australia/Lord_Howe", "45 1 * * *", (2026, 4, 5), [(1, 45, 0)]),
+        ("Australia/Lord_Howe", "15 2 * * *", (2026, 10, 4), [(2, 30, 0)]),
+        (
+            "Australia/Lord_Howe",
+            "30 * * * *",
+            (2026, 4, 5),
+            [(h, 30, f) for h, f in [(1, 0), (1, 1), (2, 0), (3, 0)]],
+        ),
+    ],
+)
+def test_a_cron_slot_across_a_dst_change_runs_once_and_next_after_never_looks_back(
+    zone: str, cron: str, day: tuple[int, int, int], expected: list[tuple[int, int, int]]
+) -> None:
+    schedule = Schedule("t", cron=cron, timezone=zone)
+    start, end = at_local(zone, *day, 1), at_local(zone, *day, 4)
+    slots = slots_from(schedule, start, end)
+    assert slots == [at_local(zone, *day, h, m, fold=f) for h, m, f in expected]
+    for minute in range(0, 3 * 60 * 60, 60):  # each minute of the night, either pass
+        at = start + dt.timedelta(seconds=minute, microseconds=700)
+        after, before = schedule.next_after(at), next(schedule.slots_back(at))
+        assert before <= at < after
+        assert schedule.next_after(before) == after  # no slot between the two
+
+
+def test_during_the_second_pass_of_a_repeated_hour_the_next_slot_is_tomorrows() -> None:
+    paris = Schedule("t", cron="30 2 * * *", timezone="Europe/Paris")
+    second_pass = at_local("Europe/Paris", 2026, 10, 25, 2, 10, fold=1)
+    assert paris.next_after(second_pass) == at_local("Europe/Paris", 2026, 10, 26, 2, 30)
+    # the day's slot, run in the first pass, is the latest one: none is missed
+    assert next(paris.slots_back(second_pass)) == at_local("Europe/Paris", 2026, 10, 25, 2, 30)
+    # a scheduler looking then waits for the longest tick, not a past slot's 50 ms
+    registry = Registry()
+    registry.periodic(cron="30 2 * * *", timezone="Europe/Paris", name="t")(lambda: None)
+    assert Scheduler(registry, None, "w").next_wait(second_pass) == MAX_TICK  # type: ignore[arg-type]
+
+
+def test_a_scheduler_through_a_repeated_hour_looks_a_bounded_number_of_times(
+    engine: Engine,
+) -> None:
+    registry = Registry()
+    registry.periodic(cron="30 2 * * *", timezone="Europe/Paris", name="nightly")(lambda: None)
+    record_run(engine, "nightly", at_local("Europe/Paris", 2026, 10, 24, 2, 30))
+    scheduler = Scheduler(registry, engine, "w")
+    # the loop of Scheduler._run on a simulated clock: each look takes no time
+    start, end = (
+        at_local("Europe/Paris", 2026, 10, 25, 2, 28),
+        at_local("Europe/Paris", 2026, 10, 25, 2, 5, fold=1),
+    )
+    now, previous, looks, waits = start, None, 0, []
+    while now < end:
+        scheduler.tick(now, now if previous is None else previous - LATE_MARGIN)
+        previous, looks = now, looks + 1
+        waits.append(scheduler.next_wait(now))
+        now += dt.timedelta(seconds=waits[-1])
+    assert min(waits) >= MIN_TICK
+    assert looks <= (end - start).total_seconds() // MAX_TICK + 20  # not one per 50 ms
+    assert enqueued_slots(engine, "nightly") == [at_local("Europe/Paris", 2026, 10, 25, 2, 30)]
+
+
+ZONES = ["UTC", "Europe/Paris", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]
+CRON_FIELDS = {
+    "minute": ["0", "30", "15,45", "*/20", "*", "0-10/5", "59"],
+    "hour": ["2", "1-3", "*", "*/5", "0,2,23", "3", "1"],
+    "weekday": ["*", "0", "1-5"],
+}
+
+
+def cron_values(text: str, low: int, high: int) -> set[int]:
+    """The values one field of the crons above allows (`*`, `a`, `a-b`, `x/n`, `a,b`)."""
+    values: set[int] = set()
+    for part in text.split(","):
+        span, _, step = part.partition("/")
+        first, _, last = span.partition("-")
+        start, end = (low, high) if span == "*" else (int(first), int(last or first))
+        values.update(range(start, end + 1, int(step or 1)))
+    return values
+
+
+def matches(cron: str, wall: dt.datetime) -> bool:
+    minute, hour, _, _, weekday = cron.split()
+    return (
+        wall.minute in cron_values(minute, 0, 59)
+        and wall.hour in cron_values(hour, 0, 23)
+        and (wall.weekday() + 1) % 7 in cron_values(weekday, 0, 6)
+        and wall.second == wall.microsecond == 0
+    )
+
+
+def transitions(zone: ZoneInfo, year: int) -> list[dt.datetime]:
+    """The instants of `year` at which `zone`'s UTC offset changes (to the minute)."""
+    found = []
+    at = dt.datetime(year, 1, 1, tzinfo=UTC)
+    while at.year == year:
+        step = at + dt.timedelta(hours=1)
+        if at.astimezone(zone).utcoffset() != step.astimezone(zone).utcoffset():
+            while step - at > dt.timedelta(minutes=1):  # bisect to the minute
+                middle = at + (step - at) / 2
+                same = at.astimezone(zone).utcoffset() == middle.astimezone(zone).utcoffset()
+                at, step = (middle, step) if same else (at, middle)
+            found.append(step.replace(second=0, microsecond=0))
+        at = step
+    return found
+
+
+CHANGES = {name: transitions(ZoneInfo(name), 2026) for name in ZONES}
+
+
+@st.composite
+def schedules_and_instants(draw: st.DrawFn) -> tuple[Schedule, dt.datetime]:
+    zone = draw(st.sampled_from(ZONES))
+    if draw(st.booleans()):
+        fields = {name: draw(st.sampled_from(values)) for name, values in CRON_FIELDS.items()}
+        cron = f"{fields['minute']} {fields['hour']} * * {fields['weekday']}"
+        schedule = Schedule("t", cron=cron, timezone=zone)
+    else:
+        every = draw(st.floats(1, 3 * 86400, allow_nan=False) | st.integers(1, 86400))
+        schedule = Schedule("t", every=float(every))
+    near = draw(st.sampled_from(CHANGES[zone] or [dt.datetime(2026, 3, 29, tzinfo=UTC)]))
+    offset = draw(st.integers(-4 * 3600 * 10**6, 4 * 3600 * 10**6))
+    return schedule, near + dt.timedelta(microseconds=offset)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schedules_and_instants())
+def test_slots_are_strictly_increasing_matching_times_and_next_after_is_after(
+    case: tuple[Schedule, dt.datetime],
+) -> None:
+    schedule, at = case
+    before = next(schedule.slots_back(at))
+    assert before <= at < schedule.next_after(at)
+    assert schedule.next_after(before) == schedule.next_after(at)  # none between the two
+    slots = [schedule.next_after(at)]
+    for _ in range(6):
+        slots.append(schedule.next_after(slots[-1]))
+    assert all(a < b for a, b in itertools.pairwise(slots))
+    assert list(itertools.islice(schedule.slots_back(slots[-1]), 7)) == slots[::-1]
+    if schedule.every is not None:
+        step = dt.timedelta(seconds=schedule.every)
+        assert all(b - a == step for a, b in itertools.pairwise(slots))
+        return
+    assert schedule.cron is not None
+    zone = schedule.zone
+    for slot in slots:
+        wall = slot.astimezone(zone)
+        gap = wall.utcoffset() - (slot - dt.timedelta(microseconds=1)).astimezone(zone).utcoffset()
+        # a slot is a matching wall time, or the end of a spring gap holding one
+        skipped = (wall.replace(tzinfo=None) - gap * (k / 60) for k in range(1, 61))
+        assert matches(schedule.cron, wall) or (
+            gap > dt.timedelta(0) and any(matches(schedule.cron, w) for w in skipped)
+        ), (slot, wall)
+    minute, hour = schedule.cron.split()[:2]
+    if not minute.startswith("*") and not hour.startswith("*"):  # a time of day: once a day
+        walls = [slot.astimezone(zone).replace(tzinfo=None) for slot in slots]
+        assert all(a < b for a, b in itertools.pairwise(walls)), walls
+
+
+def test_a_worker_whose_clock_is_ahead_enqueues_no_slot_before_its_time_by_the_database(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def ahead() -> dt.datetime:
+        return dt.datetime.now(UTC) + dt.timedelta(seconds=1.5)
+
+    monkeypatch.setattr(periodic, "_now", ahead)  # this worker's clock, 1.5 s fast
+    record_run(engine, "tick", dt.datetime.now(UTC).replace(microsecond=0))
+    log_level = caplog.at_level(logging.WARNING, "sqla_queue.periodic")
+    with log_level, WorkerThread(engine, every_second(), concurrency=1):
+        time.sleep(3.5)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT slot, enqueued_at FROM sqla_queue.periodic_slots WHERE job_id IS NOT NULL")
+        ).all()
+    assert len(rows) >= 2
+    early = [(slot, enqueued) for slot, enqueued in rows if enqueued < slot]
+    assert early == []  # by the database's clock, never before its slot
+    assert "clock is 1.5 s ahead of the database's" in caplog.text
+
+
+def test_a_burst_worker_runs_the_periodic_job_its_own_scheduler_found_due(engine: Engine) -> None:
+    ran: list[str] = []
+    registry = Registry()
+    registry.periodic(every=dt.timedelta(hours=1), name="hourly")(lambda: ran.append("hourly"))
+    last = dt.datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    record_run(engine, "hourly", last - dt.timedelta(hours=3))  # the last two hours missed
+    stats = Worker(engine, registry, WorkerConfig(burst=True, poll_only=True)).run()
+    assert ran == ["hourly"]  # the last missed slot, enqueued at the worker's start and run
+    assert (stats.claimed, stats.succeeded) == (1, 1)
+    with engine.connect() as conn:
+        slots = conn.execute(
+            text("SELECT slot FROM sqla_queue.periodic_slots WHERE job_id IS NOT NULL")
+        ).scalars()
+        assert list(slots) == [last]
+
+
+def test_periodic_tasks_of_a_registrys_included_modules_are_listed_and_run(
+    database_url: str, engine: Engine
+) -> None:
+    env = {"SQLA_QUEUE_DATABASE_URL": database_url}
+    listed = CliRunner().invoke(
+        main, ["periodic", "list", "--app", "apps.included_app:registry", "--json"], env=env
+    )
+    assert listed.exit_code == 0, listed.output
+    assert [row["task"] for row in json.loads(listed.stdout)] == ["hourly_report"]
+    last = dt.datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    record_run(engine, "hourly_report", last - dt.timedelta(hours=2))
+    worked = CliRunner().invoke(
+        main, ["worker", "--app", "apps.included_app:registry", "--burst", "--poll-only"], env=env
+    )
+    assert worked.exit_code == 0, worked.output
+    assert "done: 1 succeeded, 0 retried, 0 failed" in worked.stderr
+
+
+def test_an_included_module_that_cannot_be_imported_is_named_in_one_line(
+    database_url: str,
+) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["periodic", "list", "--app", "apps.included_app:broken"],
+        env={"SQLA_QUEUE_DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: Cannot load the task registry 'apps.included_app:broken': its include "
+        "'apps.no_such_reports': no module named 'apps.no_such_reports' (is it on PYTHONPATH? "
+        "run from its folder)"
+    ]
+
+
+@pytest.mark.parametrize("include", ["shop.emails", ["shop.emails", ""], [None]])
+def test_a_registry_include_that_is_not_a_list_of_module_names_is_refused(
+    include: object,
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("include is a list of module names")):
+        Registry(include=include)  # type: ignore[arg-type]

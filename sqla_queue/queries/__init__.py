@@ -94,6 +94,7 @@ from .jobs import (
 )
 from .periodic import (
     claim_periodic_slots,
+    database_now,
     last_periodic_jobs,
     last_periodic_slots,
     prune_periodic_slots,
@@ -151,6 +152,7 @@ __all__ = [
     "copy_jobs",
     "count_unfinished_in_queue",
     "create_queue",
+    "database_now",
     "delete_expired_workers",
     "delete_jobs",
     "delete_jobs_of_queue",

@@ -40,6 +40,12 @@ def _wanted(*extra: tuple[str, str, Any]) -> Any:
     return func.unnest(*arrays).table_valued(*names).render_derived(name="w")
 
 
+def database_now() -> Select[Any]:
+    """The database's clock (the transaction's start): periodic slots are due by it, not by
+    a worker's own clock."""
+    return select(func.now())
+
+
 def claim_periodic_slots() -> Insert:
     """Insert (task, slot) pairs `:slot_tasks`/`:slot_times`; returns those this call won.
 

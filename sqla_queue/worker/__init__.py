@@ -67,6 +67,7 @@ class Worker:
         config: WorkerConfig | None = None,
     ) -> None:
         self.config = cfg = config or WorkerConfig()
+        registry.load_included()  # the tasks and schedules its `include` modules register
         self.registry = registry
         self.engine = (
             create_queue_engine(engine, pool_size=3, max_overflow=2)
