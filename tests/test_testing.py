@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib
 
 import pytest
 from sqlalchemy import Connection, Engine, select, text
@@ -120,6 +121,19 @@ def test_drain_runs_due_jobs_inside_the_test_transaction_and_counts_outcomes(
         ("t.ok", "queued", 0),
     ]
     assert later.status == "queued"  # the session's objects were refreshed
+
+
+def test_drain_knows_the_tasks_of_the_registrys_included_modules(
+    sqla_queue_session: Session,
+) -> None:
+    from apps.drain_included import registry as including
+
+    enqueue(sqla_queue_session, "included.count", {"n": 7})
+
+    result = drain(sqla_queue_session, including)
+
+    assert result == DrainResult(succeeded=1)
+    assert importlib.import_module("apps.drain_included_tasks").ran == [7]
 
 
 def test_drain_with_include_scheduled_runs_retries_until_max_attempts(

@@ -88,6 +88,7 @@ def drain(
         )
     if max_jobs is not None and max_jobs < 0:
         raise ConfigurationError(detail=f"max_jobs must not be negative, got {max_jobs}")
+    registry.load_included()  # the tasks its `include` modules register, as a worker loads them
     queue_names = [queue] if isinstance(queue, str) else None if queue is None else list(queue)
     result = DrainResult() if into is None else into
     ran = result.ran
