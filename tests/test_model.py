@@ -1,0 +1,738 @@
+"""A stateful, model-based test of the queue: Hypothesis drives the real queue on the real
+PostgreSQL through its public API, and a plain-Python model says after each step what
+must hold.
+
+Each example gets a database of its own, cloned from the session's migrated template in
+the machine's `__init__` and dropped in `teardown`, with one engine for the example.
+
+Rules: enqueue (plain, unique by a key from a two-letter alphabet, delayed, with a
+max_attempts, into a keeping, archiving or concurrency-limited queue, with a kept result;
+by `enqueue` on a Connection, `Task.enqueue` on a Session, or `enqueue_many`); a worker step
+(a real burst-mode `Worker`, `sqla_queue.testing.run_until_empty`, with handlers chosen by
+the job's args: they succeed, fail, raise with a NUL in the message, raise a BaseException,
+snooze, overrun their timeout, return what jsonb refuses (a lone surrogate, NaN), or
+commit through `ctx.session()`); kill a worker (the worker's claim statement under a
+worker id of its own, optionally reporting the handler started, then the connection goes
+away without finishing); a reaper round; cancel, retry, delete, prune, pause/resume,
+concurrency and rate limits, result TTLs; `wait_for(timeout=0)`; time passing.
+
+Time: the test controls the queue's clock by moving every timestamp of the test database
+back (`model_kit.shift_clock`): delayed jobs and retries become due, leases and worker
+registrations expire, kept results and finished jobs age. That is test manipulation of the
+data, not a mock: the queue's every decision compares a timestamp with PostgreSQL's now().
+Retries wait a minute and snoozes 30 s, so nothing becomes due inside a worker step.
+
+What must hold (checked after each step; a rule checks what its own command promised):
+- no committed job lost: every job enqueued is in jobs or the archive, or was removed by
+  something the model knows removes it (a success in a deleting queue, delete, prune, a
+  kept result's TTL);
+- a job runs at most once per attempt (the handlers record (job, attempt));
+- a job's handler runs no more often than its attempts allow, refunds aside (a snooze, a
+  killed worker's unstarted claim, a retry's fresh budget);
+- a unique enqueue returns the job that holds its key, if one does, and writes nothing;
+- a queue's concurrency limit and the worker's are never exceeded by executing handlers;
+  a paused queue's job never starts; only due, queued jobs start;
+- a worker that returns has written the outcome of every job it claimed, and the outcome
+  its handler asked for; a burst worker leaves no due job it could have run;
+- every admin command does what it says or names the job it left alone;
+- no command ends in a raw database error, and no worker statement is refused.
+
+Profiles (tests/conftest.py): "default" (short, in the README's fast test run) and
+"long" (`SQLA_QUEUE_HYPOTHESIS_PROFILE=long`; `test_queue_model_long` runs it under the
+slow marker, in `.ci/run`). Failing examples are kept as tests in
+tests/test_model_regressions.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from model_kit import (
+    BEHAVIOURS,
+    KILL_LEASE,
+    KILL_STALE_AFTER,
+    TASKS,
+    ClonePool,
+    Clones,
+    Recorder,
+    Row,
+    Run,
+    TroubleLog,
+    build_registry,
+    engine_for,
+    kill_claim,
+    no_raw_database_error,
+    observe,
+    reaper_round,
+    shift_clock,
+)
+from sqlalchemy.orm import Session
+
+from sqla_queue import (
+    JobFailedError,
+    ResultMissingError,
+    ResultTimeoutError,
+    SqlaQueueError,
+    Unique,
+    WorkerConfig,
+    admin,
+    enqueue,
+    enqueue_many,
+    wait_for,
+)
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
+from sqla_queue.testing import TemplateDatabases, run_until_empty
+
+QUEUES = {"default": "delete", "keep": "keep", "arch": "archive", "lim": "delete"}
+"""The model's queues and their retention ("lim" starts with a concurrency limit of 1)."""
+HUGE_TTL = 99999999999999 * 7 * 86400.0
+"""`--result-ttl 99999999999999w` in seconds."""
+SLACK = 3.0
+"""Seconds of wall time a step may take: ages compared across steps allow this much."""
+UNIQUE_STATUSES = ("queued", "running")
+
+task_and_behaviour = st.sampled_from(
+    [(task, b) for task, behaviours in BEHAVIOURS.items() for b in behaviours]
+)
+job_spec = st.fixed_dictionaries(
+    {
+        "tb": task_and_behaviour,
+        "queue": st.sampled_from(sorted(QUEUES)),
+        "letter": st.sampled_from([None, "a", "b"]),
+        "delay": st.sampled_from([None, None, 30.0, 3600.0]),
+        "max_attempts": st.sampled_from([None, None, 1, 3]),
+    }
+)
+picks = st.lists(st.integers(0, 40), min_size=1, max_size=3)
+queue_names = st.sampled_from(sorted(QUEUES))
+
+
+@dataclass
+class Model:
+    """What the model knows of one enqueued job."""
+
+    id: int
+    task: str
+    queue: str
+    behaviour: str
+    n: int
+    letter: str | None
+    budget: int
+    spent: int = 0
+    removed: str | None = None
+
+
+@dataclass
+class Orphan:
+    """A job a killed worker holds: running until reaped (or cancelled)."""
+
+    attempt: int
+    lease_left: float = KILL_LEASE
+    stale_left: float = KILL_STALE_AFTER
+
+    @property
+    def reapable(self) -> bool:
+        return self.lease_left <= 0 or self.stale_left <= 0
+
+
+class QueueMachine(RuleBasedStateMachine):
+    pool: ClassVar[ClonePool | Clones | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.pool is not None, "run it with run_model"
+        self.url = self.pool.take()
+        self.engine = engine_for(self.url)
+        self.recorder = Recorder()
+        self.registry = build_registry(self.recorder)
+        self.trouble = TroubleLog()
+        self.jobs: dict[int, Model] = {}
+        self.concurrency: dict[str, int | None] = dict.fromkeys(QUEUES)
+        self.concurrency["lim"] = 1
+        self.rated: set[str] = set()
+        self.paused: set[str] = set()
+        self.ttl = dict.fromkeys(QUEUES, 86400.0)
+        self.orphans: dict[int, Orphan] = {}
+        self.numbers = itertools.count(1)
+        self.steps = 0
+        self.task_max_attempts = {t: o["max_attempts"] for t, o in TASKS.items()}
+        with self.engine.begin() as conn:
+            for name, retention in QUEUES.items():
+                if name != "default":
+                    admin.create_queue(conn, name, retention)
+            admin.set_concurrency(conn, "lim", 1)
+        self.seen: dict[int, Row] = self._observe()
+
+    def teardown(self) -> None:
+        self.engine.dispose()
+        assert self.pool is not None
+        self.pool.give_back(self.url)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _observe(self) -> dict[int, Row]:
+        with no_raw_database_error("observing the jobs"), self.engine.connect() as conn:
+            return observe(conn)
+
+    def _ids(self, indices: list[int]) -> list[int]:
+        ids = sorted(self.jobs)
+        return sorted({ids[i % len(ids)] for i in indices})
+
+    def _holder(self, task: str, queue: str, letter: str, seen: Mapping[int, Row]) -> int | None:
+        for job in self.jobs.values():
+            row = seen.get(job.id)
+            if (
+                row is not None
+                and job.letter == letter
+                and job.task == task
+                and job.queue == queue
+                and row.status in UNIQUE_STATUSES
+            ):
+                return job.id
+        return None
+
+    def _settle(
+        self, after: dict[int, Row], why: str, gone_ok: Callable[[int], str | None]
+    ) -> None:
+        """Take the new observation: every job that is gone must be explained."""
+        unknown = sorted(set(after) - set(self.jobs))
+        assert not unknown, f"after {why}: jobs {unknown} exist that were never enqueued"
+        for job in self.jobs.values():
+            if job.removed is None and job.id not in after:
+                reason = gone_ok(job.id)
+                last = self.seen.get(job.id)
+                assert reason is not None, (
+                    f"after {why}: job {job.id} ({job.task} {job.behaviour} in {job.queue}, "
+                    f"last seen {last.status if last else 'never'}) is gone and nothing "
+                    "that removes jobs removed it: a committed job was lost"
+                )
+                job.removed = reason
+            elif job.removed is not None and job.id in after:
+                raise AssertionError(f"after {why}: job {job.id} was {job.removed} but is back")
+        for job_id in list(self.orphans):
+            row = after.get(job_id)
+            if (
+                row is None
+                or row.status != "running"
+                or row.attempts != self.orphans[job_id].attempt
+            ):
+                del self.orphans[job_id]
+        self.seen = after
+
+    def _expired_result(self, job_id: int, elapsed: float) -> bool:
+        """Whether the reaper may have deleted the job's kept result (its TTL passed)."""
+        row, job = self.seen.get(job_id), self.jobs[job_id]
+        if QUEUES[job.queue] != "delete" or self.ttl[job.queue] > 1e12:
+            return False
+        if row is not None and row.status == "done" and row.result is not None:
+            return (row.age or 0) + elapsed + SLACK >= self.ttl[job.queue]
+        return self.ttl[job.queue] <= elapsed + SLACK  # finished during the step
+
+    def _effective_max(self, row: Row) -> int:
+        return row.max_attempts or self.task_max_attempts.get(row.task) or DEFAULT_MAX_ATTEMPTS
+
+    # -- enqueue --------------------------------------------------------------------------
+
+    def _new(self, spec: dict[str, Any]) -> tuple[dict[str, Any], Model]:
+        task, behaviour = spec["tb"]
+        n = next(self.numbers)
+        budget = spec["max_attempts"] or TASKS[task]["max_attempts"] or DEFAULT_MAX_ATTEMPTS
+        model = Model(0, task, spec["queue"], behaviour, n, spec["letter"], budget)
+        options: dict[str, Any] = {"queue": spec["queue"]}
+        if spec["letter"] is not None:
+            options["unique"] = Unique(args=[], key=spec["letter"])
+        if spec["delay"] is not None:
+            options["delay"] = spec["delay"]
+        if spec["max_attempts"] is not None:
+            options["max_attempts"] = spec["max_attempts"]
+        return {"task": task, "args": {"b": behaviour, "n": n}, **options}, model
+
+    def _record(
+        self, model: Model, job_id: int, duplicate: bool, holder: int | None, after: dict[int, Row]
+    ) -> None:
+        if holder is not None:
+            ok = duplicate and job_id == holder
+            assert ok, (
+                f"a unique enqueue ({model.task}, {model.queue}, key {model.letter!r}) returned "
+                f"job {job_id} (duplicate={duplicate}) while job {holder} holds the key"
+            )
+            return
+        ok = not duplicate and job_id not in self.jobs
+        assert ok, (
+            f"enqueue returned job {job_id} (duplicate={duplicate}) though no job held its key"
+        )
+        ok = job_id in after and after[job_id].status == "queued"
+        assert ok, f"job {job_id} was enqueued and committed but is {after.get(job_id)}"
+        model.id = job_id
+        self.jobs[job_id] = model
+
+    @rule(spec=job_spec, via=st.sampled_from(["connection", "task"]))
+    def enqueue(self, spec: dict[str, Any], via: str) -> None:
+        row, model = self._new(spec)
+        holder = None
+        if model.letter is not None:
+            holder = self._holder(model.task, model.queue, model.letter, self.seen)
+        with no_raw_database_error("enqueue"):
+            if via == "connection":
+                with self.engine.begin() as conn:
+                    job_id = enqueue(
+                        conn, row.pop("task"), row.pop("args"), registry=self.registry, **row
+                    )
+                duplicate = holder is not None and job_id == holder
+            else:
+                task = self.registry[row.pop("task")]
+                with Session(self.engine) as session, session.begin():
+                    job = task.enqueue(session, row.pop("args"), flush=True, **row)
+                    job_id, duplicate = job.id, job.duplicate
+        after = self._observe()
+        self._record(model, job_id, duplicate, holder, after)
+        self._settle(after, "enqueue", lambda _: None)
+
+    @rule(specs=st.lists(job_spec, min_size=1, max_size=4))
+    def enqueue_many(self, specs: list[dict[str, Any]]) -> None:
+        made = [self._new(spec) for spec in specs]
+        with no_raw_database_error("enqueue_many"), self.engine.begin() as conn:
+            ids = enqueue_many(conn, [row for row, _ in made], registry=self.registry)
+        after = self._observe()
+        assert len(ids) == len(made)
+        for (_, model), job_id, duplicate in zip(made, ids, ids.duplicates, strict=True):
+            holder = None
+            if model.letter is not None:
+                # held before the call, or by an earlier row of this batch
+                holder = self._holder(model.task, model.queue, model.letter, self.seen)
+                if holder is None:
+                    holder = self._holder(model.task, model.queue, model.letter, after)
+            self._record(model, job_id, duplicate, holder, after)
+        self._settle(after, "enqueue_many", lambda _: None)
+
+    # -- workers --------------------------------------------------------------------------
+
+    def _runnable(self, row: Row | None, served: list[str] | None) -> bool:
+        if row is None or row.archived:
+            return False
+        if row.queue in self.paused or (served is not None and row.queue not in served):
+            return False
+        if row.status == "queued":
+            return row.due
+        orphan = self.orphans.get(row.id)
+        return row.status == "running" and orphan is not None and orphan.reapable
+
+    @rule(
+        concurrency=st.integers(1, 3),
+        batch=st.sampled_from([1, 5]),
+        served=st.sampled_from([None, None, ["lim"], ["default", "keep"]]),
+    )
+    def work(self, concurrency: int, batch: int, served: list[str] | None) -> None:
+        self.steps += 1
+        step = self.steps
+        rec = self.recorder
+        with rec.lock:
+            rec.step = step
+            rec.limits = dict(self.concurrency)
+            rec.held = {}
+            for job_id, orphan in self.orphans.items():
+                if not orphan.reapable:
+                    queue = self.seen[job_id].queue
+                    rec.held[queue] = rec.held.get(queue, 0) + 1
+            rec.paused = frozenset(self.paused)
+            rec.worker_concurrency = concurrency
+        before = self.seen
+        worker_id = f"model-worker-{step}"
+        config = WorkerConfig(
+            queues=served,
+            concurrency=concurrency,
+            batch=batch,
+            lease=KILL_LEASE,
+            heartbeat=0.5,
+            dead_after=6.0,
+            poll_only=True,
+            shutdown_timeout=5.0,
+            worker_id=worker_id,
+        )
+        started = dt.datetime.now()
+        with self.trouble.watching(), no_raw_database_error("a worker step"):
+            run_until_empty(self.engine, self.registry, config)
+        elapsed = (dt.datetime.now() - started).total_seconds()
+        assert not self.trouble.seen, f"the worker's statements were refused: {self.trouble.seen}"
+        after = self._observe()
+        left = [r.id for r in after.values() if r.status == "running" and r.locked_by == worker_id]
+        assert not left, (
+            f"the worker returned and left jobs {left} running: their outcome was not written"
+        )
+        runs = rec.in_step(step)
+        for run in runs:
+            assert self._runnable(before.get(run.job_id), served), (
+                f"job {run.job_id} ran though at the step's start it was "
+                f"{before.get(run.job_id)} (paused: {sorted(self.paused)}, served: {served})"
+            )
+            if run.raised != "Snooze":
+                self.jobs[run.job_id].spent += 1
+            self._check_outcome(run, after)
+        ran = {run.job_id for run in runs}
+        for row in before.values():
+            if (
+                row.status == "queued"
+                and self._runnable(row, served)
+                and row.queue not in self.rated
+                and self.concurrency[row.queue] is None
+                and row.id not in ran
+            ):
+                now = after.get(row.id)
+                ok = now is not None and now.status == "failed"
+                assert ok, (
+                    f"the burst worker returned without running due job {row.id} of queue "
+                    f"{row.queue!r} (now {now})"
+                )
+        succeeded = {
+            r.job_id for r in runs if r.raised is None and r.behaviour in ("ok", "session")
+        }
+
+        def gone_ok(job_id: int) -> str | None:
+            job = self.jobs[job_id]
+            deleting = job_id in succeeded and QUEUES[job.queue] == "delete"
+            if deleting and (job.task != "kept" or self._expired_result(job_id, elapsed)):
+                return "finished (retention delete)"
+            if self._expired_result(job_id, elapsed):
+                return "result expired"
+            return None
+
+        self._settle(after, f"worker step {step}", gone_ok)
+
+    def _check_outcome(self, run: Run, after: dict[int, Row]) -> None:
+        """The job's row says what its handler's run asked for."""
+        row = after.get(run.job_id)
+        job = self.jobs[run.job_id]
+        if row is not None and row.attempts != run.attempt:
+            return  # claimed again since (after a reap): a later run tells
+        what = (
+            f"job {run.job_id} ({job.task} {job.behaviour} in {job.queue}, attempt {run.attempt})"
+        )
+        if run.raised == "Snooze":
+            ok = row is not None and row.status == "queued"
+            assert ok, f"{what} snoozed but is {row}"
+        elif run.raised is not None or run.behaviour == "slow":
+            ok = row is not None and row.status in ("queued", "failed")
+            assert ok, f"{what} failed (or timed out) but is {row}"
+            last = run.attempt >= self._effective_max(row)
+            assert (row.status == "failed") == last, (
+                f"{what} failed on attempt {run.attempt} of {self._effective_max(row)} and is "
+                f"{row.status}"
+            )
+        elif run.behaviour in ("surrogate", "nan"):
+            ok = row is not None and row.status in ("failed", "queued")
+            assert ok, (
+                f"{what} returned a result jsonb cannot store: a failure outcome is due, got {row}"
+            )
+        else:
+            kept = job.task == "kept"
+            retention = QUEUES[job.queue]
+            if retention == "delete" and not kept:
+                assert row is None, f"{what} succeeded in a deleting queue but is {row}"
+            elif row is None:
+                ok = retention == "delete" and self._expired_result(run.job_id, SLACK)
+                assert ok, (
+                    f"{what} succeeded but its row is gone (its result is kept: it must stay "
+                    f"done for the queue's result ttl, {self.ttl[job.queue]} s)"
+                )
+            else:
+                assert row.status == "done", f"{what} succeeded but is {row}"
+                assert row.archived == (retention == "archive"), f"{what}: retention {retention}"
+                if kept:
+                    assert row.result == {"n": job.n}, (
+                        f"{what} returned {{'n': {job.n}}} with keep_result but the job keeps "
+                        f"{row.result!r}"
+                    )
+
+    @rule(limit=st.integers(1, 3), started=st.booleans())
+    def kill_worker(self, limit: int, started: bool) -> None:
+        self.steps += 1
+        worker_id = f"model-killed-{self.steps}"
+        before = self.seen
+        with no_raw_database_error("a killed worker's claim"), self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            rows = kill_claim(conn, worker_id, limit, started, self.task_max_attempts)
+        per_queue: dict[str, int] = {}
+        for claimed in rows:
+            row = before.get(claimed["id"])
+            ok = row is not None and row.status == "queued" and row.due
+            assert ok, f"a claim took job {claimed['id']}, which was {row}"
+            assert row.queue not in self.paused, f"a claim took job {row.id} of a paused queue"
+            if claimed["status"] != "running":
+                continue  # out of attempts: failed by the claim
+            per_queue[row.queue] = per_queue.get(row.queue, 0) + 1
+            self.orphans[row.id] = Orphan(claimed["attempts"])
+            if started:
+                self.jobs[row.id].spent += 1
+                key = (row.id, claimed["attempts"])
+                with self.recorder.lock:
+                    assert key not in self.recorder.runs, f"attempt {key} was claimed twice"
+                    self.recorder.runs[key] = Run(
+                        row.id, key[1], row.queue, row.task, "killed", self.steps, 0.0, killed=True
+                    )
+        for queue, count in per_queue.items():
+            limit_of = self.concurrency[queue]
+            running = sum(1 for r in before.values() if r.queue == queue and r.status == "running")
+            assert limit_of is None or running + count <= limit_of, (
+                f"a claim started {count} job(s) of queue {queue!r} with {running} running: "
+                f"its concurrency limit is {limit_of}"
+            )
+        self._settle(self._observe(), "a killed worker's claim", lambda _: None)
+
+    @rule(seconds=st.sampled_from([1.0, 10.0, 40.0, 4000.0, 200000.0]))
+    def time_passes(self, seconds: float) -> None:
+        with no_raw_database_error("moving the clock"), self.engine.begin() as conn:
+            shift_clock(conn, seconds)
+        for orphan in self.orphans.values():
+            orphan.lease_left -= seconds
+            orphan.stale_left -= seconds
+        self._settle(self._observe(), f"{seconds} s passing", lambda _: None)
+
+    @rule()
+    def reaper(self) -> None:
+        with no_raw_database_error("a reaper round"), self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            reaped = reaper_round(conn, self.task_max_attempts)
+        reaped_ids = {r["id"] for r in reaped}
+        due = {job_id for job_id, orphan in self.orphans.items() if orphan.reapable}
+        assert reaped_ids <= set(self.orphans), (
+            f"the reaper requeued {sorted(reaped_ids - set(self.orphans))}, which no dead "
+            "worker held"
+        )
+        assert due <= reaped_ids, (
+            f"the reaper left jobs {sorted(due - reaped_ids)} of dead workers running"
+        )
+        assert all(r["status"] in ("queued", "failed") for r in reaped)
+        premature = reaped_ids - due
+        assert not premature, f"the reaper requeued {sorted(premature)} before their lease ended"
+        after = self._observe()
+        for row in self.seen.values():
+            job = self.jobs[row.id]
+            if (
+                row.status == "done"
+                and row.result is not None
+                and not row.archived
+                and QUEUES[job.queue] == "delete"
+                and (row.age or 0) > self.ttl[job.queue] + SLACK
+            ):
+                assert row.id not in after, (
+                    f"job {row.id}'s kept result is past its queue's ttl but was not deleted"
+                )
+        self._settle(
+            after,
+            "a reaper round",
+            lambda i: "result expired" if self._expired_result(i, 0) else None,
+        )
+
+    # -- admin ----------------------------------------------------------------------------
+
+    @precondition(lambda self: self.jobs)
+    @rule(indices=picks)
+    def cancel(self, indices: list[int]) -> None:
+        ids = self._ids(indices)
+        before = self.seen
+        with no_raw_database_error("cancel_jobs"), self.engine.begin() as conn:
+            result = admin.cancel_jobs(conn, ids)
+        after = self._observe()
+        expected = {i for i in ids if i in before and before[i].status in ("queued", "running")}
+        assert set(result) == expected, f"cancel_jobs({ids}) returned {result}, not {expected}"
+        for job_id in ids:
+            if job_id in expected:
+                assert after[job_id].status == "cancelled", f"job {job_id} was not cancelled"
+            elif job_id in before:
+                now = after.get(job_id)
+                ok = now is not None and now.stable() == before[job_id].stable()
+                assert ok, f"cancel changed job {job_id}: {before[job_id]} -> {now}"
+        self._settle(after, "cancel_jobs", lambda _: None)
+
+    @precondition(lambda self: self.jobs)
+    @rule(
+        indices=st.none() | picks,
+        queue=st.none() | queue_names,
+        attempts=st.sampled_from([None, None, 1, 3]),
+    )
+    def retry(self, indices: list[int] | None, queue: str | None, attempts: int | None) -> None:
+        before = self.seen
+        if indices is None:
+            ids = None
+            expected = {
+                r.id
+                for r in before.values()
+                if r.status == "failed" and not r.archived and queue in (None, r.queue)
+            }
+        else:
+            ids, queue = self._ids(indices), None
+            expected = {
+                i for i in ids if i in before and before[i].status in ("failed", "cancelled")
+            }
+        with no_raw_database_error("retry_jobs"), self.engine.begin() as conn:
+            result = admin.retry_jobs(
+                conn, ids, all_failed=ids is None, queue=queue, attempts=attempts
+            )
+        retried = set(result if isinstance(result, Mapping) else result.retried)
+        after = self._observe()
+        assert retried <= expected, f"retry_jobs retried {sorted(retried - expected)}"
+        for job_id in expected:
+            row = after[job_id]
+            if job_id in retried:
+                ok = row.status == "queued" and row.due
+                assert ok, f"job {job_id} retried but is {row}"
+                job = self.jobs[job_id]
+                job.spent = 0
+                job.budget = attempts or before[job_id].max_attempts or DEFAULT_MAX_ATTEMPTS
+                continue
+            holders = [
+                other.id
+                for other in after.values()
+                if other.id != job_id
+                and row.unique_key is not None
+                and other.unique_key == row.unique_key
+                and other.status in UNIQUE_STATUSES
+            ]
+            assert holders, (
+                f"retry_jobs left job {job_id} ({row.status}) alone though no other job holds "
+                "its unique key"
+            )
+            skipped = getattr(result, "skipped", None)
+            assert skipped is None or job_id in skipped, (
+                f"retry_jobs left job {job_id} alone (its key is held by {holders}) and did "
+                "not name it"
+            )
+            assert row.stable() == before[job_id].stable(), (
+                f"retry_jobs changed job {job_id}, which it did not retry: "
+                f"{before[job_id]} -> {row}"
+            )
+        self._settle(after, "retry_jobs", lambda _: None)
+
+    @precondition(lambda self: self.jobs)
+    @rule(indices=picks)
+    def delete(self, indices: list[int]) -> None:
+        ids = self._ids(indices)
+        before = self.seen
+        with no_raw_database_error("delete_jobs"), self.engine.begin() as conn:
+            result = admin.delete_jobs(conn, ids)
+        expected = {i for i in ids if i in before and before[i].status != "running"}
+        assert set(result) == expected, f"delete_jobs({ids}) returned {result}, not {expected}"
+        self._settle(self._observe(), "delete_jobs", lambda i: "deleted" if i in expected else None)
+
+    @rule(
+        older_than=st.sampled_from([0.0, 60.0, 7200.0]),
+        statuses=st.sets(st.sampled_from(["done", "failed", "cancelled"]), min_size=1),
+        archive=st.booleans(),
+    )
+    def prune(self, older_than: float, statuses: set[str], archive: bool) -> None:
+        before = self.seen
+        with no_raw_database_error("prune"), self.engine.begin() as conn:
+            count = admin.prune(conn, older_than, sorted(statuses), archive=archive)
+        after = self._observe()
+
+        def prunable(row: Row) -> bool:
+            return (row.archived and archive) or (not row.archived and row.status in statuses)
+
+        gone = {i for i in before if i not in after}
+        assert count == len(gone), f"prune said {count} but {len(gone)} jobs went"
+        for row in before.values():
+            if row.id in gone:
+                ok = prunable(row) and (row.age or 0) + SLACK >= older_than
+                assert ok, f"prune(older_than={older_than}, {sorted(statuses)}) deleted {row}"
+            elif prunable(row) and row.age is not None:
+                assert row.age <= older_than + SLACK, f"prune left {row}"
+        self._settle(after, "prune", lambda i: "pruned" if i in gone else None)
+
+    @rule(queue=queue_names, paused=st.booleans())
+    def pause(self, queue: str, paused: bool) -> None:
+        with no_raw_database_error("set_paused"), self.engine.begin() as conn:
+            admin.set_paused(conn, queue, paused)
+        (self.paused.add if paused else self.paused.discard)(queue)
+
+    @rule(queue=queue_names, limit=st.sampled_from([None, 1, 2]))
+    def limit_concurrency(self, queue: str, limit: int | None) -> None:
+        with no_raw_database_error("set_concurrency"), self.engine.begin() as conn:
+            admin.set_concurrency(conn, queue, limit)
+        self.concurrency[queue] = limit
+
+    @rule(queue=queue_names, rate=st.sampled_from([None, "1/s", "2/min"]))
+    def limit_rate(self, queue: str, rate: str | None) -> None:
+        with no_raw_database_error("set_rate"), self.engine.begin() as conn:
+            admin.set_rate(conn, queue, rate)
+        (self.rated.discard if rate is None else self.rated.add)(queue)
+
+    @rule(queue=queue_names, seconds=st.sampled_from([0.0, 5.0, 3600.0, 86400.0, HUGE_TTL]))
+    def result_ttl(self, queue: str, seconds: float) -> None:
+        try:
+            with no_raw_database_error("set_result_ttl"), self.engine.begin() as conn:
+                admin.set_result_ttl(conn, queue, seconds)
+        except SqlaQueueError:
+            assert seconds == HUGE_TTL, f"set_result_ttl refused {seconds} s"
+            return  # a clear refusal of what PostgreSQL cannot hold
+        self.ttl[queue] = seconds
+
+    @precondition(lambda self: self.jobs)
+    @rule(index=st.integers(0, 40))
+    def poll_result(self, index: int) -> None:
+        (job_id,) = self._ids([index])
+        row = self.seen.get(job_id)
+        expected: Any
+        try:
+            with no_raw_database_error("wait_for"):
+                got: Any = wait_for(self.engine, job_id, timeout=0)
+        except (JobFailedError, ResultMissingError, ResultTimeoutError) as exc:
+            got = type(exc)
+        if row is None:
+            expected = ResultMissingError
+        elif row.status == "done":
+            expected = row.result
+        elif row.status in ("failed", "cancelled"):
+            expected = JobFailedError
+        else:
+            expected = ResultTimeoutError
+        assert got == expected, (
+            f"wait_for(job {job_id}, timeout=0) on a job that is "
+            f"{row.status if row else 'gone'} gave {got!r}, not {expected!r}"
+        )
+
+    # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def holds(self) -> None:
+        with self.recorder.lock:
+            violations = list(self.recorder.violations)
+        assert not violations, "; ".join(violations)
+        for job in self.jobs.values():
+            assert job.spent <= job.budget, (
+                f"job {job.id} ({job.task} {job.behaviour}) ran {job.spent} times on a budget "
+                f"of {job.budget} attempts"
+            )
+
+
+def run_model(databases: TemplateDatabases, profile: settings | None = None) -> None:
+    QueueMachine.pool = pool = ClonePool(databases)
+    try:
+        run_state_machine_as_test(QueueMachine, settings=profile)
+    finally:
+        QueueMachine.pool = None
+        pool.close()
+
+
+def test_queue_model(databases: TemplateDatabases) -> None:
+    """The model with the loaded profile ("default": short; SQLA_QUEUE_HYPOTHESIS_PROFILE)."""
+    run_model(databases)
+
+
+@pytest.mark.slow
+def test_queue_model_long(databases: TemplateDatabases) -> None:
+    """The model with the "long" profile."""
+    run_model(databases, settings.get_profile("long"))
