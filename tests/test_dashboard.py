@@ -192,9 +192,11 @@ def test_a_rare_filter_pages_through_bounded_windows_and_misses_nothing(engine: 
             page = reads.list_jobs(conn, where, before, limit=2, window=10)
             seen += [row["id"] for row in page.jobs]
             short_pages += page.searched == 10
-            if page.next_before is None:
+            if page.search_before is not None:
+                assert page.next_before is None  # a short page offers a search, not a page
+            before = page.next_before or page.search_before
+            if before is None:
                 break
-            before = page.next_before
     assert seen == sorted(rare, reverse=True)
     assert short_pages > 0  # some pages stopped at the window, not at the limit
 
@@ -458,3 +460,39 @@ def test_mounted_in_flask_under_a_prefix(engine: Engine) -> None:
     assert answer.status_code == 303
     assert answer.headers["location"].startswith("/queue/jobs?notice=")
     assert statuses(engine, [job_id]) == {}
+
+
+# -- the Older link (issue 20) ---------------------------------------------------------------
+
+
+def many_jobs(engine: Engine, count: int, queue: str = "default") -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.jobs (queue, task, status) "
+                "SELECT :queue, 't', 'done' FROM generate_series(1, :count)"
+            ),
+            {"queue": queue, "count": count},
+        )
+
+
+def test_the_older_link_is_absent_when_the_page_is_not_full(engine: Engine) -> None:
+    new_queue(engine, "rare")
+    many_jobs(engine, 3, queue="rare")  # the oldest jobs: beyond the first window
+    many_jobs(engine, reads.SEARCH_WINDOW + 10)
+    web = client(engine)
+    nothing = web.get("/jobs?queue=rare").text
+    assert "No job matches." in nothing
+    assert 'rel="next"' not in nothing  # no Older link that searches 20,000 jobs per click
+    assert "Older jobs were not searched" in nothing
+    searched = re.search(r'id="search-older" href="([^"]+)"', nothing)
+    assert searched, nothing
+    # Asked for, the next window is searched and finds them; the end of the table offers
+    # neither link.
+    deeper = web.get(searched.group(1).replace("&amp;", "&")).text
+    assert len(re.findall(r'<tr data-job="', deeper)) == 3
+    assert 'rel="next"' not in deeper
+    assert 'id="search-older"' not in deeper
+    full = web.get("/jobs?queue=default").text
+    assert len(re.findall(r'<tr data-job="', full)) == reads.PAGE_SIZE
+    assert 'rel="next"' in full
