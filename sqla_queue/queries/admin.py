@@ -162,14 +162,19 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
         .returning(jobs.c.id, chosen.c.status)
         .cte("retried")
     )
-    taken_here = (
-        select(func.min(chosen.c.id))
-        .where(chosen.c.unique_key == candidates.c.unique_key)
-        .scalar_subquery()
+    # Joins, not a subquery per row: a retry of every failed job may leave thousands.
+    winner = chosen.alias("winner")
+    held_by = func.coalesce(
+        select(func.min(other.c.id)).where(holds).scalar_subquery(), winner.c.id
     )
-    held_by = func.coalesce(select(func.min(other.c.id)).where(holds).scalar_subquery(), taken_here)
-    left = select(candidates.c.id, candidates.c.status, held_by.label("held_by")).where(
-        ~select(chosen.c.id).where(chosen.c.id == candidates.c.id).exists()
+    left = (
+        select(candidates.c.id, candidates.c.status, held_by.label("held_by"))
+        .select_from(
+            candidates.outerjoin(chosen, chosen.c.id == candidates.c.id).outerjoin(
+                winner, winner.c.unique_key == candidates.c.unique_key
+            )
+        )
+        .where(chosen.c.id.is_(None))
     )
     done = select(retried.c.id, retried.c.status, literal(None, BigInteger).label("held_by"))
     return select(union_all(done, left).subquery())
