@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,7 +435,7 @@ def retry_jobs(
     params = {"job_ids": ids, "retry_queue": queue, "budget": attempts}
     for _ in range(RETRY_RACES):
         try:
-            with bind.begin_nested():
+            with _savepoint(bind):
                 rows = bind.execute(statement, params).all()
         except IntegrityError as exc:
             if not _is_unique_key_violation(exc):
@@ -451,6 +452,15 @@ def retry_jobs(
         detail=f"other transactions took the unique keys of jobs being retried {RETRY_RACES} "
         "times in a row; nothing was retried: try again"
     )
+
+
+def _savepoint(bind: Bind) -> AbstractContextManager[object]:
+    """A savepoint, so a failed statement leaves the caller's transaction usable; none on
+    an autocommit connection (each statement is its own transaction there)."""
+    conn = bind.connection() if isinstance(bind, Session) else bind
+    if getattr(conn.connection.dbapi_connection, "autocommit", False):
+        return nullcontext()
+    return bind.begin_nested()
 
 
 def _is_unique_key_violation(exc: IntegrityError) -> bool:

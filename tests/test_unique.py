@@ -506,3 +506,11 @@ def test_retry_in_a_session_keeps_the_callers_transaction_usable(engine: Engine)
         assert set(retried) | set(retried.skipped) == {first, second}
         enqueue(session, "r", {"key": "other"})
     assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+
+
+def test_retry_on_an_autocommit_connection_needs_no_transaction(engine: Engine) -> None:
+    first, second = failed_unique(engine, "a", 2)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        retried = admin.retry_jobs(conn, [first, second])
+    assert (retried, retried.skipped[second].held_by) == ({first: "failed"}, first)
+    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
