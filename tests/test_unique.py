@@ -514,3 +514,18 @@ def test_retry_on_an_autocommit_connection_needs_no_transaction(engine: Engine) 
         retried = admin.retry_jobs(conn, [first, second])
     assert (retried, retried.skipped[second].held_by) == ({first: "failed"}, first)
     assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+
+
+def test_retry_whose_snapshot_cannot_see_the_holder_says_so_in_one_clear_error(
+    engine: Engine,
+) -> None:
+    (failed,) = failed_unique(engine, "a", 1)
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+        conn.begin()
+        conn.execute(text("SELECT 1"))  # the transaction's snapshot, from before the holder
+        with Session(engine) as session, session.begin():
+            enqueue(session, "r", {"key": "a"}, unique=True)
+        with pytest.raises(ConfigurationError, match="took the unique keys of jobs being retried"):
+            admin.retry_jobs(conn, [failed])
+        assert conn.execute(text("SELECT 1")).scalar() == 1  # the transaction goes on
+    assert statuses_of(engine, [failed]) == ["failed"]
