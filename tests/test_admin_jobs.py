@@ -319,3 +319,19 @@ def test_cli_retry_names_each_job_whose_unique_key_is_held_and_retries_the_rest(
     assert json.loads(by_id.stdout) == {}
     assert f"job {ids[1]}: not retried, its unique key is held by job {ids[0]}" in by_id.stderr
     assert "not failed or cancelled" not in by_id.stderr
+
+
+def test_retry_of_a_job_with_a_huge_budget_caps_max_attempts_instead_of_overflowing(
+    engine: Engine,
+) -> None:
+    ids = enqueue_jobs(engine, "app.a", 2)
+    set_status(engine, ids, "failed", attempts=3)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET max_attempts = 2147483646 WHERE id = :i"),
+            {"i": ids[0]},
+        )
+        assert admin.retry_jobs(conn, ids[:1]) == {ids[0]: "failed"}  # 3 + that > int4
+        assert admin.retry_jobs(conn, ids[1:], attempts=2**31 - 1) == {ids[1]: "failed"}
+    rows = jobs_by_id(engine, ids)
+    assert [rows[i].max_attempts for i in ids] == [2**31 - 1, 2**31 - 1]

@@ -88,6 +88,8 @@ def job_detail() -> Select[Any]:
     return select(union_all(live, archived).subquery()).limit(1)
 
 
+INT4_MAX = 2**31 - 1
+"""The largest `max_attempts` (an int4 column)."""
 UNIQUE_KEY_INDEX = "ux_jobs_unique_key"
 """The unique index over jobs' keys (models.Job): the constraint a unique violation names."""
 
@@ -100,7 +102,8 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
     are locked and the status condition is re-checked on each, so a job that another
     transaction has meanwhile requeued or deleted is left alone. The attempt number keeps
     counting (it is the fencing token a late worker is held to); the budget grows instead:
-    `max_attempts` becomes attempts plus `:budget`, else plus the job's own max_attempts.
+    `max_attempts` becomes attempts plus `:budget`, else plus the job's own max_attempts
+    (at most INT4_MAX).
 
     A unique job goes back only if its key is free: no other job holds it now (see
     `unique_predicate`), and of the jobs of this retry that share it only the lowest id
@@ -143,7 +146,7 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
         .cte("chosen")
     )
     budget = func.coalesce(
-        bindparam("budget", None, type_=Integer), jobs.c.max_attempts, DEFAULT_MAX_ATTEMPTS
+        bindparam("budget", None, type_=BigInteger), jobs.c.max_attempts, DEFAULT_MAX_ATTEMPTS
     )
     retried = (
         update(jobs)
@@ -151,7 +154,8 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
         .values(
             status=JobStatus.queued.value,
             run_at=func.now(),
-            max_attempts=jobs.c.attempts + budget,
+            # In bigint, capped at int4's top: a huge budget (or own max) ends at the top.
+            max_attempts=func.least(jobs.c.attempts.cast(BigInteger) + budget, INT4_MAX),
             finished_at=None,
             locked_at=None,
             locked_by=None,
