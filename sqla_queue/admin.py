@@ -386,6 +386,7 @@ class SkippedRetry:
 
     @property
     def reason(self) -> str:
+        """Why it was not retried, as the CLI and the dashboard say it."""
         return f"its unique key is held by job {self.held_by}"
 
 
