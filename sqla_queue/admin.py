@@ -9,16 +9,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Result
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from . import queries
 from .durations import RATE_ACCEPTED, describe_rate, parse_rate
 from .errors import ConfigurationError, UnknownQueueError
 from .models import JobStatus, Retention, validate_name
+from .queries.admin import UNIQUE_KEY_INDEX
 
 Bind = Connection | Session
 
@@ -372,6 +375,35 @@ def get_job(bind: Bind, job_id: int) -> JobDetail | None:
     return JobDetail(**{key: row[key] for key in _DETAIL_FIELDS})
 
 
+@dataclass(frozen=True)
+class SkippedRetry:
+    """A job `retry_jobs` left where it was: its unique key is held by job `held_by`."""
+
+    job_id: int
+    status: str
+    """Its status, which it keeps (failed or cancelled)."""
+    held_by: int
+
+    @property
+    def reason(self) -> str:
+        """Why it was not retried, as the CLI and the dashboard say it."""
+        return f"its unique key is held by job {self.held_by}"
+
+
+class RetriedJobs(dict[int, str]):
+    """What `retry_jobs` did: {id: status it had} of each job put back to queued, and in
+    `skipped` {id: SkippedRetry} each unique job left alone because its key is held."""
+
+    def __init__(self, retried: dict[int, str], skipped: dict[int, SkippedRetry]) -> None:
+        super().__init__(retried)
+        self.skipped = skipped
+
+
+RETRY_RACES = 5
+"""How often `retry_jobs` runs its statement again when another transaction takes a
+unique key between the statement's snapshot and its write."""
+
+
 def retry_jobs(
     bind: Bind,
     job_ids: Iterable[int] | None = None,
@@ -379,14 +411,17 @@ def retry_jobs(
     all_failed: bool = False,
     queue: str | None = None,
     attempts: int | None = None,
-) -> dict[int, str]:
-    """Put failed or cancelled jobs back to queued, due now; returns {id: status it had}.
+) -> RetriedJobs:
+    """Put failed or cancelled jobs back to queued, due now; returns {id: status it had},
+    with `.skipped`: {id: SkippedRetry} of the jobs left alone because their unique key is
+    held (by a queued or running job, or by a job of the same retry: the lowest id goes).
 
     Pass `job_ids`, or `all_failed=True` (every failed job, of `queue` if given), not both.
     Each job gets a fresh budget of `attempts` (default: its own max_attempts, else 5): its
     attempt number keeps counting, as the fencing token a late worker is held to. One
     statement, fenced: a job that is queued, running or done (or changes while this runs)
-    is left alone and missing from the result.
+    is left alone and missing from both. A key taken by another transaction while this runs
+    makes it run again (in a savepoint, up to RETRY_RACES times), never a database error.
     """
     if (job_ids is None) == (not all_failed):
         raise ConfigurationError(detail="pass job ids or all_failed=True (--failed), not both")
@@ -399,7 +434,39 @@ def retry_jobs(
     ids = _job_ids(job_ids) if job_ids is not None else None
     statement = queries.retry_failed_jobs(by_ids=ids is not None, queue=queue is not None)
     params = {"job_ids": ids, "retry_queue": queue, "budget": attempts}
-    return {int(row[0]): str(row[1]) for row in bind.execute(statement, params)}
+    for _ in range(RETRY_RACES):
+        try:
+            with _savepoint(bind):
+                rows = bind.execute(statement, params).all()
+        except IntegrityError as exc:
+            if not _is_unique_key_violation(exc):
+                raise
+            continue
+        retried = {int(job_id): str(status) for job_id, status, held_by in rows if held_by is None}
+        skipped = {
+            int(job_id): SkippedRetry(int(job_id), str(status), int(held_by))
+            for job_id, status, held_by in rows
+            if held_by is not None
+        }
+        return RetriedJobs(retried, skipped)
+    raise ConfigurationError(
+        detail=f"other transactions took the unique keys of jobs being retried {RETRY_RACES} "
+        "times in a row; nothing was retried: try again"
+    )
+
+
+def _savepoint(bind: Bind) -> AbstractContextManager[object]:
+    """A savepoint, so a failed statement leaves the caller's transaction usable; none on
+    an autocommit connection (each statement is its own transaction there)."""
+    conn = bind.connection() if isinstance(bind, Session) else bind
+    if getattr(conn.connection.dbapi_connection, "autocommit", False):
+        return nullcontext()
+    return bind.begin_nested()
+
+
+def _is_unique_key_violation(exc: IntegrityError) -> bool:
+    diag = getattr(exc.orig, "diag", None)
+    return getattr(diag, "constraint_name", None) == UNIQUE_KEY_INDEX
 
 
 def delete_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:

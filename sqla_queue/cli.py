@@ -929,7 +929,9 @@ def jobs_retry(
 ) -> None:
     """Put failed or cancelled jobs (by id, or all failed with --failed) back to queued.
 
-    Exit status 1 if an id names no job or one that is not failed or cancelled."""
+    A unique job whose key another job holds stays where it is, and is named with that job.
+    Exit status 1 if an id names no job or one that is not failed or cancelled, or if a job
+    was left alone for its unique key."""
     if bool(job_ids) == all_failed:
         raise click.UsageError("pass job ids or --failed, not both (and not neither)")
     if queue is not None and not all_failed:
@@ -942,15 +944,21 @@ def jobs_retry(
             queue=queue,
             attempts=attempts,
         )
-        others = admin.job_statuses(conn, [i for i in job_ids if i not in retried])
+        skipped = retried.skipped
+        others = admin.job_statuses(
+            conn, [i for i in job_ids if i not in retried and i not in skipped]
+        )
     if as_json:
         _echo_json({str(job_id): status for job_id, status in retried.items()})
     elif all_failed:
         click.echo(f"retried {len(retried)} failed job(s)")
+    for job_id, held in sorted(skipped.items()):
+        click.echo(f"job {job_id}: not retried, {held.reason} ({held.status})", err=as_json)
+    named = tuple(i for i in job_ids if i not in skipped)
     refused = _report_each(
-        job_ids, retried, others, "retried", "it is not failed or cancelled", err=as_json
+        named, retried, others, "retried", "it is not failed or cancelled", err=as_json
     )
-    if refused:
+    if refused or skipped:
         sys.exit(1)
 
 

@@ -290,3 +290,48 @@ def test_cli_jobs_commands_refuse_bad_input_in_one_line(
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert fragment in result.stderr, result.stderr
+
+
+def test_cli_retry_names_each_job_whose_unique_key_is_held_and_retries_the_rest(
+    database_url: str, engine: Engine
+) -> None:
+    ids: list[int] = []
+    for _ in range(2):  # a failed job frees its key: the second one is enqueued, then fails
+        (job_id,) = enqueue_jobs(engine, "app.a", 1, args={"n": 1}, unique=True)
+        set_status(engine, [job_id], "failed")
+        ids.append(job_id)
+    (plain,) = enqueue_jobs(engine, "app.a", 1)
+    set_status(engine, [plain], "failed")
+    result = cli(database_url, "jobs", "retry", "--failed")
+    assert result.exit_code == 1, result.output
+    assert "retried 2 failed job(s)" in result.stdout
+    assert f"job {ids[1]}: not retried, its unique key is held by job {ids[0]} (failed)" in (
+        result.stdout
+    )
+    assert "Traceback" not in result.output
+    assert {i: j.status for i, j in jobs_by_id(engine).items()} == {
+        ids[0]: "queued",
+        ids[1]: "failed",
+        plain: "queued",
+    }
+    by_id = cli(database_url, "jobs", "retry", "--json", str(ids[1]))
+    assert by_id.exit_code == 1
+    assert json.loads(by_id.stdout) == {}
+    assert f"job {ids[1]}: not retried, its unique key is held by job {ids[0]}" in by_id.stderr
+    assert "not failed or cancelled" not in by_id.stderr
+
+
+def test_retry_of_a_job_with_a_huge_budget_caps_max_attempts_instead_of_overflowing(
+    engine: Engine,
+) -> None:
+    ids = enqueue_jobs(engine, "app.a", 2)
+    set_status(engine, ids, "failed", attempts=3)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET max_attempts = 2147483646 WHERE id = :i"),
+            {"i": ids[0]},
+        )
+        assert admin.retry_jobs(conn, ids[:1]) == {ids[0]: "failed"}  # 3 + that > int4
+        assert admin.retry_jobs(conn, ids[1:], attempts=2**31 - 1) == {ids[1]: "failed"}
+    rows = jobs_by_id(engine, ids)
+    assert [rows[i].max_attempts for i in ids] == [2**31 - 1, 2**31 - 1]

@@ -344,3 +344,188 @@ def test_a_role_that_may_not_draw_ids_writes_unique_rows_one_statement_each(
         with engine.begin() as conn:
             conn.execute(text(f'DROP OWNED BY "{role}"'))
             conn.execute(text(f'DROP ROLE "{role}"'))
+
+
+# -- retrying failed unique jobs (issue 20, 1.1) ---------------------------------------------
+
+
+def failed_unique(engine: Engine, key: str, count: int) -> list[int]:
+    """`count` failed jobs sharing one unique key: with the default states (queued,
+    running) a failed job frees its key, so the next one with it can be enqueued and fail."""
+    ids: list[int] = []
+    for _ in range(count):
+        with Session(engine, expire_on_commit=False) as session, session.begin():
+            job = enqueue(session, "r", {"key": key}, unique=True)
+            assert job.duplicate is False
+            ids.append(job.id)
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE sqla_queue.jobs SET status = 'failed', attempts = 1 WHERE id = :i"),
+                {"i": job.id},
+            )
+    return ids
+
+
+def statuses_of(engine: Engine, ids: list[int]) -> list[str]:
+    rows = jobs_by_id(engine, ids)
+    return [rows[i].status for i in ids]
+
+
+def retry_aside(
+    engine: Engine, ids: list[int]
+) -> tuple[threading.Thread, list[admin.RetriedJobs | BaseException]]:
+    """Retry `ids` in a thread of its own; after half a second, the thread and what it
+    returned or raised so far."""
+    result: list[admin.RetriedJobs | BaseException] = []
+
+    def retry() -> None:
+        try:
+            with engine.begin() as conn:
+                result.append(admin.retry_jobs(conn, ids))
+        except BaseException as exc:  # the test reports it
+            result.append(exc)
+
+    thread = threading.Thread(target=retry)
+    thread.start()
+    thread.join(0.5)
+    return thread, result
+
+
+def test_retry_of_failed_jobs_sharing_a_unique_key_retries_the_lowest_and_reports_the_rest(
+    engine: Engine,
+) -> None:
+    shared = failed_unique(engine, "a", 3)
+    (alone,) = failed_unique(engine, "b", 1)
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        job = enqueue(session, "r", {"key": "c"})
+        session.flush()
+        plain = job.id
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET status = 'failed' WHERE id = :i"), {"i": plain}
+        )
+    with engine.begin() as conn:
+        retried = admin.retry_jobs(conn, all_failed=True)
+    assert retried == {shared[0]: "failed", alone: "failed", plain: "failed"}
+    assert {i: s.held_by for i, s in retried.skipped.items()} == {
+        shared[1]: shared[0],
+        shared[2]: shared[0],
+    }
+    assert retried.skipped[shared[1]].reason == f"its unique key is held by job {shared[0]}"
+    assert statuses_of(engine, [*shared, alone, plain]) == [
+        "queued",
+        "failed",
+        "failed",
+        "queued",
+        "queued",
+    ]
+
+
+def test_retry_by_ids_of_jobs_sharing_a_key_retries_one_and_names_its_holder(
+    engine: Engine,
+) -> None:
+    first, second = failed_unique(engine, "a", 2)
+    with engine.begin() as conn:
+        retried = admin.retry_jobs(conn, [second, first])
+    assert retried == {first: "failed"}
+    assert retried.skipped[second].held_by == first
+    assert retried.skipped[second].status == "failed"
+    # Once the holder has failed again, the other one goes back.
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET status = 'failed' WHERE id = :i"), {"i": first}
+        )
+        again = admin.retry_jobs(conn, [second])
+    assert (again, again.skipped) == ({second: "failed"}, {})
+
+
+def test_retry_reports_a_job_whose_unique_key_is_held_by_a_queued_job(engine: Engine) -> None:
+    (failed,) = failed_unique(engine, "a", 1)
+    with Session(engine) as session, session.begin():
+        live = enqueue(session, "r", {"key": "a"}, unique=True).id
+    with engine.begin() as conn:
+        retried = admin.retry_jobs(conn, all_failed=True)
+    assert retried == {}
+    assert retried.skipped[failed].held_by == live
+    assert statuses_of(engine, [failed, live]) == ["failed", "queued"]
+
+
+def test_a_job_that_holds_its_own_key_when_failed_wins_over_the_one_it_blocks(
+    engine: Engine,
+) -> None:
+    # `older` (default states) failed and freed the key; `newer` holds it even failed.
+    (older,) = failed_unique(engine, "a", 1)
+    once = Unique(states=EVERY_STATE)
+    with Session(engine) as session, session.begin():
+        newer = enqueue(session, "r", {"key": "a"}, unique=once).id
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET status = 'failed' WHERE id = :i"), {"i": newer}
+        )
+        retried = admin.retry_jobs(conn, all_failed=True)
+    assert retried == {newer: "failed"}
+    assert retried.skipped[older].held_by == newer
+
+
+def test_retry_racing_another_retry_of_the_same_key_reports_instead_of_failing(
+    engine: Engine,
+) -> None:
+    first, second = failed_unique(engine, "a", 2)
+    with engine.connect() as one:
+        one.begin()
+        assert admin.retry_jobs(one, [first]) == {first: "failed"}
+        thread, result = retry_aside(engine, [second])
+        assert thread.is_alive()  # waits on the unique index entry the first one wrote
+        one.commit()
+    thread.join(10)
+    (outcome,) = result
+    assert isinstance(outcome, admin.RetriedJobs), outcome
+    assert (outcome, outcome.skipped[second].held_by) == ({}, first)
+    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+
+
+def test_retry_racing_an_enqueue_of_the_same_key_reports_the_new_holder(engine: Engine) -> None:
+    (failed,) = failed_unique(engine, "a", 1)
+    with Session(engine) as session:
+        session.begin()
+        live = enqueue(session, "r", {"key": "a"}, unique=True).id
+        thread, result = retry_aside(engine, [failed])
+        assert thread.is_alive()  # waits on the uncommitted job's index entry
+        session.commit()
+    thread.join(10)
+    (outcome,) = result
+    assert isinstance(outcome, admin.RetriedJobs), outcome
+    assert outcome.skipped[failed].held_by == live
+    assert statuses_of(engine, [failed, live]) == ["failed", "queued"]
+
+
+def test_retry_in_a_session_keeps_the_callers_transaction_usable(engine: Engine) -> None:
+    first, second = failed_unique(engine, "a", 2)
+    with Session(engine) as session, session.begin():
+        retried = admin.retry_jobs(session, [first, second])
+        assert set(retried) | set(retried.skipped) == {first, second}
+        enqueue(session, "r", {"key": "other"})
+    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+
+
+def test_retry_on_an_autocommit_connection_needs_no_transaction(engine: Engine) -> None:
+    first, second = failed_unique(engine, "a", 2)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        retried = admin.retry_jobs(conn, [first, second])
+    assert (retried, retried.skipped[second].held_by) == ({first: "failed"}, first)
+    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+
+
+def test_retry_whose_snapshot_cannot_see_the_holder_says_so_in_one_clear_error(
+    engine: Engine,
+) -> None:
+    (failed,) = failed_unique(engine, "a", 1)
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+        conn.begin()
+        conn.execute(text("SELECT 1"))  # the transaction's snapshot, from before the holder
+        with Session(engine) as session, session.begin():
+            enqueue(session, "r", {"key": "a"}, unique=True)
+        with pytest.raises(ConfigurationError, match="took the unique keys of jobs being retried"):
+            admin.retry_jobs(conn, [failed])
+        assert conn.execute(text("SELECT 1")).scalar() == 1  # the transaction goes on
+    assert statuses_of(engine, [failed]) == ["failed"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -45,12 +46,27 @@ from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.errors import ConfigurationError, SqlaQueueError
 from sqla_queue.models import JobStatus
 
+from . import params as checks
 from . import reads
 
 HERE = Path(__file__).parent
 CSRF_COOKIE = "sqla_queue_csrf"
 CSRF_FIELD = "csrf_token"
 JOB_ACTIONS = ("retry", "cancel", "delete")
+NOTICE_FIELD = "notice"
+PROOF_FIELD = "proof"
+NAMED_SKIPS = 5
+"""Jobs a notice names one by one at most (it travels in a URL)."""
+MAX_BACK = 2000
+"""The longest `back` path an action returns to."""
+
+
+def notice_proof(secret: str, notice: str) -> str:
+    """The proof that this dashboard wrote `notice` for the browser holding `secret` (its
+    CSRF cookie): a link made elsewhere cannot show text on its pages."""
+    message = b"notice:" + notice.encode(errors="surrogatepass")
+    digest = hmac.new(secret.encode(), message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:18]).decode()
 
 
 @dataclass(frozen=True)
@@ -219,7 +235,7 @@ class Dashboard:
             Route("/partials/queues", self.queues_partial, name="queues_partial"),
             Route("/jobs", self.jobs_page, name="jobs"),
             Route("/jobs/action", self.jobs_action, methods=["POST"], name="jobs_action"),
-            Route("/jobs/{job_id:int}", self.job_page, name="job"),
+            Route("/jobs/{job_id}", self.job_page, name="job"),
             Route("/queues/{name:path}/pause", self.pause, methods=["POST"], name="pause"),
             Route("/queues/{name:path}/resume", self.resume, methods=["POST"], name="resume"),
             Route("/workers", self.workers_page, name="workers"),
@@ -240,17 +256,29 @@ class Dashboard:
             csrf=request.state.csrf,
             read_only=self.read_only,
             poll_seconds=self.poll_seconds,
-            notice=request.query_params.get("notice"),
+            notice=self._notice(request),
             **context,
         )
         return HTMLResponse(page, status_code=status)
 
+    def _notice(self, request: Request) -> str | None:
+        """The notice of the action that redirected here; None if this app did not write it
+        for this browser (`?notice=` alone shows nothing)."""
+        notice = request.query_params.get(NOTICE_FIELD)
+        proof = request.query_params.get(PROOF_FIELD)
+        if not notice or not proof:
+            return None
+        expected = notice_proof(request.state.csrf, notice)
+        return notice if hmac.compare_digest(proof.encode(), expected.encode()) else None
+
     def _back(self, request: Request, path: str, notice: str) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
         separator = "&" if "?" in path else "?"
-        return RedirectResponse(
-            f"{base}{path}{separator}{urlencode({'notice': notice})}", status_code=303
-        )
+        query = {NOTICE_FIELD: notice, PROOF_FIELD: notice_proof(request.state.csrf, notice)}
+        return RedirectResponse(f"{base}{path}{separator}{urlencode(query)}", status_code=303)
+
+    def _bad_request(self, request: Request, message: str, status: int = 400) -> Response:
+        return self._render(request, "error.html", status=status, message=message)
 
     def _queue_rows(self) -> tuple[list[reads.QueueRow], float, float]:
         """The queues' counts, shared by every viewer: (rows, seconds since counted, ms
@@ -293,22 +321,19 @@ class Dashboard:
     def jobs_page(self, request: Request) -> Response:
         params = request.query_params
         status = params.get("status") or None
+        if status is not None and status not in {s.value for s in JobStatus}:
+            choices = ", ".join(s.value for s in JobStatus)
+            return self._bad_request(request, f"bad filter: status is one of {choices}")
         try:
             where = reads.JobFilter(
-                queue=params.get("queue") or None,
-                task=params.get("task") or None,
+                queue=checks.text_filter(params.get("queue"), "queue"),
+                task=checks.text_filter(params.get("task"), "task"),
                 status=JobStatus(status) if status else None,
-                tag=params.get("tag") or None,
+                tag=checks.text_filter(params.get("tag"), "tag"),
             )
-            before = int(params["before"]) if params.get("before") else None
-        except ValueError:
-            choices = ", ".join(s.value for s in JobStatus)
-            return self._render(
-                request,
-                "error.html",
-                status=400,
-                message=f"bad filter: status is one of {choices}; before is a job id",
-            )
+            before = checks.job_id(params["before"], "before") if params.get("before") else None
+        except checks.BadParameter as exc:
+            return self._bad_request(request, f"bad filter: {exc}")
         with self.engine.connect() as conn:
             page = reads.list_jobs(conn, where, before)
         filters = {
@@ -327,7 +352,10 @@ class Dashboard:
         )
 
     def job_page(self, request: Request) -> Response:
-        job_id = int(request.path_params["job_id"])
+        try:
+            job_id = checks.job_id(request.path_params["job_id"])
+        except checks.BadParameter as exc:
+            return self._bad_request(request, f"no such job: {exc}", status=404)
         with self.engine.connect() as conn:
             job = admin.get_job(conn, job_id)
         if job is None:
@@ -378,36 +406,51 @@ class Dashboard:
         if isinstance(form, Response):
             return form
         action = form.get("action")
-        back = str(form.get("back") or "/jobs")
+        back = form.get("back") or "/jobs"
         # Only a path of this app: never another site (`//host`, `/\host` in browsers).
-        if not back.startswith("/") or back[1:2] in ("/", "\\"):
+        if (
+            not isinstance(back, str)
+            or len(back) > MAX_BACK
+            or not back.startswith("/")
+            or back[1:2] in ("/", "\\")
+        ):
             back = "/jobs"
         if action not in JOB_ACTIONS:
             return PlainTextResponse(f"action must be one of {', '.join(JOB_ACTIONS)}", 400)
         try:
-            ids = [int(str(value)) for value in form.getlist("job_id")]
-        except ValueError:
-            return PlainTextResponse("job_id must be job ids (integers)", status_code=400)
+            ids = list(dict.fromkeys(checks.job_id(value) for value in form.getlist("job_id")))
+        except checks.BadParameter as exc:
+            return PlainTextResponse(str(exc), status_code=400)
         if not ids:
             return self._back(request, back, "no job selected")
-        done = await run_in_threadpool(self._act, str(action), ids)
-        verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[str(action)]
-        skipped = len(ids) - done
-        notice = f"{done} job(s) {verb}"
-        if skipped:
-            notice += f"; {skipped} left alone (not in a state that allows it)"
+        try:
+            notice = await run_in_threadpool(self._act, str(action), ids)
+        except SqlaQueueError as exc:
+            notice = str(exc)
         return self._back(request, back, notice)
 
-    def _act(self, action: str, ids: list[int]) -> int:
+    def _act(self, action: str, ids: list[int]) -> str:
+        """Do `action` on the jobs `ids`; the notice that says what was done."""
+        held: dict[int, admin.SkippedRetry] = {}
         with self.engine.begin() as conn:
             if action == "retry":
-                done = len(admin.retry_jobs(conn, ids))
+                retried = admin.retry_jobs(conn, ids)
+                done, held = len(retried), retried.skipped
             elif action == "cancel":
                 done = len(admin.cancel_jobs(conn, ids))
             else:
                 done = len(admin.delete_jobs(conn, ids))
         self._forget_counts()
-        return done
+        verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[action]
+        parts = [f"{done} job(s) {verb}"]
+        for job_id, skip in sorted(held.items())[:NAMED_SKIPS]:
+            parts.append(f"job {job_id} not retried: {skip.reason}")
+        if len(held) > NAMED_SKIPS:
+            parts.append(f"{len(held) - NAMED_SKIPS} more not retried: their unique keys are held")
+        others = len(ids) - done - len(held)
+        if others:
+            parts.append(f"{others} left alone (not in a state that allows it)")
+        return "; ".join(parts)
 
     async def _set_paused(self, request: Request, paused: bool) -> Response:
         form = await self._checked_form(request)
@@ -415,8 +458,9 @@ class Dashboard:
             return form
         name = request.path_params["name"]
         try:
+            checks.text_filter(name, "the queue name")
             await run_in_threadpool(self._pause, name, paused)
-        except SqlaQueueError as exc:
+        except (checks.BadParameter, SqlaQueueError) as exc:
             return self._back(request, "/", str(exc))
         return self._back(request, "/", f"queue {name} {'paused' if paused else 'resumed'}")
 

@@ -77,9 +77,13 @@ class JobFilter:
 class JobPage:
     jobs: list[dict[str, Any]]
     next_before: int | None
-    """The `before` of the next (older) page, or None on the last page."""
+    """The `before` of the next (older) page: set only when the page is full and at least
+    one more job matches (the Older link never leads to an empty page)."""
     searched: int = 0
     """When the page is short: how many jobs were searched for it (the window), else 0."""
+    search_before: int | None = None
+    """When the page is short because its window ran out: where a further search would
+    start (older jobs were not searched); None when no older job exists."""
 
 
 SEARCH_WINDOW = 20_000
@@ -95,8 +99,10 @@ def list_jobs(
 ) -> JobPage:
     """A page of jobs newest first, older than job `before` if given (keyset pagination).
 
-    A page searches at most `window` jobs; when fewer than `limit` of them match, the page
-    is short and `next_before` continues the search below them.
+    A page searches at most `window` jobs. When more than `limit` match, `next_before` is
+    the next page's start. When fewer match and older jobs exist, the page is short and
+    `search_before` is where searching the next window would start: asked for, not
+    offered as the next page (each such search reads another window, perhaps for nothing).
     """
     statement = statements.job_page(
         where.queue, where.task, where.status, before is not None, where.tag
@@ -114,8 +120,9 @@ def list_jobs(
     if len(rows) > limit:
         return JobPage(rows[:limit], int(rows[limit - 1]["id"]))
     oldest, searched = conn.execute(statements.window_end(before is not None), params).one()
-    more = searched >= window
-    return JobPage(rows, int(oldest) if more else None, int(searched) if more else 0)
+    if searched < window:
+        return JobPage(rows, None)
+    return JobPage(rows, None, int(searched), int(oldest))
 
 
 def live_workers(conn: Connection) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    Update,
+    and_,
     any_,
     bindparam,
     delete,
@@ -88,49 +88,74 @@ def job_detail() -> Select[Any]:
     return select(union_all(live, archived).subquery()).limit(1)
 
 
-def retry_jobs(*, by_ids: bool, queue: bool = False) -> Update:
+INT4_MAX = 2**31 - 1
+"""The largest `max_attempts` (an int4 column)."""
+UNIQUE_KEY_INDEX = "ux_jobs_unique_key"
+"""The unique index over jobs' keys (models.Job): the constraint a unique violation names."""
+
+
+def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
     """Put failed or cancelled jobs back to `queued`, due now, with a fresh attempt budget.
 
     By `:job_ids` (`by_ids`), else every failed job (of `:retry_queue` when `queue`; a
-    parameter named like a column would set that column). One fenced
-    statement: the status condition is re-checked on each locked row, so a job that another
+    parameter named like a column would set that column). One fenced statement: the rows
+    are locked and the status condition is re-checked on each, so a job that another
     transaction has meanwhile requeued or deleted is left alone. The attempt number keeps
     counting (it is the fencing token a late worker is held to); the budget grows instead:
-    `max_attempts` becomes attempts plus `:budget`, else plus the job's own max_attempts.
-    Returns (id, previous status).
+    `max_attempts` becomes attempts plus `:budget`, else plus the job's own max_attempts
+    (at most INT4_MAX).
+
+    A unique job goes back only if its key is free: no other job holds it now (see
+    `unique_predicate`), and of the jobs of this retry that share it only the lowest id
+    goes. Returns (id, status it had, held_by): held_by is NULL for a job retried, and for
+    a job left alone the id of the job that holds its key (the holder of now, else the job
+    of this retry that took it). A unique violation is still possible if another
+    transaction takes a key after this statement's snapshot: run it again.
     """
     retryable = (JobStatus.failed, JobStatus.cancelled) if by_ids else (JobStatus.failed,)
-    before = select(jobs.c.id, jobs.c.status).where(or_(*(_is(s) for s in retryable)))
+    asked = select(jobs.c.id, jobs.c.status, jobs.c.unique_key).where(
+        or_(*(_is(s) for s in retryable))
+    )
     if by_ids:
-        before = before.where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))))
+        asked = asked.where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))))
     if queue:
-        before = before.where(jobs.c.queue == bindparam("retry_queue", type_=Text))
-    locked = before.with_for_update().cte("before")
-    # A job whose key another live job holds now stays where it is, not an index violation.
+        asked = asked.where(jobs.c.queue == bindparam("retry_queue", type_=Text))
+    candidates = asked.with_for_update().cte("candidates")
     other = jobs.alias("other")
-    key_taken = (
-        select(other.c.id)
-        .where(
-            other.c.unique_key == jobs.c.unique_key,
-            other.c.id != jobs.c.id,
-            text(unique_predicate("other")),
+    holds = and_(
+        other.c.unique_key == candidates.c.unique_key,
+        other.c.id != candidates.c.id,
+        text(unique_predicate("other")),
+    )
+    ranked = (
+        select(
+            candidates.c.id,
+            candidates.c.status,
+            candidates.c.unique_key,
+            func.row_number()
+            .over(partition_by=candidates.c.unique_key, order_by=candidates.c.id)
+            .label("nth"),
         )
-        .exists()
+        .where(or_(candidates.c.unique_key.is_(None), ~select(other.c.id).where(holds).exists()))
+        .subquery("free")
+    )
+    # Jobs without a key all go (their NULL keys share one partition); of a key, the first.
+    chosen = (
+        select(ranked.c.id, ranked.c.status, ranked.c.unique_key)
+        .where(or_(ranked.c.unique_key.is_(None), ranked.c.nth == 1))
+        .cte("chosen")
     )
     budget = func.coalesce(
-        bindparam("budget", None, type_=Integer), jobs.c.max_attempts, DEFAULT_MAX_ATTEMPTS
+        bindparam("budget", None, type_=BigInteger), jobs.c.max_attempts, DEFAULT_MAX_ATTEMPTS
     )
-    return (
+    retried = (
         update(jobs)
-        .where(
-            jobs.c.id == locked.c.id,
-            or_(*(_is(s) for s in retryable)),
-            or_(jobs.c.unique_key.is_(None), ~key_taken),
-        )
+        .where(jobs.c.id == chosen.c.id, or_(*(_is(s) for s in retryable)))
         .values(
             status=JobStatus.queued.value,
             run_at=func.now(),
-            max_attempts=jobs.c.attempts + budget,
+            # In bigint, capped at int4's top: a huge budget (or own max) ends at the top.
+            max_attempts=func.least(jobs.c.attempts.cast(BigInteger) + budget, INT4_MAX),
             finished_at=None,
             locked_at=None,
             locked_by=None,
@@ -138,8 +163,25 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Update:
             lease_expires_at=None,
             started_at=None,
         )
-        .returning(jobs.c.id, locked.c.status)
+        .returning(jobs.c.id, chosen.c.status)
+        .cte("retried")
     )
+    # Joins, not a subquery per row: a retry of every failed job may leave thousands.
+    winner = chosen.alias("winner")
+    held_by = func.coalesce(
+        select(func.min(other.c.id)).where(holds).scalar_subquery(), winner.c.id
+    )
+    left = (
+        select(candidates.c.id, candidates.c.status, held_by.label("held_by"))
+        .select_from(
+            candidates.outerjoin(chosen, chosen.c.id == candidates.c.id).outerjoin(
+                winner, winner.c.unique_key == candidates.c.unique_key
+            )
+        )
+        .where(chosen.c.id.is_(None))
+    )
+    done = select(retried.c.id, retried.c.status, literal(None, BigInteger).label("held_by"))
+    return select(union_all(done, left).subquery())
 
 
 def delete_jobs() -> Select[Any]:
