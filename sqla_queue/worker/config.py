@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import uuid
@@ -10,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqla_queue.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.registry import MIN_LEASE
 
@@ -53,30 +53,24 @@ class WorkerConfig:
     )
 
     def __post_init__(self) -> None:
-        finite = all(
-            math.isfinite(n)
-            for n in (self.lease, self.poll_interval, self.shutdown_timeout, self.heartbeat)
-        )
+        check_count("concurrency", self.concurrency, 1, MAX_WORKER_CONCURRENCY)
+        check_count("batch", self.batch, 1, MAX_BATCH)
+        for name in ("lease", "poll_interval", "shutdown_timeout", "heartbeat", "dead_after"):
+            check_duration(name, getattr(self, name))
+        if self.give_up_after is not None:
+            check_duration("give_up_after", self.give_up_after)
         checks = (
-            (finite, "lease, poll interval, shutdown timeout and heartbeat must be finite"),
-            (self.concurrency >= 1, f"concurrency must be at least 1, got {self.concurrency}"),
-            (self.batch >= 1, f"batch must be at least 1, got {self.batch}"),
             (
                 self.lease >= MIN_LEASE,
                 f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
                 f"got {self.lease}",
             ),
             (self.poll_interval > 0, f"poll interval must be positive, got {self.poll_interval}"),
-            (self.shutdown_timeout >= 0, "shutdown timeout must not be negative"),
             (self.heartbeat > 0, f"heartbeat must be positive, got {self.heartbeat}"),
             (
                 self.dead_after >= 2 * self.heartbeat,
                 f"dead_after ({self.dead_after}) must be at least twice the heartbeat "
                 f"({self.heartbeat})",
-            ),
-            (
-                self.give_up_after is None or self.give_up_after >= 0,
-                "give_up_after must not be negative",
             ),
         )
         for ok, message in checks:
