@@ -764,7 +764,6 @@ def stats(database_url: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("queue", *(s.value for s in JobStatus), "oldest due (s)")
@@ -772,7 +771,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
         label = row.queue + (" (paused)" if row.paused else "")
         age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
         table.add_row(label, *(str(row.counts.get(s.value, 0)) for s in JobStatus), age)
-    Console().print(table)
+    _print_table(table)
 
 
 @main.command()
@@ -835,6 +834,21 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
         sys.exit(1)
 
 
+def _print_table(table: Any) -> None:
+    """A rich table on stdout: fitted to a terminal; piped, never cut short (a task name
+    of any length stays on its line, for `| grep`)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=_PIPED_WIDTH)
+    console.print(table)
+
+
+_PIPED_WIDTH = 100_000
+"""Columns of a table printed to a pipe: wider than any row, so none is wrapped or cut."""
+
+
 def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2))
 
@@ -881,7 +895,6 @@ def jobs_list(
     if as_json:
         _echo_json([job.as_dict() for job in found])
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("id", "task", "queue", "status", "attempts", "run_at", "tags")
@@ -896,7 +909,7 @@ def jobs_list(
             str(job.run_at),
             ",".join(job.tags),
         )
-    Console().print(table)
+    _print_table(table)
 
 
 @jobs.command("show")
@@ -1042,7 +1055,6 @@ def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> Non
     if not states:
         click.echo(f"{app_path} has no periodic tasks (register one with @registry.periodic)")
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("task", "schedule", "next run", "last run", "last job")
@@ -1054,7 +1066,7 @@ def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> Non
             "never" if state.last_run is None else str(state.last_run),
             "" if state.last_job_id is None else str(state.last_job_id),
         )
-    Console().print(table)
+    _print_table(table)
 
 
 def _iso(value: Any) -> Any:
@@ -1127,7 +1139,6 @@ def doctor(
     if as_json:
         click.echo(json.dumps([finding.as_dict() for finding in findings], indent=2))
     else:
-        from rich.console import Console
         from rich.table import Table
 
         colours = {Severity.ok: "green", Severity.warn: "yellow", Severity.critical: "bold red"}
@@ -1136,7 +1147,7 @@ def doctor(
             severity = f"[{colours[finding.severity]}]{finding.severity.value}[/]"
             shown_fix = "" if finding.severity is Severity.ok else finding.fix
             table.add_row(finding.name, severity, finding.value, shown_fix)
-        Console().print(table)
+        _print_table(table)
     if worst(findings) is Severity.critical:
         sys.exit(1)
 

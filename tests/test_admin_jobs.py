@@ -290,3 +290,12 @@ def test_cli_jobs_commands_refuse_bad_input_in_one_line(
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert fragment in result.stderr, result.stderr
+
+
+def test_jobs_list_piped_prints_every_task_name_whole(database_url: str, engine: Engine) -> None:
+    name = "reports.monthly." + "long_segment_" * 10  # 146 characters
+    (job_id,) = enqueue_jobs(engine, name, 1)
+    listed = cli(database_url, "jobs", "list")  # CliRunner's stdout is not a terminal
+    assert listed.exit_code == 0, listed.output
+    (row,) = [line for line in listed.stdout.splitlines() if name in line]
+    assert str(job_id) in row

@@ -9,6 +9,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from apps.support import WorkerThread, dispose_engines
@@ -190,3 +191,23 @@ def test_periodic_list_shows_each_schedule_with_its_next_and_last_run(
     next_run = dt.datetime.fromisoformat(rows["nightly"]["next_run"])
     assert next_run > dt.datetime.now(UTC)
     assert next_run.astimezone(dt.timezone(dt.timedelta(hours=2))).hour in (3, 4)
+
+
+def test_periodic_list_piped_prints_every_task_name_whole(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "reports.nightly." + "long_segment_" * 10  # 146 characters
+    (tmp_path / "long_names_app.py").write_text(
+        "from sqla_queue import Registry\n"
+        "registry = Registry()\n"
+        f"registry.periodic(cron='0 3 * * *', name={name!r})(lambda: None)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        main,
+        ["periodic", "list", "--app", "long_names_app:registry"],
+        env={"SQLA_QUEUE_DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if name in line]
+    assert "cron '0 3 * * *'" in row
