@@ -45,12 +45,14 @@ def create_queue(bind: Bind, name: str, retention: str = Retention.delete.value)
 
 def set_paused(bind: Bind, name: str, paused: bool) -> None:
     """Pause (no job of it is claimed) or resume queue `name`."""
+    validate_name("queue", name, task="(none)")
     if bind.execute(queries.set_queue_paused(paused), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
 
 
 def set_retention(bind: Bind, name: str, retention: str) -> None:
     """Set what happens to queue `name`'s succeeded jobs: delete, keep or archive."""
+    validate_name("queue", name, task="(none)")
     params = {"queue_name": name, "new_retention": _retention(retention)}
     if bind.execute(queries.set_queue_retention(), params).first() is None:
         raise UnknownQueueError(queue=name)
@@ -59,6 +61,7 @@ def set_retention(bind: Bind, name: str, retention: str) -> None:
 def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     """Delete queue `name` and its finished jobs. Refuses while it has queued or running
     jobs unless `force`, which deletes those too. Returns how many jobs were deleted."""
+    validate_name("queue", name, task="(none)")
     if bind.execute(queries.lock_queue(), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
     unfinished = bind.execute(queries.count_unfinished_in_queue(), {"queue_name": name}).scalar()
@@ -78,6 +81,7 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
 def set_route(bind: Bind, name: str, route: str | None) -> None:
     """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
     None, back to table workers. Jobs already in the table follow the new setting."""
+    validate_name("queue", name, task="(none)")
     from .brokers.routes import parse_route
 
     value = None if route is None else str(parse_route(route))
@@ -89,6 +93,7 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
 def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
     """At most `concurrency` jobs of queue `name` run at once, across all workers (None: no
     limit). The claim statement enforces it; jobs running now are left to finish."""
+    validate_name("queue", name, task="(none)")
     if concurrency is not None:
         check_count("concurrency", concurrency)
     params = {"queue_name": name, "concurrency": concurrency}
@@ -99,6 +104,7 @@ def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
 def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
     """At most so many jobs of queue `name` start in any window of so many seconds, across
     all workers: `"100/s"`, `"10/min"`, `"20/30s"` or (count, seconds); None: no limit."""
+    validate_name("queue", name, task="(none)")
     if rate is None:
         count, window = None, None
     else:
@@ -115,6 +121,7 @@ def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> Non
 def set_result_ttl(bind: Bind, name: str, seconds: float) -> None:
     """How long a kept result (`keep_result=True`) of queue `name` stays readable when the
     queue deletes its jobs: the row stays `done` that long, then the reaper deletes it."""
+    validate_name("queue", name, task="(none)")
     params = {"queue_name": name, "result_ttl": check_duration("result_ttl", seconds)}
     if bind.execute(queries.set_queue_result_ttl(), params).first() is None:
         raise UnknownQueueError(queue=name)
@@ -329,6 +336,9 @@ def list_jobs(
         )
     if before is not None:
         _job_ids([before])
+    for label, value in (("queue", queue), ("task", task)):
+        if value is not None:
+            validate_name(label, value, task="(none)")
     tags = None if tag is None else ([tag] if isinstance(tag, str) else list(tag))
     for name in tags or ():
         validate_name("tag", name, task="(none)")
@@ -378,6 +388,8 @@ def retry_jobs(
         raise ConfigurationError(detail="queue= filters all_failed=True only; ids name jobs")
     if attempts is not None:
         check_count("attempts", attempts, 1, MAX_ATTEMPTS)
+    if queue is not None:
+        validate_name("queue", queue, task="(none)")
     ids = _job_ids(job_ids) if job_ids is not None else None
     statement = queries.retry_failed_jobs(by_ids=ids is not None, queue=queue is not None)
     params = {"job_ids": ids, "retry_queue": queue, "budget": attempts}

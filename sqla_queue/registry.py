@@ -354,13 +354,11 @@ class Registry:
         """
         if max_attempts is not None:
             check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
-        if timeout is not None and check_duration("timeout", timeout) <= 0:
+        if timeout is not None and (timeout := check_duration("timeout", timeout)) <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
-        if priority is not None and not 0 <= priority <= PRIORITY_MAX:
-            raise ConfigurationError(
-                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}"
-            )
-        if lease is not None and not check_duration("lease", lease) >= MIN_LEASE:
+        if priority is not None:
+            check_count("priority", priority, 0, PRIORITY_MAX)
+        if lease is not None and not (lease := check_duration("lease", lease)) >= MIN_LEASE:
             raise ConfigurationError(
                 detail=f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
                 f"got {lease}"

