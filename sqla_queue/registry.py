@@ -356,8 +356,14 @@ class Registry:
             check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
         if timeout is not None and (timeout := check_duration("timeout", timeout)) <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
-        if priority is not None:
-            check_count("priority", priority, 0, PRIORITY_MAX)
+        if priority is not None and (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not 0 <= priority <= PRIORITY_MAX
+        ):
+            raise ConfigurationError(
+                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority!r}"
+            )
         if lease is not None and not (lease := check_duration("lease", lease)) >= MIN_LEASE:
             raise ConfigurationError(
                 detail=f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
