@@ -18,7 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from . import queries
-from .durations import RATE_ACCEPTED, describe_rate, parse_rate
+from .bounds import MAX_ATTEMPTS, check_count, check_duration, check_job_id, check_rate
+from .durations import describe_rate, parse_rate
 from .errors import ConfigurationError, UnknownQueueError
 from .models import JobStatus, Retention, validate_name
 from .queries.admin import UNIQUE_KEY_INDEX
@@ -47,12 +48,14 @@ def create_queue(bind: Bind, name: str, retention: str = Retention.delete.value)
 
 def set_paused(bind: Bind, name: str, paused: bool) -> None:
     """Pause (no job of it is claimed) or resume queue `name`."""
+    validate_name("queue", name, task="(none)")
     if bind.execute(queries.set_queue_paused(paused), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
 
 
 def set_retention(bind: Bind, name: str, retention: str) -> None:
     """Set what happens to queue `name`'s succeeded jobs: delete, keep or archive."""
+    validate_name("queue", name, task="(none)")
     params = {"queue_name": name, "new_retention": _retention(retention)}
     if bind.execute(queries.set_queue_retention(), params).first() is None:
         raise UnknownQueueError(queue=name)
@@ -61,6 +64,7 @@ def set_retention(bind: Bind, name: str, retention: str) -> None:
 def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     """Delete queue `name` and its finished jobs. Refuses while it has queued or running
     jobs unless `force`, which deletes those too. Returns how many jobs were deleted."""
+    validate_name("queue", name, task="(none)")
     if bind.execute(queries.lock_queue(), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
     unfinished = bind.execute(queries.count_unfinished_in_queue(), {"queue_name": name}).scalar()
@@ -80,6 +84,7 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
 def set_route(bind: Bind, name: str, route: str | None) -> None:
     """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
     None, back to table workers. Jobs already in the table follow the new setting."""
+    validate_name("queue", name, task="(none)")
     from .brokers.routes import parse_route
 
     value = None if route is None else str(parse_route(route))
@@ -91,13 +96,9 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
 def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
     """At most `concurrency` jobs of queue `name` run at once, across all workers (None: no
     limit). The claim statement enforces it; jobs running now are left to finish."""
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
-        raise ConfigurationError(
-            detail=f"concurrency must be a whole number of at least 1 (or None), got "
-            f"{concurrency!r}"
-        )
+    validate_name("queue", name, task="(none)")
+    if concurrency is not None:
+        check_count("concurrency", concurrency)
     params = {"queue_name": name, "concurrency": concurrency}
     if bind.execute(queries.set_queue_concurrency(), params).first() is None:
         raise UnknownQueueError(queue=name)
@@ -106,6 +107,7 @@ def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
 def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
     """At most so many jobs of queue `name` start in any window of so many seconds, across
     all workers: `"100/s"`, `"10/min"`, `"20/30s"` or (count, seconds); None: no limit."""
+    validate_name("queue", name, task="(none)")
     if rate is None:
         count, window = None, None
     else:
@@ -113,8 +115,7 @@ def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> Non
             count, window = parse_rate(rate) if isinstance(rate, str) else rate
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(detail=f"rate {rate!r}: {exc}") from None
-        if not (isinstance(count, int) and count > 0 and window > 0):
-            raise ConfigurationError(detail=f"rate {rate!r}: expected {RATE_ACCEPTED}")
+        count, window = check_rate("rate", count, window)
     params = {"queue_name": name, "rate_limit": count, "rate_window": window}
     if bind.execute(queries.set_queue_rate(), params).first() is None:
         raise UnknownQueueError(queue=name)
@@ -123,9 +124,8 @@ def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> Non
 def set_result_ttl(bind: Bind, name: str, seconds: float) -> None:
     """How long a kept result (`keep_result=True`) of queue `name` stays readable when the
     queue deletes its jobs: the row stays `done` that long, then the reaper deletes it."""
-    if not seconds >= 0:
-        raise ConfigurationError(detail=f"result_ttl must be 0 or more seconds, got {seconds!r}")
-    params = {"queue_name": name, "result_ttl": float(seconds)}
+    validate_name("queue", name, task="(none)")
+    params = {"queue_name": name, "result_ttl": check_duration("result_ttl", seconds)}
     if bind.execute(queries.set_queue_result_ttl(), params).first() is None:
         raise UnknownQueueError(queue=name)
 
@@ -209,8 +209,7 @@ def prune(
         raise ConfigurationError(
             detail=f"can only prune finished statuses {sorted(finished)}, not {sorted(bad)}"
         )
-    if older_than < 0:
-        raise ConfigurationError(detail="older-than must not be negative")
+    older_than = check_duration("older_than", older_than)
     params = {"statuses": list(statuses), "older_than": older_than}
     count = _rowcount(bind.execute(queries.prune_jobs(), params))
     if archive:
@@ -229,7 +228,7 @@ def cancel_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
     (NOTIFY): a handler sees `ctx.cancelled`, a job claimed but not started never starts.
     Whatever a handler returns afterwards is discarded, and the job never runs again.
     """
-    ids = [int(i) for i in job_ids]
+    ids = _job_ids(job_ids)
     rows = bind.execute(queries.cancel_jobs(), {"job_ids": ids}).mappings()
     cancelled = {int(row["id"]): str(row["status"]) for row in rows}
     running = [str(i) for i, status in cancelled.items() if status == JobStatus.running.value]
@@ -247,8 +246,8 @@ def cancel_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
 def job_statuses(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
     """{id: status} of the jobs that exist (in the jobs table) among `job_ids`."""
     found: dict[int, str] = {}
-    for job_id in job_ids:
-        row = bind.execute(queries.job_by_id(), {"job_id": int(job_id)}).mappings().first()
+    for job_id in _job_ids(job_ids):
+        row = bind.execute(queries.job_by_id(), {"job_id": job_id}).mappings().first()
         if row is not None:
             found[int(job_id)] = str(row["status"])
     return found
@@ -314,15 +313,7 @@ def _status(value: str | JobStatus | None) -> JobStatus | None:
 
 
 def _job_ids(job_ids: Iterable[Any]) -> list[int]:
-    ids: list[int] = []
-    for job_id in job_ids:
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id < 2**63:
-            raise ConfigurationError(
-                detail=f"job id {job_id!r} is not a job id (a positive integer, as enqueue "
-                "returned it)"
-            )
-        ids.append(job_id)
-    return ids
+    return [check_job_id("job id", job_id) for job_id in job_ids]
 
 
 def list_jobs(
@@ -348,6 +339,9 @@ def list_jobs(
         )
     if before is not None:
         _job_ids([before])
+    for label, value in (("queue", queue), ("task", task)):
+        if value is not None:
+            validate_name(label, value, task="(none)")
     tags = None if tag is None else ([tag] if isinstance(tag, str) else list(tag))
     for name in tags or ():
         validate_name("tag", name, task="(none)")
@@ -427,10 +421,10 @@ def retry_jobs(
         raise ConfigurationError(detail="pass job ids or all_failed=True (--failed), not both")
     if queue is not None and job_ids is not None:
         raise ConfigurationError(detail="queue= filters all_failed=True only; ids name jobs")
-    if attempts is not None and (
-        isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
-    ):
-        raise ConfigurationError(detail=f"attempts must be a positive int, got {attempts!r}")
+    if attempts is not None:
+        check_count("attempts", attempts, 1, MAX_ATTEMPTS)
+    if queue is not None:
+        validate_name("queue", queue, task="(none)")
     ids = _job_ids(job_ids) if job_ids is not None else None
     statement = queries.retry_failed_jobs(by_ids=ids is not None, queue=queue is not None)
     params = {"job_ids": ids, "retry_queue": queue, "budget": attempts}
@@ -505,7 +499,6 @@ def queue_depth(bind: Bind, queue: str, cap: int = DEFAULT_DEPTH_CAP) -> QueueDe
     cap=1000; `stats()` took 86 ms).
     """
     validate_name("queue", queue, task="(none)")
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ConfigurationError(detail=f"cap must be a positive int, got {cap!r}")
+    check_count("cap", cap)
     row = bind.execute(queries.queue_depth(), {"queue": queue, "cap": cap}).one()
     return QueueDepth(queue, int(row.due), int(row.scheduled), int(row.running), cap)

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -22,10 +23,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from . import admin
+from .bounds import (
+    JOB_ID,
+    MAX_ATTEMPTS,
+    MAX_BATCH,
+    MAX_PROCESSES,
+    MAX_WORKER_CONCURRENCY,
+    PORT,
+    count,
+)
 from .database import URL_ENV_VAR, create_queue_engine, resolve_url
 from .durations import DURATION, RATE
 from .errors import SqlaQueueError
-from .models import JobStatus, Retention
+from .models import PRIORITY_MAX, JobStatus, Retention
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +90,21 @@ def _friendly_errors(func: F) -> F:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (PostgreSQL's jsonb cannot store it)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf, which jsonb cannot store either
+        raise ValueError(f"{text} is too large for a JSON number PostgreSQL's jsonb stores")
+    return value
+
+
+def _json_option(text: str, option: str) -> Any:
+    """`text` as JSON, or a usage error naming `option` (NaN, Infinity and 1e999 refused)."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", param_hint=option) from None
 
 
 def _engine(database_url: str | None, application_name: str | None = None, **kwargs: Any) -> Engine:
@@ -210,15 +235,6 @@ def _worker_default(name: str) -> Any:
     return found.default
 
 
-def _at_least_one_process(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    if value < 1:
-        raise click.BadParameter(
-            f"{value} is not a number of processes: pass 1 (the default) to run the worker in "
-            "this process, or N > 1 for N worker processes under one parent",
-        )
-    return value
-
-
 def _supervised_child_exits(func: F) -> F:
     """A worker started by `--processes` exits with a status of its own for a configuration
     error, so that its parent does not restart it again and again."""
@@ -242,11 +258,15 @@ def _supervised_child_exits(func: F) -> F:
 @click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
 @click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
 @click.option(
-    "-c", "--concurrency", type=int, default=_worker_default("concurrency"), show_default=True
+    "-c",
+    "--concurrency",
+    type=count(1, MAX_WORKER_CONCURRENCY),
+    default=_worker_default("concurrency"),
+    show_default=True,
 )
 @click.option(
     "--batch",
-    type=int,
+    type=count(1, MAX_BATCH),
     default=_worker_default("batch"),
     show_default=True,
     help="Jobs per claim at most.",
@@ -290,7 +310,7 @@ def _supervised_child_exits(func: F) -> F:
 @_log_format_option
 @click.option(
     "--metrics-port",
-    type=click.IntRange(1, 65535),
+    type=PORT,
     default=None,
     help="Serve Prometheus metrics on this port (needs sqla-queue[metrics]).",
 )
@@ -307,14 +327,13 @@ def _supervised_child_exits(func: F) -> F:
 )
 @click.option(
     "--processes",
-    type=int,
+    type=count(1, MAX_PROCESSES, what="a number of processes"),
     default=1,
     show_default=True,
-    callback=_at_least_one_process,
     help="Worker processes under one supervising parent that restarts crashed ones "
     "(1: this process is the worker).",
 )
-@click.option("--supervised-slot", type=int, default=None, hidden=True)
+@click.option("--supervised-slot", type=count(1, MAX_PROCESSES), default=None, hidden=True)
 @click.pass_context
 @_friendly_errors
 @_supervised_child_exits
@@ -464,12 +483,18 @@ def _exit_past_stuck_handlers(grace: float = 0.5) -> None:
 @_database_option
 @click.option("--nats", "nats_url", default=None, help="NATS server, e.g. nats://127.0.0.1:4222.")
 @click.option("--amqp", "amqp_url", default=None, help="RabbitMQ, e.g. amqp://guest:guest@host/.")
-@click.option("--batch", type=int, default=500, show_default=True, help="Jobs per transaction.")
-@click.option("--poll-interval", type=float, default=1.0, show_default=True)
-@click.option("--publish-timeout", type=float, default=10.0, show_default=True)
+@click.option(
+    "--batch",
+    type=count(1, MAX_BATCH),
+    default=500,
+    show_default=True,
+    help="Jobs per transaction.",
+)
+@click.option("--poll-interval", type=DURATION, default=1.0, show_default=True)
+@click.option("--publish-timeout", type=DURATION, default=10.0, show_default=True)
 @click.option(
     "--duplicate-window",
-    type=float,
+    type=DURATION,
     default=120.0,
     show_default=True,
     help="NATS: seconds a stream the relay creates remembers message ids.",
@@ -513,9 +538,11 @@ def relay(
 @click.argument("task")
 @click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
 @click.option("--queue", default=None)
-@click.option("--priority", type=int, default=0, show_default=True, help="0 runs first.")
+@click.option(
+    "--priority", type=count(0, PRIORITY_MAX), default=0, show_default=True, help="0 runs first."
+)
 @click.option("--delay", type=DURATION, default=None, help="Time until the job is due (60, 5m).")
-@click.option("--max-attempts", type=int, default=None)
+@click.option("--max-attempts", type=count(1, MAX_ATTEMPTS), default=None)
 @click.option("--tag", "tags", multiple=True, help="A tag to find the job by (repeatable).")
 @click.option("--meta", "meta_json", default=None, help="The job's meta as a JSON object.")
 @_friendly_errors
@@ -535,14 +562,8 @@ def enqueue(
 
     from .enqueue import enqueue as enqueue_job
 
-    try:
-        args = json.loads(args_json, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--args") from None
-    try:
-        meta = None if meta_json is None else json.loads(meta_json, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--meta") from None
+    args = _json_option(args_json, "--args")
+    meta = None if meta_json is None else _json_option(meta_json, "--meta")
     with _transaction(database_url) as conn:
         session = Session(bind=conn)
         job = enqueue_job(
@@ -612,7 +633,7 @@ def _describe(info: admin.QueueInfo) -> str:
     help="What happens to succeeded jobs: delete (the default for a new queue), keep, archive.",
 )
 @click.option("--route", default=None, help=_ROUTE_HELP)
-@click.option("--concurrency", type=click.IntRange(min=1), default=None, help=_CONCURRENCY_HELP)
+@click.option("--concurrency", type=count(), default=None, help=_CONCURRENCY_HELP)
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
 @_friendly_errors
@@ -644,7 +665,7 @@ def queues_create(
 @click.option("--retention", type=click.Choice([r.value for r in Retention]), default=None)
 @click.option("--route", default=None, help=_ROUTE_HELP)
 @click.option("--no-route", is_flag=True, help="Back to table workers (clears the route).")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None, help=_CONCURRENCY_HELP)
+@click.option("--concurrency", type=count(), default=None, help=_CONCURRENCY_HELP)
 @click.option("--no-concurrency", is_flag=True, help="Lift the concurrency limit.")
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--no-rate", is_flag=True, help="Lift the rate limit.")
@@ -743,7 +764,6 @@ def stats(database_url: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("queue", *(s.value for s in JobStatus), "oldest due (s)")
@@ -751,7 +771,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
         label = row.queue + (" (paused)" if row.paused else "")
         age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
         table.add_row(label, *(str(row.counts.get(s.value, 0)) for s in JobStatus), age)
-    Console().print(table)
+    _print_table(table)
 
 
 @main.command()
@@ -785,7 +805,7 @@ def jobs() -> None:
 
 @jobs.command("cancel")
 @_database_option
-@click.argument("job_ids", nargs=-1, type=int, required=True)
+@click.argument("job_ids", nargs=-1, type=JOB_ID, required=True)
 @_friendly_errors
 def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
     """Cancel queued or running jobs by id; a running handler sees ctx.cancelled.
@@ -814,6 +834,21 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
         sys.exit(1)
 
 
+def _print_table(table: Any) -> None:
+    """A rich table on stdout: fitted to a terminal; piped, never cut short (a task name
+    of any length stays on its line, for `| grep`)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=_PIPED_WIDTH)
+    console.print(table)
+
+
+_PIPED_WIDTH = 100_000
+"""Columns of a table printed to a pipe: wider than any row, so none is wrapped or cut."""
+
+
 def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2))
 
@@ -827,13 +862,13 @@ def _echo_json(value: Any) -> None:
 )
 @click.option(
     "--limit",
-    type=click.IntRange(1, admin.MAX_LIST_LIMIT),
+    type=count(1, admin.MAX_LIST_LIMIT),
     default=50,
     show_default=True,
     help="Most jobs shown.",
 )
 @click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all of them).")
-@click.option("--before", type=click.IntRange(min=1), default=None, help="Ids below this only.")
+@click.option("--before", type=JOB_ID, default=None, help="Ids below this only.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 @_friendly_errors
 def jobs_list(
@@ -860,7 +895,6 @@ def jobs_list(
     if as_json:
         _echo_json([job.as_dict() for job in found])
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("id", "task", "queue", "status", "attempts", "run_at", "tags")
@@ -875,12 +909,12 @@ def jobs_list(
             str(job.run_at),
             ",".join(job.tags),
         )
-    Console().print(table)
+    _print_table(table)
 
 
 @jobs.command("show")
 @_database_option
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @_friendly_errors
 def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
@@ -908,12 +942,12 @@ def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
 
 @jobs.command("retry")
 @_database_option
-@click.argument("job_ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--failed", "all_failed", is_flag=True, help="Retry every failed job.")
 @click.option("--queue", default=None, help="With --failed: only this queue's.")
 @click.option(
     "--attempts",
-    type=click.IntRange(min=1),
+    type=count(1, MAX_ATTEMPTS),
     default=None,
     help="Attempts each job gets again (default: its own max_attempts).",
 )
@@ -986,7 +1020,7 @@ def _report_each(
 
 @jobs.command("delete")
 @_database_option
-@click.argument("job_ids", nargs=-1, type=click.IntRange(min=1), required=True)
+@click.argument("job_ids", nargs=-1, type=JOB_ID, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print {id: status it had} as JSON.")
 @_friendly_errors
 def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
@@ -1032,7 +1066,6 @@ def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> Non
             "another module? name it in Registry(include=[...]))"
         )
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("task", "schedule", "next run", "last run", "last job")
@@ -1044,7 +1077,7 @@ def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> Non
             "never" if state.last_run is None else str(state.last_run),
             "" if state.last_job_id is None else str(state.last_job_id),
         )
-    Console().print(table)
+    _print_table(table)
 
 
 def _iso(value: Any) -> Any:
@@ -1117,7 +1150,6 @@ def doctor(
     if as_json:
         click.echo(json.dumps([finding.as_dict() for finding in findings], indent=2))
     else:
-        from rich.console import Console
         from rich.table import Table
 
         colours = {Severity.ok: "green", Severity.warn: "yellow", Severity.critical: "bold red"}
@@ -1126,7 +1158,7 @@ def doctor(
             severity = f"[{colours[finding.severity]}]{finding.severity.value}[/]"
             shown_fix = "" if finding.severity is Severity.ok else finding.fix
             table.add_row(finding.name, severity, finding.value, shown_fix)
-        Console().print(table)
+        _print_table(table)
     if worst(findings) is Severity.critical:
         sys.exit(1)
 
@@ -1134,7 +1166,7 @@ def doctor(
 @main.command()
 @_database_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--port", type=PORT, default=8080, show_default=True)
 @click.option(
     "--auth",
     envvar="SQLA_QUEUE_DASHBOARD_AUTH",

@@ -6,7 +6,8 @@ a rate is a count per duration (`100/s`, `10/min`, `500/h`, `20/30s`).
     0.5     half a second
 
 `Duration` is the click parameter type every duration-like option uses, so each of them
-accepts the same forms and refuses bad input with the same message, naming the option.
+accepts the same forms and refuses bad input with the same message, naming the option;
+durations and rates stay within the bounds of `sqla_queue.bounds` (at most 100 years).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import re
 from typing import Any
 
 import click
+
+from .bounds import MAX_DURATION, check_rate, duration_range
 
 UNITS: dict[str, float] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 """Seconds per unit letter."""
@@ -43,17 +46,24 @@ def parse_duration(value: str | float) -> float:
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only in recent click
-    """A click parameter type: a duration in seconds (see `parse_duration`)."""
+    """A click parameter type: a duration in seconds (see `parse_duration`), from `low` to
+    `high` seconds (`sqla_queue.bounds.check_duration`)."""
 
     name = "duration"
+
+    def __init__(self, low: float = 0.0, high: float = MAX_DURATION) -> None:
+        self.low, self.high = low, high
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if not (math.isfinite(seconds) and self.low <= seconds <= self.high):
+            self.fail(f"must be {duration_range(self.low, self.high)}, got {value!r}", param, ctx)
+        return seconds
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "DURATION"
@@ -101,9 +111,13 @@ class Rate(click.ParamType):  # type: ignore[type-arg]  # generic only in recent
         if isinstance(value, tuple):
             return value
         try:
-            return parse_rate(value)
+            count, window = parse_rate(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        try:
+            return check_rate("rate", count, window, ValueError)
+        except ValueError as exc:
+            self.fail(f"{value!r}: {exc}", param, ctx)
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
         return "COUNT/PER"

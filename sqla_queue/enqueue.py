@@ -29,6 +29,7 @@ from sqlalchemy.orm import (
 from sqlalchemy.sql import ClauseElement
 
 from . import queries
+from .bounds import check_duration, invalid_job
 from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
 from .hooks import NewJob, default_registry, prepare_job
 from .models import (
@@ -71,29 +72,11 @@ COPY_MIN_ROWS = 100
 """Rows from which enqueue_many uses COPY: below, one INSERT round trip beats COPY's two."""
 
 
-def _too_far(task: object, delay: object) -> InvalidJobError:
-    return InvalidJobError(
-        task=task,
-        detail=f"delay {delay!r} puts the job past the year 9999, the last date Python can "
-        "read back; pass a shorter delay",
-    )
-
-
 def _delay_interval(task: object, delay: object) -> dt.timedelta:
-    """`delay` (seconds or a timedelta) as an interval, refused if negative or beyond 9999."""
-    try:
-        interval = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=delay)  # type: ignore[arg-type]
-    except (OverflowError, ValueError, TypeError):
-        raise InvalidJobError(
-            task=task, detail=f"delay must be a finite number of seconds, got {delay!r}"
-        ) from None
-    if interval < dt.timedelta(0):
-        raise InvalidJobError(task=task, detail=f"delay must not be negative, got {delay!r}")
-    try:  # both paths must refuse what the COPY path cannot compute
-        dt.datetime.now(dt.timezone.utc) + interval
-    except OverflowError:
-        raise _too_far(task, delay) from None
-    return interval
+    """`delay` (seconds or a timedelta) as an interval, from 0 to 100 years (`MAX_DURATION`):
+    every path refuses the same delays, before anything reaches the database."""
+    seconds = check_duration("delay", delay, error=invalid_job(task))
+    return delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=seconds)
 
 
 def _schedule(job: NewJob) -> dt.timedelta | None:
@@ -770,10 +753,7 @@ def _run_at_text(p: dict[str, Any], now: dt.datetime, now_text: str) -> str:
         return str(run_at.isoformat())
     if not delay:
         return now_text
-    try:
-        return str((now + delay).isoformat())
-    except OverflowError:  # the server's clock is past ours near the year 9999
-        raise _too_far(p["job_task"], delay) from None
+    return str((now + delay).isoformat())  # a delay is at most 100 years: no overflow
 
 
 def _copy_jobs(

@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql import ClauseElement
 
+from .bounds import MAX_ATTEMPTS, check_count, invalid_job
 from .errors import ConfigurationError, InvalidJobError
 
 SCHEMA = "sqla_queue"
@@ -275,12 +276,8 @@ def validate_job(
             task=name,
             detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}",
         )
-    if max_attempts is not None and (
-        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
-    ):
-        raise InvalidJobError(
-            task=name, detail=f"max_attempts must be a positive int or None, got {max_attempts!r}"
-        )
+    if max_attempts is not None:
+        check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS, invalid_job(name))
     if run_at is not None and not isinstance(run_at, ClauseElement):
         if not isinstance(run_at, dt.datetime):
             raise InvalidJobError(task=name, detail=f"run_at must be a datetime, got {run_at!r}")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from .bounds import MAX_ATTEMPTS, check_count, check_duration
 from .errors import AppLoadError, ConfigurationError, JobCancelledError, JobLostError
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
@@ -364,15 +365,19 @@ class Registry:
         `sqla_queue.wait_for`; in a queue that deletes its jobs the row then stays `done` for
         the queue's `result_ttl` (a day unless `sqla-queue queues set --result-ttl`).
         """
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigurationError(detail=f"max_attempts must be at least 1, got {max_attempts}")
-        if timeout is not None and timeout <= 0:
+        if max_attempts is not None:
+            check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+        if timeout is not None and (timeout := check_duration("timeout", timeout)) <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
-        if priority is not None and not 0 <= priority <= PRIORITY_MAX:
+        if priority is not None and (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not 0 <= priority <= PRIORITY_MAX
+        ):
             raise ConfigurationError(
-                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}"
+                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority!r}"
             )
-        if lease is not None and not lease >= MIN_LEASE:
+        if lease is not None and not (lease := check_duration("lease", lease)) >= MIN_LEASE:
             raise ConfigurationError(
                 detail=f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
                 f"got {lease}"

@@ -20,22 +20,16 @@ from sqla_queue.testing import TemplateDatabases
 
 pytest_plugins = ["pytester"]
 
-# Hypothesis profiles: "default" keeps the fast run fast; "long" (for .ci/run, or
-# SQLA_QUEUE_HYPOTHESIS_PROFILE=long) runs the model-based test (tests/test_model.py) at length.
-settings.register_profile(
-    "default",
-    max_examples=15,
-    stateful_step_count=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "long",
-    max_examples=300,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+# Hypothesis profiles: "default" keeps each property test, and the model-based test
+# (tests/test_model.py), to seconds; "long" (SQLA_QUEUE_HYPOTHESIS_PROFILE=long, and the
+# model's slow test in .ci/run) searches far longer. Examples of one test may share its
+# cloned database, hence the function-scoped fixture check off.
+_PROFILE = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+}
+settings.register_profile("default", max_examples=15, stateful_step_count=20, **_PROFILE)
+settings.register_profile("long", max_examples=100, stateful_step_count=40, **_PROFILE)
 settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default"))
 
 

@@ -357,8 +357,7 @@ def test_worker_with_a_bad_app_path_says_what_is_wrong(
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (["-c", "-1"], "concurrency must be at least 1, got -1"),
-        (["--batch", "0"], "batch must be at least 1"),
+        (["--poll-interval", "0"], "poll interval must be positive, got 0"),
         (["--lease", "0.5"], "lease must be at least 1 s"),
         (["-q", ","], "the queue list is empty"),
     ],

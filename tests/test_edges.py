@@ -70,8 +70,9 @@ def test_an_empty_queue_name_is_refused_not_sent_to_default(engine: Engine) -> N
 
 @pytest.mark.parametrize("delay", [float("nan"), float("inf"), 1e20])
 def test_a_delay_that_is_not_a_finite_duration_is_refused(engine: Engine, delay: float) -> None:
-    with Session(engine) as session, pytest.raises(InvalidJobError, match="finite number"):
+    with Session(engine) as session, pytest.raises(InvalidJobError) as refused:
         enqueue(session, "t", delay=delay)
+    assert "delay must be a number of seconds from 0 to 3155760000 s" in str(refused.value)
 
 
 def test_deleting_a_queue_without_force_only_deletes_finished_jobs(engine: Engine) -> None:
@@ -118,7 +119,7 @@ def test_rerunning_queues_create_keeps_the_retention(database_url: str) -> None:
     ("args", "fragment"),
     [
         (("enqueue", "t", "--args", '{"x": NaN}'), "NaN is not JSON"),
-        (("enqueue", "t", "--delay", "99999999999999999999"), "finite number"),
+        (("enqueue", "t", "--delay", "99999999999999999999"), "from 0 to 3155760000 s"),
         (("enqueue", "t", "--delay", "1e20"), "'1e20' is not a duration"),
         (("migrate", "--revision", "bogus"), "migration failed"),
     ],

@@ -349,9 +349,9 @@ def test_non_json_args_raise_type_error_naming_task_and_type(engine: Engine) -> 
     ("options", "message"),
     [
         ({"priority": -1}, "priority must be between 0"),
-        ({"max_attempts": 0}, "max_attempts must be a positive int"),
+        ({"max_attempts": 0}, "max_attempts must be a whole number from 1 to 1000000"),
         ({"run_at": dt.datetime(2030, 1, 1)}, "run_at has no time zone"),
-        ({"delay": -5}, "delay must not be negative"),
+        ({"delay": -5}, "delay must be a number of seconds from 0 to"),
         ({"delay": 5, "run_at": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)}, "not both"),
     ],
 )

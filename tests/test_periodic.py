@@ -10,6 +10,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -460,3 +461,23 @@ def test_a_registry_include_that_is_not_a_list_of_module_names_is_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match=re.escape("include is a list of module names")):
         Registry(include=include)  # type: ignore[arg-type]
+
+
+def test_periodic_list_piped_prints_every_task_name_whole(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "reports.nightly." + "long_segment_" * 10  # 146 characters
+    (tmp_path / "long_names_app.py").write_text(
+        "from sqla_queue import Registry\n"
+        "registry = Registry()\n"
+        f"registry.periodic(cron='0 3 * * *', name={name!r})(lambda: None)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        main,
+        ["periodic", "list", "--app", "long_names_app:registry"],
+        env={"SQLA_QUEUE_DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if name in line]
+    assert "cron '0 3 * * *'" in row

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import count_where, enqueue_jobs
+from apps.support import WorkerThread, count_where, enqueue_jobs
+from apps.support import wait_for as support_wait_for
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
@@ -256,3 +257,57 @@ def test_a_task_with_keep_result_keeps_its_return_value_and_others_do_not(
     assert wait_for(engine, plain, timeout=5) is None
     with pytest.raises(JobFailedError, match="not JSON-serialisable"):
         wait_for(engine, opaque, timeout=5)
+
+
+def test_an_absurd_result_ttl_in_one_queue_stops_no_workers_reaper_for_another(
+    engine: Engine,
+) -> None:
+    # A ttl no interval holds, written before input was bounded (or by hand): the reaper's
+    # statement, one for all queues, must still requeue another queue's abandoned job.
+    with engine.begin() as conn:
+        admin.create_queue(conn, "results")
+        admin.create_queue(conn, "work", "keep")
+        conn.execute(text("UPDATE sqla_queue.queues SET result_ttl = 1e300 WHERE name = 'results'"))
+    (kept,) = enqueue_jobs(engine, "t", 1, queue="results")
+    assert succeed(engine, claim_all(engine), {kept: "kept"}) == 1
+    (abandoned,) = enqueue_jobs(engine, "t", 1, queue="work")
+    claim_all(engine)  # by a worker that never comes back: its lease ran out an hour ago
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET lease_expires_at = now() - interval '1 hour'")
+        )
+    registry = Registry()
+    ran: list[int] = []
+    registry.task(name="t", pass_context=True)(lambda ctx: ran.append(ctx.job_id))
+
+    with WorkerThread(engine, registry, queues=["work"], heartbeat=0.25, dead_after=1.0):
+        support_wait_for(lambda: ran, timeout=15)
+
+    assert ran == [abandoned]
+    assert count_where(engine, f"id = {abandoned} AND status = 'done'") == 1
+    assert count_where(engine, f"id = {kept} AND status = 'done'") == 1  # its ttl: not yet
+
+
+def test_settings_stored_past_their_bounds_fail_no_claim_or_reaper_round(engine: Engine) -> None:
+    # Values no input takes any more, written by hand: a window and a ttl no interval holds,
+    # and a budget at the int4 limit that a refund would push past it.
+    with engine.begin() as conn:
+        admin.create_queue(conn, "odd")
+    (limited,) = enqueue_jobs(engine, "t", 1, queue="odd")
+    (plain,) = enqueue_jobs(engine, "t", 1)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.queues SET rate_limit = 1, rate_window = 1e300, "
+                "result_ttl = 'NaN' WHERE name = 'odd'"
+            )
+        )
+        conn.execute(text(f"UPDATE sqla_queue.jobs SET max_attempts = {2**31 - 1}"))
+    assert sorted(claim_all(engine)) == [limited, plain]
+    with engine.begin() as conn:  # the claimer died before either handler started
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET lease_expires_at = now() - interval '1 hour'")
+        )
+        reaped = conn.execute(queries.reap_stale_jobs()).all()
+    assert sorted(row.id for row in reaped) == [limited, plain]
+    assert count_where(engine, f"max_attempts = {2**31 - 1} AND status = 'queued'") == 2

@@ -110,14 +110,16 @@ def test_processes_below_one_are_refused(value: str) -> None:
 
     assert done.exit_code == 2
     assert "Invalid value for '--processes'" in done.output
-    assert f"{value} is not a number of processes" in done.output
+    assert f"must be a number of processes, a whole number from 1 to 1000, got {value}" in (
+        done.output
+    )
 
 
 def test_a_bad_worker_option_is_refused_before_any_child_starts() -> None:
-    done = invoke_worker("--processes", "2", "--batch", "0")
+    done = invoke_worker("--processes", "2", "--poll-interval", "0")
 
     assert done.exit_code == 1
-    assert "batch must be at least 1, got 0" in done.output
+    assert "poll interval must be positive, got 0" in done.output
     assert "started worker process" not in done.output
 
 

@@ -46,6 +46,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableValuedAlias
 
+from sqla_queue.bounds import INT4_MAX, MAX_DURATION
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     NOTIFY_CHANNEL,
@@ -190,6 +191,15 @@ def _alias(name: str) -> Any:
 _SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 
 
+def _bounded_seconds(column: Any) -> Any:
+    """A queue's stored seconds within 0 to `MAX_DURATION`: one row written past what an
+    interval holds (before input was bounded, or by hand) fails no statement for all queues;
+    NULL stays NULL, NaN is the longest."""
+    longest = literal_column(f"{MAX_DURATION:.1f}", Float)
+    zero = literal_column("0.0", Float)
+    return case((column > longest, longest), (column < zero, zero), else_=column)
+
+
 def _max_attempts(table: Any = jobs, settings: TaskSettings | None = None) -> Any:
     """A job's max_attempts: its own, else its task's (`:task_max_attempts`), else the default."""
     return func.coalesce(
@@ -224,7 +234,7 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
         q.c.name,
         q.c.concurrency,
         q.c.rate_limit,
-        q.c.rate_window,
+        _bounded_seconds(q.c.rate_window),
         case((finishing, bindparam("job_ids", None, type_=ARRAY(BigInteger)))),
         case((finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
     )
@@ -851,7 +861,10 @@ def reap_stale_jobs() -> Update:
                 else_=literal_column(f"'{JobStatus.queued.value}'"),
             ),
             # The attempt number stays (it is the fencing token); the budget grows instead.
-            max_attempts=case((refund, _max_attempts() + 1), else_=jobs.c.max_attempts),
+            max_attempts=case(
+                (refund, func.least(_max_attempts(), INT4_MAX - 1) + 1),
+                else_=jobs.c.max_attempts,
+            ),
             run_at=func.now(),
             finished_at=case((exhausted, func.now())),
             last_error=case(
@@ -949,7 +962,7 @@ def expire_results() -> Delete:
             _is(JobStatus.done),
             jobs.c.result.is_not(None),
             queues.c.retention == _text(Retention.delete.value),
-            jobs.c.finished_at < func.now() - queues.c.result_ttl * _SECOND,
+            jobs.c.finished_at < func.now() - _bounded_seconds(queues.c.result_ttl) * _SECOND,
         )
         .limit(literal_column("500"))
         .with_for_update(of=jobs, skip_locked=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import uuid
@@ -10,7 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqla_queue.errors import ConfigurationError
+from sqla_queue.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
+from sqla_queue.errors import ConfigurationError, InvalidJobError
+from sqla_queue.models import validate_name
 from sqla_queue.registry import MIN_LEASE
 
 BURST_GIVE_UP_AFTER = 30.0
@@ -53,30 +54,24 @@ class WorkerConfig:
     )
 
     def __post_init__(self) -> None:
-        finite = all(
-            math.isfinite(n)
-            for n in (self.lease, self.poll_interval, self.shutdown_timeout, self.heartbeat)
-        )
+        check_count("concurrency", self.concurrency, 1, MAX_WORKER_CONCURRENCY)
+        check_count("batch", self.batch, 1, MAX_BATCH)
+        for name in ("lease", "poll_interval", "shutdown_timeout", "heartbeat", "dead_after"):
+            setattr(self, name, check_duration(name, getattr(self, name)))  # a timedelta too
+        if self.give_up_after is not None:
+            self.give_up_after = check_duration("give_up_after", self.give_up_after)
         checks = (
-            (finite, "lease, poll interval, shutdown timeout and heartbeat must be finite"),
-            (self.concurrency >= 1, f"concurrency must be at least 1, got {self.concurrency}"),
-            (self.batch >= 1, f"batch must be at least 1, got {self.batch}"),
             (
                 self.lease >= MIN_LEASE,
                 f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
                 f"got {self.lease}",
             ),
             (self.poll_interval > 0, f"poll interval must be positive, got {self.poll_interval}"),
-            (self.shutdown_timeout >= 0, "shutdown timeout must not be negative"),
             (self.heartbeat > 0, f"heartbeat must be positive, got {self.heartbeat}"),
             (
                 self.dead_after >= 2 * self.heartbeat,
                 f"dead_after ({self.dead_after}) must be at least twice the heartbeat "
                 f"({self.heartbeat})",
-            ),
-            (
-                self.give_up_after is None or self.give_up_after >= 0,
-                "give_up_after must not be negative",
             ),
         )
         for ok, message in checks:
@@ -88,6 +83,11 @@ class WorkerConfig:
             self.queues = [q for q in self.queues if q]
             if not self.queues:
                 raise ConfigurationError(detail="the queue list is empty; omit -q for all queues")
+            for queue in self.queues:
+                try:
+                    validate_name("queue", queue, task="(none)")
+                except InvalidJobError as exc:
+                    raise ConfigurationError(detail=f"queues: {exc.context['detail']}") from None
         if self.burst and self.give_up_after is None:
             self.give_up_after = BURST_GIVE_UP_AFTER
 
