@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from sqla_queue import queries
-from sqla_queue.errors import JobTimeoutError, Snooze, TaskNotFoundError
+from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_queue.registry import JobContext, Registry, Task
@@ -34,6 +34,10 @@ from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text
 from .stormlog import FailureReporter
 
 log = logging.getLogger("sqla_queue.worker")
+
+MAX_RETRY_DELAY = MAX_SNOOZE.total_seconds()
+"""Seconds a retry may be put off at most (10 years, as a snooze): a retry policy's longer,
+negative or NaN delay is replaced by the default backoff (the retry could not be stored)."""
 
 RECHECK_AFTER = 1.0
 """Seconds a claimed job may wait locally before the executor checks it is still ours."""
@@ -260,10 +264,20 @@ class Executor:
 
     def _retry_delay(self, job: ClaimedJob, task: Task) -> float:
         try:
-            return float(task.retry.delay(job.attempt))
+            delay = float(task.retry.delay(job.attempt))
         except Exception:  # a broken RetryPolicy must not wedge the job: use the default
             log.exception("the retry policy of %s raised; using the default backoff", task.name)
             return DEFAULT_RETRY.delay(job.attempt)
+        if not 0 <= delay <= MAX_RETRY_DELAY:  # NaN too: PostgreSQL could not store it
+            log.error(
+                "the retry policy of %s gave a delay of %r s (not between 0 and %g); "
+                "using the default backoff",
+                task.name,
+                delay,
+                MAX_RETRY_DELAY,
+            )
+            return DEFAULT_RETRY.delay(job.attempt)
+        return delay
 
     def time_out(self, job: ClaimedJob) -> Outcome:
         """Called by the producer for a job past its deadline: its outcome, handler told."""
