@@ -572,3 +572,36 @@ def test_heartbeats_keep_a_long_job_from_being_reaped(engine: Engine) -> None:
         wait_for(lambda: count_where(engine, "true") == 0, timeout=15)
         assert runner.worker.stats.reaped == 0
     assert attempts == [1]
+
+
+@pytest.mark.parametrize("retention", ["keep", "archive"])
+def test_every_finished_job_that_ran_records_when_it_started(
+    engine: Engine, retention: str
+) -> None:
+    """A job that ran without a heartbeat (quicker than one) still shows when it started."""
+    registry = Registry()
+
+    @registry.task(name="quick")
+    def quick() -> None:
+        pass
+
+    @registry.task(name="kept", keep_result=True)
+    def kept() -> int:
+        return 1
+
+    @registry.task(name="broken", max_attempts=1)
+    def broken() -> None:
+        raise RuntimeError("no")
+
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", retention)
+    ids = [enqueue_jobs(engine, name, 1)[0] for name in ("quick", "kept", "broken")]
+    run_until_empty(engine, registry)
+    with engine.connect() as conn:
+        jobs = [admin.get_job(conn, job_id) for job_id in ids]
+    for job in jobs:
+        assert job is not None
+        assert job.finished_at is not None
+        assert job.started_at is not None, f"job {job.task} ({job.status}) has no start"
+        assert job.created_at <= job.started_at <= job.finished_at
+    assert [job.status for job in jobs] == ["done", "done", "failed"]

@@ -419,13 +419,19 @@ _ENDED = {
 """Values that clear a claim: nothing holds the job any more."""
 
 
+def _started(table: Any = jobs) -> Any:
+    """A finished job's `started_at`: the one its heartbeats recorded, else its claim's time
+    (a job that ran without a heartbeat has no other)."""
+    return func.coalesce(table.c.started_at, table.c.locked_at)
+
+
 def complete_keep() -> Update:
     """Mark claimed jobs done (retention `keep`). Parameters: `job_ids`, `job_attempts`."""
     batch = _claimed_batch()
     return (
         update(jobs)
         .where(*_fenced(batch))
-        .values(status=JobStatus.done.value, finished_at=func.now())
+        .values(status=JobStatus.done.value, finished_at=func.now(), started_at=_started())
     )
 
 
@@ -531,7 +537,7 @@ def _completion_ctes() -> tuple[CTE, ...]:
             status=_text(JobStatus.done.value),
             finished_at=func.now(),
             result=stays.c.result.cast(JSONB),
-            **_ENDED,
+            **{**_ENDED, "started_at": _started(k)},
         )
         .returning(k.c.id, k.c.queue, stays.c.result.is_not(None).label("told"))
         .cte("kept")
@@ -661,6 +667,7 @@ def fail_jobs() -> Update:
         .values(
             status=JobStatus.failed.value,
             finished_at=func.now(),
+            started_at=_started(),
             last_error=batch.c.error,
             heartbeat_at=None,
             lease_expires_at=None,
