@@ -42,6 +42,7 @@ from .catalog import (
     subtransaction_writers,
     table_health,
     table_multixact_ages,
+    unknown_task_counts,
     version_table_exists,
 )
 from .common import (
@@ -66,6 +67,7 @@ from .jobs import (
     complete_jobs,
     complete_keep,
     copy_jobs,
+    defer_jobs,
     expire_results,
     fail_jobs,
     heartbeat_jobs,
@@ -149,6 +151,7 @@ __all__ = [
     "copy_jobs",
     "count_unfinished_in_queue",
     "create_queue",
+    "defer_jobs",
     "delete_expired_workers",
     "delete_jobs",
     "delete_jobs_of_queue",
@@ -214,5 +217,6 @@ __all__ = [
     "table_health",
     "table_multixact_ages",
     "unique_holders",
+    "unknown_task_counts",
     "version_table_exists",
 ]

@@ -655,6 +655,59 @@ def snooze_jobs() -> Update:
     )
 
 
+UNKNOWN_TASK_FIRST_DELAY = 1.0
+"""Seconds a job of a task its worker has no handler for waits before it is claimed again,
+the first time; each deferral doubles it, up to `UNKNOWN_TASK_MAX_DELAY`."""
+UNKNOWN_TASK_MAX_DELAY = 300.0
+"""Seconds between the claims of a job no worker knows at most: it never spins hot."""
+DEFERRED_PREFIX = "deferred "
+"""How the last_error of a job deferred for want of a handler begins ("deferred 3 time(s):
+worker ... has no handler for task ..."): `defer_jobs` counts its deferrals from it, and
+`doctor` finds such jobs by it."""
+_DEFERRALS = f"^{DEFERRED_PREFIX}([0-9]{{1,6}}) time"
+
+
+def deferred_error(table: Any = jobs) -> ColumnElement[bool]:
+    """Whether a job's last_error says it was deferred for want of a handler."""
+    condition: ColumnElement[bool] = table.c.last_error.like(f"{DEFERRED_PREFIX}% time(s): %")
+    return condition
+
+
+def defer_jobs() -> Update:
+    """Put back jobs whose task the worker has no handler for, for a worker that has one:
+    `queued`, their attempt refunded, due after a delay that doubles with each deferral
+    (`UNKNOWN_TASK_FIRST_DELAY` up to `UNKNOWN_TASK_MAX_DELAY`; counted in last_error).
+
+    Parameters: `job_ids`, `job_attempts`, `job_errors` (why, after "deferred N time(s): ").
+    The refund takes the attempt number back (as `release_jobs` does for a job that never
+    started), so the task's own max_attempts still holds when the job's is NULL: safe as a
+    fencing token because the deferring worker never ran the job and writes nothing else
+    for that attempt; the next claim takes the same number again.
+    """
+    batch = _claimed_batch(("job_errors", "error", Text))
+    times = func.coalesce(cast(func.substring(jobs.c.last_error, _DEFERRALS), Integer), 0) + _ONE
+    delay = func.least(
+        literal_column(repr(UNKNOWN_TASK_MAX_DELAY), Float),
+        literal_column(repr(UNKNOWN_TASK_FIRST_DELAY), Float)
+        * func.power(literal_column("2.0", Float), func.least(times - _ONE, 20)),
+    )
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(
+            status=JobStatus.queued.value,
+            attempts=jobs.c.attempts - _ONE,
+            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, delay),
+            last_error=func.concat(
+                _text(DEFERRED_PREFIX), times, _text(" time(s): "), batch.c.error
+            ),
+            locked_at=None,
+            **_ENDED,
+        )
+        .returning(_wake_limited(jobs.c.queue))
+    )
+
+
 def fail_jobs() -> Update:
     """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`.
 

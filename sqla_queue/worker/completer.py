@@ -50,6 +50,7 @@ class Completer:
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()
+        self._defer = queries.defer_jobs()
 
     def take_successes(self) -> list[ClaimedJob] | None:
         """Take the pending outcomes' jobs if all are successes (for the claim to finish);
@@ -86,10 +87,13 @@ class Completer:
             lambda o: {"job_delays": o.retry_in, "job_errors": storable(o.error)},
         )
         self.stats.retried += len(retried)
-        refused += self._write(self._fail, failed, _failed)
+        refused += self._write(self._fail, failed, _with_error)
         self.stats.failed += len(failed)
         refused += self._write(self._snooze, snoozed, _snoozed)
         self.stats.snoozed += len(snoozed)
+        deferred = [o for o in outcomes if o.kind is OutcomeKind.deferred]
+        refused += self._write(self._defer, deferred, _with_error)
+        self.stats.deferred += len(deferred)
         for outcome in outcomes:
             if outcome.kind is OutcomeKind.timed_out:
                 self.stats.timed_out += 1
@@ -143,7 +147,7 @@ class Completer:
             # the reason is storable text; if even it is refused, a plain one surely goes in
             for text in (reason, FALLBACK_REASON):
                 failure = Outcome(OutcomeKind.failed, job, text, None, outcome.exception)
-                if not self._write(self._fail, [failure], _failed):
+                if not self._write(self._fail, [failure], _with_error):
                     break
             else:
                 log.error("job %s (%s): not even its failure could be stored", job.id, job.task)
@@ -155,6 +159,8 @@ class Completer:
             stats.succeeded -= 1
         elif kind is OutcomeKind.snoozed:
             stats.snoozed -= 1
+        elif kind is OutcomeKind.deferred:
+            stats.deferred -= 1
         elif outcome.requeues:
             stats.retried -= 1
         else:
@@ -184,7 +190,7 @@ def _result(outcome: Outcome) -> dict[str, Any]:
     return {"job_results": outcome.result}
 
 
-def _failed(outcome: Outcome) -> dict[str, Any]:
+def _with_error(outcome: Outcome) -> dict[str, Any]:
     return {"job_errors": storable(outcome.error)}
 
 

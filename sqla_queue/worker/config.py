@@ -106,3 +106,5 @@ class WorkerStats:
     timed_out: int = 0
     reaped: int = 0
     snoozed: int = 0
+    deferred: int = 0
+    """Jobs put back for a worker that has a handler for their task."""

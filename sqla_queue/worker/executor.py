@@ -25,6 +25,7 @@ from sqla_queue import queries
 from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+from sqla_queue.queries.jobs import UNKNOWN_TASK_MAX_DELAY
 from sqla_queue.registry import JobContext, Registry, Task
 from sqla_queue.results import encode_result
 from sqla_queue.retry import DEFAULT_RETRY
@@ -52,8 +53,13 @@ class Executor:
         board: JobBoard,
         engine: Engine,
         on_finished: Callable[[Outcome], None],
+        worker_id: str = "?",
     ) -> None:
         self.registry = registry
+        self.worker_id = worker_id
+        self._unknown_tasks: set[str] = set()
+        """Tasks this worker had no handler for, each logged once."""
+        self._unknown_lock = threading.Lock()
         self.board = board
         self.engine = engine
         self._on_finished = on_finished
@@ -102,8 +108,8 @@ class Executor:
             if skipped is not None:
                 return Outcome(skipped, job, f"job was {skipped.value} before it started")
         task = self.registry.get(job.task)
-        if task is None:
-            return Outcome(OutcomeKind.failed, job, str(TaskNotFoundError(task=job.task)))
+        if task is None:  # never spend an attempt on it: a worker that knows it runs it
+            return self._unknown_task(job)
         if job.decode_error is not None:
             return Outcome(OutcomeKind.failed, job, job.decode_error)
         try:
@@ -147,6 +153,27 @@ class Executor:
                 return Outcome(OutcomeKind.failed, job, problem)
             return Outcome(OutcomeKind.succeeded, job, result=kept)
         return Outcome(OutcomeKind.succeeded, job)
+
+    def _unknown_task(self, job: ClaimedJob) -> Outcome:
+        """The outcome of a job whose task this worker has no handler for: deferred (put
+        back, its attempt refunded) for a worker that has one; logged once per task name."""
+        with self._unknown_lock:
+            first = job.task not in self._unknown_tasks
+            self._unknown_tasks.add(job.task)
+        if first:
+            log.error(
+                "%s; its jobs are put back for a worker that has the task, without using "
+                "their attempts, each later and later (up to every %g s); deploy a worker "
+                "with the task, or delete its jobs (`sqla-queue doctor` counts them)",
+                TaskNotFoundError(task=job.task),
+                UNKNOWN_TASK_MAX_DELAY,
+            )
+        return Outcome(
+            OutcomeKind.deferred,
+            job,
+            f"unknown task {job.task!r} on worker {self.worker_id} (no handler in its "
+            "registry); left for a worker that knows the task",
+        )
 
     def _skip_reason(self, job: ClaimedJob) -> OutcomeKind | None:
         """Whether a job must not start: cancelled or lost while it waited here (called for a

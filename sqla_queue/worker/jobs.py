@@ -36,6 +36,10 @@ class OutcomeKind(str, enum.Enum):
     snoozed = "snoozed"
     """The handler or a middleware raised `Snooze`: queued again after its delay, the
     attempt refunded."""
+    deferred = "deferred"
+    """The worker has no handler for the job's task (a newer release's task during a rolling
+    deploy): queued again for a worker that has one, its attempt refunded, after a delay
+    that doubles with each deferral."""
 
 
 WRITES_NOTHING = frozenset({OutcomeKind.cancelled, OutcomeKind.lost, OutcomeKind.released})
