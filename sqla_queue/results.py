@@ -45,6 +45,7 @@ IDLE_CLOSE = 10.0
 """Seconds the LISTEN connection of an engine stays open once nobody waits."""
 
 _ENDED_WITHOUT_RESULT = (JobStatus.failed.value, JobStatus.cancelled.value)
+_PENDING = json.loads(queries.PENDING_RESULT)
 
 
 class _Listener:
@@ -157,6 +158,8 @@ def encode_result(task: str, value: Any) -> tuple[str | None, str | None]:
         return None, _not_serialisable(cannot, exc)
     except (TypeError, RecursionError) as exc:
         return None, _not_serialisable(cannot, exc)
+    if isinstance(value, dict) and value == _PENDING:
+        return None, f"{cannot} it is the value sqla-queue keeps while a result is pending"
     if "\\u0000" in encoded:
         return None, (
             f"{cannot} it holds a NUL character (\\u0000), which PostgreSQL's jsonb refuses"
@@ -202,6 +205,8 @@ def _look(engine: Engine, job_id: int) -> tuple[bool, Any]:
     if row is None:
         raise ResultMissingError(job_id=job_id)
     if row["status"] == JobStatus.done.value:
+        if row["result"] == _PENDING:  # its session committed; the handler is returning
+            return False, "finishing"
         return True, row["result"]
     if row["status"] in _ENDED_WITHOUT_RESULT:
         raise JobFailedError(job_id, row["task"], row["status"], row["last_error"])

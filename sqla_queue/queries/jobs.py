@@ -570,6 +570,47 @@ def complete_jobs() -> Select[Any]:
     return select(finished).where(notified >= 0).add_cte(archived)
 
 
+PENDING_RESULT = '{"sqla_queue_result": "pending"}'
+"""The `result` a job's own `ctx.session()` commit keeps when its task keeps results: the
+handler has not returned yet. `store_results` replaces it with the return value once it
+does; `wait_for` keeps waiting while it is there."""
+
+
+def store_results() -> Select[Any]:
+    """Store the results of jobs their handler's session finished with `PENDING_RESULT`,
+    in the jobs table or the archive; or fail them with `:job_errors` (no result to keep:
+    the handler raised after its commit, or returned what cannot be kept). Parameters:
+    `job_ids`, `job_attempts`, `job_results` (JSON texts or NULLs), `job_errors` (or
+    NULLs). Fenced on id, attempt, `done` and the pending marker. NOTIFYs each on
+    `RESULTS_CHANNEL` on commit; returns how many it stored."""
+
+    def stored(table: Any, name: str) -> CTE:
+        batch = _claimed_batch(
+            ("job_results", "result", Text), ("job_errors", "error", Text), optional=True
+        )
+        failed = batch.c.error.is_not(None)
+        return (
+            update(table)
+            .where(
+                table.c.id == batch.c.id,
+                table.c.attempts == batch.c.attempt,
+                _is(JobStatus.done, table),
+                table.c.result == cast(_text(PENDING_RESULT), JSONB),
+            )
+            .values(
+                result=batch.c.result.cast(JSONB),
+                status=case((failed, _text(JobStatus.failed.value)), else_=table.c.status),
+                last_error=func.coalesce(batch.c.error, table.c.last_error),
+            )
+            .returning(table.c.id)
+            .cte(name)
+        )
+
+    live, archived = stored(jobs, "live"), stored(archive, "archived")
+    ended = union_all(select(live.c.id), select(archived.c.id)).subquery("e")
+    return select(func.count(func.pg_notify(RESULTS_CHANNEL, ended.c.id.cast(Text))))
+
+
 def complete_and_claim(
     queue_names: Sequence[str] | None,
     limits: bool = True,

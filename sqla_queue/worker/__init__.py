@@ -74,7 +74,7 @@ class Worker:
             else engine
         )
         # ctx.session(): a Session on this engine whose commit finishes the job (fenced)
-        self._job_session = functools.partial(job_session, self.engine)
+        self._job_session = functools.partial(job_session, self.engine, registry=registry)
         self.stats = WorkerStats()
         self._stopping = threading.Event()
         self._wake = threading.Event()

@@ -51,6 +51,7 @@ class Completer:
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()
         self._defer = queries.defer_jobs()
+        self._store = queries.store_results()
 
     def take_successes(self) -> list[ClaimedJob] | None:
         """Take the pending outcomes' jobs if all are successes (for the claim to finish);
@@ -76,8 +77,11 @@ class Completer:
         failed = [
             o
             for o in outcomes
-            if o.kind in (OutcomeKind.failed, OutcomeKind.timed_out) and not o.requeues
+            if o.kind in (OutcomeKind.failed, OutcomeKind.timed_out)
+            and not o.requeues
+            and not o.result_pending
         ]
+        pending = [o for o in outcomes if o.result_pending]  # committed by their session
         snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed]
         refused = self._write(self._complete, succeeded, _result)
         self.stats.succeeded += len(succeeded)
@@ -91,6 +95,8 @@ class Completer:
         self.stats.failed += len(failed)
         refused += self._write(self._snooze, snoozed, _snoozed)
         self.stats.snoozed += len(snoozed)
+        refused += self._write(self._store, pending, _stored)
+        self.stats.failed += sum(1 for o in pending if o.kind is OutcomeKind.failed)
         deferred = [o for o in outcomes if o.kind is OutcomeKind.deferred]
         refused += self._write(self._defer, deferred, _with_error)
         self.stats.deferred += len(deferred)
@@ -145,9 +151,14 @@ class Completer:
             )
             self._correct_stats(outcome)
             # the reason is storable text; if even it is refused, a plain one surely goes in
+            # a job its session committed keeps its row: its pending result becomes the error
+            pending = outcome.result_pending
+            statement, extra = (self._store, _stored) if pending else (self._fail, _with_error)
             for text in (reason, FALLBACK_REASON):
-                failure = Outcome(OutcomeKind.failed, job, text, None, outcome.exception)
-                if not self._write(self._fail, [failure], _with_error):
+                failure = Outcome(
+                    OutcomeKind.failed, job, text, None, outcome.exception, result_pending=pending
+                )
+                if not self._write(statement, [failure], extra):
                     break
             else:
                 log.error("job %s (%s): not even its failure could be stored", job.id, job.task)
@@ -192,6 +203,14 @@ def _result(outcome: Outcome) -> dict[str, Any]:
 
 def _with_error(outcome: Outcome) -> dict[str, Any]:
     return {"job_errors": storable(outcome.error)}
+
+
+def _stored(outcome: Outcome) -> dict[str, Any]:
+    failed = outcome.kind is not OutcomeKind.succeeded
+    return {
+        "job_results": None if failed else outcome.result,
+        "job_errors": storable(outcome.error) if failed else None,
+    }
 
 
 def _snoozed(outcome: Outcome) -> dict[str, Any]:

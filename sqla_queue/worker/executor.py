@@ -31,7 +31,7 @@ from sqla_queue.results import encode_result
 from sqla_queue.retry import DEFAULT_RETRY
 
 from .board import JobBoard
-from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text
+from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text, storable
 from .stormlog import FailureReporter
 
 log = logging.getLogger("sqla_queue.worker")
@@ -134,15 +134,15 @@ class Executor:
             return self.failure(job, task, exc)
         except Snooze as snooze:
             if ctx.committed:  # its own ctx.session() commit finished it: nothing to undo
-                return Outcome(OutcomeKind.succeeded, job)
+                return committed(job, task, None, f"it snoozed ({snooze.describe()})")
             return snoozed(job, task, snooze)
         except BaseException as exc:
             if ctx.committed:
                 log.warning("job %s (%s) raised after its session committed it", job.id, job.task)
-                return Outcome(OutcomeKind.succeeded, job)
+                return committed(job, task, None, f"it raised:\n{error_text(exc)}")
             return self.failure(job, task, exc)
         if ctx.committed:  # finished by the handler's own commit: written already
-            return Outcome(OutcomeKind.succeeded, job)
+            return committed(job, task, result)
         if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
             return Outcome(_lost_kind(ctx), job)
         if result is not None and isinstance(result, Snooze):  # returning it works as raising
@@ -317,6 +317,20 @@ class Executor:
         if job.future is not None:
             job.future.cancel()
         return outcome
+
+
+def committed(job: ClaimedJob, task: Task, result: Any, problem: str | None = None) -> Outcome:
+    """The outcome of a job its handler's `ctx.session()` committed: nothing to write, or,
+    when its task keeps results, the result to store in place of the pending one (or why
+    there is none: `problem`, else what `encode_result` found)."""
+    if not task.keep_result:
+        return Outcome(OutcomeKind.succeeded, job)
+    if problem is None:
+        kept, problem = encode_result(task.name, result)
+        if problem is None:
+            return Outcome(OutcomeKind.succeeded, job, result=kept, result_pending=True)
+    error = f"its session committed the job, but no result can be kept: {problem}"
+    return Outcome(OutcomeKind.failed, job, storable(error), result_pending=True)
 
 
 def snoozed(job: ClaimedJob, task: Task, snooze: Snooze) -> Outcome:

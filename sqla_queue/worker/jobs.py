@@ -62,6 +62,9 @@ class Outcome:
     """A snoozed job's task's own max_attempts (its budget when the job has none)."""
     result: str | None = None
     """A succeeded job's return value as JSON text, when its task keeps results."""
+    result_pending: bool = False
+    """The handler's `ctx.session()` commit finished the job with its result pending (its
+    task keeps results): the completer stores `result`, or fails the job with `error`."""
 
     @property
     def committed(self) -> bool:
