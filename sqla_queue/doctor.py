@@ -159,6 +159,12 @@ FIX_FAILED = (
     "Jobs are rows: read last_error of the failed jobs, fix the handler, then requeue them "
     "or remove them (`sqla-queue prune --status failed`)."
 )
+FIX_UNKNOWN = (
+    "Workers took these jobs and had no handler for their task (a new release's task on an "
+    "old worker, or a worker serving every queue): they put them back without using an "
+    "attempt, later each time (up to every 5 minutes). Deploy a worker whose registry has "
+    "the task (`--app`), or delete the jobs if the task is gone for good."
+)
 FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
 
 EXPECTED_AUTOVACUUM = {
@@ -637,6 +643,24 @@ def check_failed_jobs(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("failed_jobs", Severity.warn, f"{total} failed: {shown}", FIX_FAILED, failed)
 
 
+def check_unknown_tasks(conn: Connection, options: DoctorOptions) -> Finding:
+    """Queued jobs put back by workers that have no handler for their task."""
+    waiting: dict[str, dict[str, Any]] = {
+        str(task): {"count": int(count), "oldest_seconds": _seconds(oldest)}
+        for task, count, oldest in conn.execute(queries.unknown_task_counts())
+    }
+    if not waiting:
+        return Finding(
+            "unknown_tasks", Severity.ok, "no job waits for a worker that knows it", FIX_UNKNOWN
+        )
+    shown = ", ".join(
+        f"{q['count']} jobs of task {task!r} waiting for a worker that knows it "
+        f"(enqueued {_ago(q['oldest_seconds'])})"
+        for task, q in waiting.items()
+    )
+    return Finding("unknown_tasks", Severity.warn, shown, FIX_UNKNOWN, waiting)
+
+
 SERVER_CHECKS: tuple[Check, ...] = (
     check_server_version,
     check_multixact_waits,
@@ -657,6 +681,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_workers,
     check_backlog,
     check_failed_jobs,
+    check_unknown_tasks,
 )
 """Checks of our own tables; skipped when the schema is missing."""
 

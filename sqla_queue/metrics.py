@@ -94,7 +94,8 @@ class QueueMetrics:
         self.finished = counter(
             "sqla_queue_jobs_finished",
             "Claimed jobs settled by this worker, by outcome (succeeded, retried, failed, "
-            "timed_out, cancelled, lost, released).",
+            "timed_out, cancelled, lost, released, snoozed, deferred: put back for a worker "
+            "that has a handler for the task).",
             [*job, "outcome"],
         )
         self.held = gauge(

@@ -135,9 +135,10 @@ class JobContext:
         does. The finishing statement is fenced on the job's id, attempt and `running`
         status: if this attempt no longer holds the job (its lease expired and it was
         reaped, or it was cancelled), `commit()` raises `JobLostError` and the writes roll
-        back. The worker does not finish the job again; what the handler returns is not
-        kept as a result. Use it as a context manager (`with ctx.session() as session:`)
-        and commit once; a session that is never committed changes nothing.
+        back. The worker does not finish the job again; when the task has `keep_result`,
+        what the handler returns is stored in place of the result the commit left pending.
+        Use it as a context manager (`with ctx.session() as session:`) and commit once; a
+        session that is never committed changes nothing.
         """
         if self._session_factory is None:
             raise ConfigurationError(

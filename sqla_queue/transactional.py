@@ -10,7 +10,7 @@ raises it with nothing committed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
@@ -19,17 +19,23 @@ from . import queries
 from .errors import JobLostError
 
 if TYPE_CHECKING:
-    from .registry import JobContext
+    from .registry import JobContext, Registry
 
 
-def job_session(engine: Engine, ctx: JobContext) -> Session:
+def job_session(engine: Engine, ctx: JobContext, registry: Registry | None = None) -> Session:
     """A `Session` on `engine` whose commit finishes `ctx`'s job as succeeded (fenced).
 
     The worker gives it to `JobContext` as its session factory; once a commit succeeded,
-    `ctx.committed` is True and the worker writes no outcome for the job.
+    `ctx.committed` is True and the worker writes no outcome for the job, but for a task of
+    `registry` that keeps its result: the commit keeps the job with `PENDING_RESULT` (by
+    its queue's retention, as any kept result), and the worker stores what the handler
+    returns in its place (`queries.store_results`); `wait_for` waits meanwhile.
     """
     session = Session(engine)
-    fence = {"job_ids": [ctx.job_id], "job_attempts": [ctx.attempt]}
+    fence: dict[str, list[Any]] = {"job_ids": [ctx.job_id], "job_attempts": [ctx.attempt]}
+    task = registry.get(ctx.task) if registry is not None else None
+    if task is not None and task.keep_result:
+        fence["job_results"] = [queries.PENDING_RESULT]
 
     @event.listens_for(session, "before_commit")
     def finish_job(session: Session) -> None:

@@ -50,6 +50,7 @@ EVERY_CHECK = {
     "workers",
     "backlog",
     "failed_jobs",
+    "unknown_tasks",
 }
 
 

@@ -212,6 +212,11 @@ def test_a_task_the_registry_does_not_know_is_labelled_unknown(engine: Engine) -
         "sqla_queue_jobs_claimed_total", {"queue": "default", "task": "unknown"}
     )
     assert claimed == 2
+    deferred = prom.get_sample_value(
+        "sqla_queue_jobs_finished_total",
+        {"queue": "default", "task": "unknown", "outcome": "deferred"},
+    )
+    assert deferred == 2  # put back for a worker that knows the task, not failed
     assert not any(
         sample.labels.get("task", "").startswith("no-such")
         for family in prom.collect()

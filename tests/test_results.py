@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 from typing import Any
@@ -22,12 +23,14 @@ from sqla_queue import (
     Registry,
     ResultMissingError,
     ResultTimeoutError,
+    RetryPolicy,
     admin,
     queries,
     wait_for,
     wait_for_async,
 )
 from sqla_queue.testing import drain, run_until_empty
+from sqla_queue.worker import WorkerConfig
 
 NO_POLLING = 600.0
 """A recheck interval no test waits out: a waiter that returns was woken by NOTIFY."""
@@ -311,3 +314,108 @@ def test_settings_stored_past_their_bounds_fail_no_claim_or_reaper_round(engine:
         reaped = conn.execute(queries.reap_stale_jobs()).all()
     assert sorted(row.id for row in reaped) == [limited, plain]
     assert count_where(engine, f"max_attempts = {2**31 - 1} AND status = 'queued'") == 2
+
+
+# -- outcomes PostgreSQL refuses: recorded as a failure, never run again -----------------------
+
+
+class deep_recursion:
+    """Lets json.dumps nest deeper than PostgreSQL's stack allows (jsonb then refuses)."""
+
+    def __enter__(self) -> None:
+        self.limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(self.limit, 100_000))
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setrecursionlimit(self.limit)
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def refusing_registry(calls: dict[str, int]) -> Registry:
+    registry = Registry()
+
+    def counted(name: str, value: Any, max_attempts: int = 3) -> None:
+        @registry.task(name=name, keep_result=True, max_attempts=max_attempts)
+        def handler() -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            if isinstance(value, BaseException):
+                raise value
+            return value
+
+    counted("surrogate", "caf\udce9")
+    counted("surrogate_key", {"caf\udce9": 1})
+    counted("nan", {"ratio": float("nan")})
+    counted("infinity", [float("inf")])
+    counted("nul", "a\x00b")
+    counted("too_deep", nested(30_000))
+    counted("odd_error", ValueError("bad \x00 byte in caf\udce9"), max_attempts=1)
+    counted("fine", {"ok": True})
+    return registry
+
+
+@pytest.mark.parametrize("retention", ["keep", "delete"])
+def test_a_result_or_error_postgresql_refuses_runs_once_and_fails_with_a_clear_reason(
+    engine: Engine, retention: str
+) -> None:
+    calls: dict[str, int] = {}
+    registry = refusing_registry(calls)
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", retention)
+    ids = {name: enqueue_jobs(engine, name, 1)[0] for name in registry}
+    with deep_recursion():  # the handlers run on this worker's threads, in this process
+        run_until_empty(engine, registry, WorkerConfig(concurrency=2, batch=50, poll_only=True))
+    assert calls == dict.fromkeys(registry, 1), "a refused outcome ran its job again"
+    assert wait_for(engine, ids["fine"], timeout=5) == {"ok": True}
+    reasons = {
+        "surrogate": "lone surrogate",
+        "surrogate_key": "lone surrogate",
+        "nan": "NaN or infinity",
+        "infinity": "NaN or infinity",
+        "nul": "NUL character",
+        "too_deep": "the handler's result could not be stored: stack depth limit exceeded",
+        "odd_error": r"ValueError: bad \x00 byte in caf\udce9",
+    }
+    for name, reason in reasons.items():
+        with pytest.raises(JobFailedError) as failed:
+            wait_for(engine, ids[name], timeout=5)
+        assert reason in (failed.value.error or ""), name
+    assert count_where(engine, "status = 'running'") == 0
+
+
+class BrokenPolicy(RetryPolicy):
+    """A retry policy whose delays PostgreSQL cannot add to a timestamp."""
+
+    def delay(self, attempt: int) -> float:
+        return float("nan") if attempt == 1 else 1e300
+
+
+def test_a_retry_delay_postgresql_cannot_store_is_replaced_by_the_default_backoff(
+    engine: Engine,
+) -> None:
+    registry = Registry()
+    calls: list[int] = []
+
+    @registry.task(name="flaky", max_attempts=3, retry=BrokenPolicy())
+    def flaky() -> None:
+        calls.append(1)
+        raise RuntimeError("try again")
+
+    (job_id,) = enqueue_jobs(engine, "flaky", 1)
+    run_until_empty(engine, registry)
+    assert calls == [1]
+    with engine.connect() as conn:
+        status, attempts, wait = conn.execute(
+            text(
+                "SELECT status, attempts, extract(epoch FROM run_at - now()) "
+                "FROM sqla_queue.jobs WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+    assert (status, attempts) == ("queued", 1)
+    assert 0 < wait < 10  # the default backoff's first delay, not a lost outcome

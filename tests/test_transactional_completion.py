@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import threading
 import time
 from typing import Any
 
@@ -19,8 +20,19 @@ from apps.support import (
 )
 from sqlalchemy import Engine, text
 
-from sqla_queue import JobContext, JobLostError, admin, enqueue, queries
+from sqla_queue import (
+    JobContext,
+    JobFailedError,
+    JobLostError,
+    Registry,
+    ResultTimeoutError,
+    admin,
+    enqueue,
+    queries,
+    results,
+)
 from sqla_queue.errors import ConfigurationError
+from sqla_queue.testing import run_until_empty
 from sqla_queue.transactional import job_session
 
 
@@ -151,3 +163,54 @@ def test_a_stale_attempt_paused_past_its_reaping_cannot_commit_its_writes(
         paused.communicate(timeout=30)
     assert receipt_rows(receipts) == [(job_id, 2)], "the stale attempt's writes rolled back"
     assert sorted(task_log(receipts)) == [(job_id, 1), (job_id, 2)]
+
+
+# -- keep_result with ctx.session(): the result is kept, stored once the handler returns ----
+
+
+def session_registry(after_commit: threading.Event) -> Registry:
+    registry = Registry()
+
+    @registry.task(name="invoice", keep_result=True, pass_context=True)
+    def invoice(ctx: JobContext, order: int) -> dict[str, int]:
+        with ctx.session() as session:
+            session.execute(
+                text("INSERT INTO public.receipts VALUES (:j, :a)"),
+                {"j": ctx.job_id, "a": ctx.attempt},
+            )
+            session.commit()
+        after_commit.wait(5)  # a waiter looks at the row meanwhile: it must not end yet
+        return {"order": order, "invoice": order * 10}
+
+    @registry.task(name="broken", keep_result=True, pass_context=True, max_attempts=1)
+    def broken(ctx: JobContext) -> None:
+        with ctx.session() as session:
+            session.commit()
+        raise RuntimeError("after the commit")
+
+    return registry
+
+
+@pytest.mark.parametrize("retention", ["keep", "delete", "archive"])
+def test_a_result_returned_after_the_handlers_session_committed_is_kept(
+    receipts: Engine, retention: str
+) -> None:
+    with receipts.begin() as conn:
+        admin.set_retention(conn, "default", retention)
+    after_commit = threading.Event()
+    registry = session_registry(after_commit)
+    (job_id,) = enqueue_jobs(receipts, "invoice", 1, args={"order": 7})
+    (broken_id,) = enqueue_jobs(receipts, "broken", 1)
+    worker = threading.Thread(target=run_until_empty, args=(receipts, registry))
+    worker.start()
+    try:
+        wait_for(lambda: receipt_rows(receipts), timeout=10)  # committed, not yet returned
+        with pytest.raises(ResultTimeoutError, match="finishing"):
+            results.wait_for(receipts, job_id, timeout=0.3, recheck=0.05)
+    finally:
+        after_commit.set()
+        worker.join(20)
+    assert results.wait_for(receipts, job_id, timeout=10) == {"order": 7, "invoice": 70}
+    with pytest.raises(JobFailedError, match="no result can be kept: it raised"):
+        results.wait_for(receipts, broken_id, timeout=10)
+    assert receipt_rows(receipts) == [(job_id, 1)]  # ran once

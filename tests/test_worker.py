@@ -30,6 +30,7 @@ from sqla_queue import (
     enqueue,
     queries,
 )
+from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
 
@@ -186,20 +187,103 @@ def test_handler_timeout_records_a_timeout_error_and_retries(engine: Engine) -> 
     assert "ran longer than its timeout of 0.2 s" in (job.last_error or "")
 
 
-def test_unknown_task_fails_at_once_and_the_worker_keeps_going(engine: Engine) -> None:
+def test_a_task_the_worker_does_not_know_is_left_for_one_that_does_without_using_an_attempt(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling deploy: an old worker (here one serving every queue) takes jobs of a task
+    of the new release. It puts them back, attempt refunded, logs the task once, and a
+    worker that knows the task runs them, even with max_attempts=1."""
     registry, ran = recorder("known")
     with Session(engine) as session, session.begin():
         enqueue(session, "known", {"value": 1})
-        enqueue(session, "x", {})
-        enqueue(session, "known", {"value": 2})
+        new_ids = [enqueue(session, "new.task", {"value": n}, max_attempts=1) for n in (2, 3)]
+        enqueue(session, "known", {"value": 4})
+        session.flush()
+        new = [job.id for job in new_ids]
 
-    stats = run_until_empty(engine, registry, WorkerConfig(concurrency=1, batch=1, poll_only=True))
+    with caplog.at_level("ERROR", logger="sqla_queue.worker"):
+        stats = run_until_empty(
+            engine, registry, WorkerConfig(concurrency=1, batch=1, poll_only=True)
+        )
 
-    (failed,) = jobs_by_id(engine).values()
-    assert sorted(ran) == [1, 2]
-    assert (failed.task, failed.status, failed.attempts) == ("x", "failed", 1)
-    assert (failed.last_error or "").startswith("unknown task 'x'")
-    assert (stats.succeeded, stats.failed, stats.retried) == (2, 1, 0)
+    assert sorted(ran) == [1, 4]
+    assert (stats.succeeded, stats.failed, stats.deferred) == (2, 0, 2)
+    logged = [r.getMessage() for r in caplog.records if "new.task" in r.getMessage()]
+    assert len(logged) == 1, logged  # once per task name, not once per job
+    assert "unknown task 'new.task'" in logged[0]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT status, attempts, max_attempts, last_error, "
+                "extract(epoch FROM run_at - now()) AS wait "
+                "FROM sqla_queue.jobs WHERE id = ANY(:ids)"
+            ),
+            {"ids": new},
+        ).all()
+    for row in rows:
+        assert (row.status, row.attempts, row.max_attempts) == ("queued", 0, 1)
+        assert row.last_error.startswith("deferred 1 time(s): unknown task 'new.task' on worker")
+        assert 0 < row.wait <= 1.0
+
+    waiting = {f.name: f for f in diagnose(engine, DoctorOptions(sample=0))}["unknown_tasks"]
+    assert waiting.severity is Severity.warn
+    assert "2 jobs of task 'new.task' waiting for a worker that knows it" in waiting.value
+
+    with engine.begin() as conn:  # due now, not in a second
+        conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now()"))
+    knowing = Registry()
+    attempts: list[int] = []
+
+    @knowing.task(name="new.task", pass_context=True)
+    def new_task(ctx: JobContext, value: int) -> None:
+        attempts.append(ctx.attempt)
+
+    stats = run_until_empty(engine, knowing)
+    assert (stats.succeeded, stats.failed, attempts) == (2, 0, [1, 1])
+    assert jobs_by_id(engine) == {}
+    waiting = {f.name: f for f in diagnose(engine, DoctorOptions(sample=0))}["unknown_tasks"]
+    assert waiting.severity is Severity.ok
+
+
+def test_a_job_no_worker_knows_is_put_back_later_each_time_never_hot(engine: Engine) -> None:
+    registry, _ = recorder("known")
+    with Session(engine) as session, session.begin():
+        job_id = enqueue(session, "gone.task", {}, flush=True).id
+    waits = []
+    for _ in range(4):
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now()"))
+        run_until_empty(engine, registry)
+        with engine.connect() as conn:
+            row = conn.execute(
+                text(
+                    "SELECT attempts, last_error, extract(epoch FROM run_at - now()) AS wait "
+                    "FROM sqla_queue.jobs WHERE id = :id"
+                ),
+                {"id": job_id},
+            ).one()
+        assert row.attempts == 0
+        waits.append(round(row.wait))
+    assert waits == [1, 2, 4, 8]
+    assert row.last_error.startswith("deferred 4 time(s): unknown task 'gone.task'")
+    with engine.begin() as conn:  # after many deferrals: every 5 minutes at most
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET run_at = now(), "
+                "last_error = replace(last_error, 'deferred 4 ', 'deferred 40 ')"
+            )
+        )
+    run_until_empty(engine, registry)
+    with engine.connect() as conn:
+        error, wait = conn.execute(
+            text(
+                "SELECT last_error, extract(epoch FROM run_at - now()) "
+                "FROM sqla_queue.jobs WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).one()
+    assert error.startswith("deferred 41 time(s): ")
+    assert 295 < wait <= 300
 
 
 def test_worker_refuses_a_database_without_the_schema(empty_database_url: str) -> None:
@@ -572,3 +656,36 @@ def test_heartbeats_keep_a_long_job_from_being_reaped(engine: Engine) -> None:
         wait_for(lambda: count_where(engine, "true") == 0, timeout=15)
         assert runner.worker.stats.reaped == 0
     assert attempts == [1]
+
+
+@pytest.mark.parametrize("retention", ["keep", "archive"])
+def test_every_finished_job_that_ran_records_when_it_started(
+    engine: Engine, retention: str
+) -> None:
+    """A job that ran without a heartbeat (quicker than one) still shows when it started."""
+    registry = Registry()
+
+    @registry.task(name="quick")
+    def quick() -> None:
+        pass
+
+    @registry.task(name="kept", keep_result=True)
+    def kept() -> int:
+        return 1
+
+    @registry.task(name="broken", max_attempts=1)
+    def broken() -> None:
+        raise RuntimeError("no")
+
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", retention)
+    ids = [enqueue_jobs(engine, name, 1)[0] for name in ("quick", "kept", "broken")]
+    run_until_empty(engine, registry)
+    with engine.connect() as conn:
+        jobs = [admin.get_job(conn, job_id) for job_id in ids]
+    for job in jobs:
+        assert job is not None
+        assert job.finished_at is not None
+        assert job.started_at is not None, f"job {job.task} ({job.status}) has no start"
+        assert job.created_at <= job.started_at <= job.finished_at
+    assert [job.status for job in jobs] == ["done", "done", "failed"]

@@ -77,12 +77,11 @@ def job_detail() -> Select[Any]:
     live = select(*jobs.c, literal(False).label("archived")).where(
         jobs.c.id == bindparam("job_id", type_=BigInteger)
     )
-    names = {c.name for c in archive.c}
+    # the archive keeps no started_at: its claim's time is when it started
+    kept: dict[str, Any] = {c.name: archive.c[c.name] for c in archive.c}
+    kept["started_at"] = archive.c.locked_at.label("started_at")
     archived = select(
-        *(
-            archive.c[c.name] if c.name in names else literal(None, c.type).label(c.name)
-            for c in jobs.c
-        ),
+        *(kept[c.name] if c.name in kept else literal(None, c.type).label(c.name) for c in jobs.c),
         literal(True).label("archived"),
     ).where(archive.c.id == bindparam("job_id", type_=BigInteger))
     return select(union_all(live, archived).subquery()).limit(1)

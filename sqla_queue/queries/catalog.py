@@ -25,7 +25,7 @@ from .common import (
     jobs,
     queues,
 )
-from .jobs import stuck_condition
+from .jobs import deferred_error, stuck_condition
 
 # -- schema ----------------------------------------------------------------------------------
 
@@ -350,6 +350,17 @@ def failed_job_counts() -> Select[Any]:
         .where(_is(JobStatus.failed))
         .group_by(jobs.c.queue)
         .order_by(jobs.c.queue)
+    )
+
+
+def unknown_task_counts() -> Select[Any]:
+    """Per task: (task, queued jobs deferred by workers that had no handler for it, seconds
+    since the oldest of them was enqueued), most first."""
+    return (
+        select(jobs.c.task, func.count(), _epoch_since(func.min(jobs.c.created_at)))
+        .where(_is(JobStatus.queued), deferred_error())
+        .group_by(jobs.c.task)
+        .order_by(func.count().desc(), jobs.c.task)
     )
 
 

@@ -429,13 +429,19 @@ _ENDED = {
 """Values that clear a claim: nothing holds the job any more."""
 
 
+def _started(table: Any = jobs) -> Any:
+    """A finished job's `started_at`: the one its heartbeats recorded, else its claim's time
+    (a job that ran without a heartbeat has no other)."""
+    return func.coalesce(table.c.started_at, table.c.locked_at)
+
+
 def complete_keep() -> Update:
     """Mark claimed jobs done (retention `keep`). Parameters: `job_ids`, `job_attempts`."""
     batch = _claimed_batch()
     return (
         update(jobs)
         .where(*_fenced(batch))
-        .values(status=JobStatus.done.value, finished_at=func.now())
+        .values(status=JobStatus.done.value, finished_at=func.now(), started_at=_started())
     )
 
 
@@ -541,7 +547,7 @@ def _completion_ctes() -> tuple[CTE, ...]:
             status=_text(JobStatus.done.value),
             finished_at=func.now(),
             result=stays.c.result.cast(JSONB),
-            **_ENDED,
+            **{**_ENDED, "started_at": _started(k)},
         )
         .returning(k.c.id, k.c.queue, stays.c.result.is_not(None).label("told"))
         .cte("kept")
@@ -572,6 +578,47 @@ def complete_jobs() -> Select[Any]:
     ).scalar_subquery()
     # the WHERE only makes the notifications run (a CTE nobody reads would not)
     return select(finished).where(notified >= 0).add_cte(archived)
+
+
+PENDING_RESULT = '{"sqla_queue_result": "pending"}'
+"""The `result` a job's own `ctx.session()` commit keeps when its task keeps results: the
+handler has not returned yet. `store_results` replaces it with the return value once it
+does; `wait_for` keeps waiting while it is there."""
+
+
+def store_results() -> Select[Any]:
+    """Store the results of jobs their handler's session finished with `PENDING_RESULT`,
+    in the jobs table or the archive; or fail them with `:job_errors` (no result to keep:
+    the handler raised after its commit, or returned what cannot be kept). Parameters:
+    `job_ids`, `job_attempts`, `job_results` (JSON texts or NULLs), `job_errors` (or
+    NULLs). Fenced on id, attempt, `done` and the pending marker. NOTIFYs each on
+    `RESULTS_CHANNEL` on commit; returns how many it stored."""
+
+    def stored(table: Any, name: str) -> CTE:
+        batch = _claimed_batch(
+            ("job_results", "result", Text), ("job_errors", "error", Text), optional=True
+        )
+        failed = batch.c.error.is_not(None)
+        return (
+            update(table)
+            .where(
+                table.c.id == batch.c.id,
+                table.c.attempts == batch.c.attempt,
+                _is(JobStatus.done, table),
+                table.c.result == cast(_text(PENDING_RESULT), JSONB),
+            )
+            .values(
+                result=batch.c.result.cast(JSONB),
+                status=case((failed, _text(JobStatus.failed.value)), else_=table.c.status),
+                last_error=func.coalesce(batch.c.error, table.c.last_error),
+            )
+            .returning(table.c.id)
+            .cte(name)
+        )
+
+    live, archived = stored(jobs, "live"), stored(archive, "archived")
+    ended = union_all(select(live.c.id), select(archived.c.id)).subquery("e")
+    return select(func.count(func.pg_notify(RESULTS_CHANNEL, ended.c.id.cast(Text))))
 
 
 def complete_and_claim(
@@ -659,6 +706,59 @@ def snooze_jobs() -> Update:
     )
 
 
+UNKNOWN_TASK_FIRST_DELAY = 1.0
+"""Seconds a job of a task its worker has no handler for waits before it is claimed again,
+the first time; each deferral doubles it, up to `UNKNOWN_TASK_MAX_DELAY`."""
+UNKNOWN_TASK_MAX_DELAY = 300.0
+"""Seconds between the claims of a job no worker knows at most: it never spins hot."""
+DEFERRED_PREFIX = "deferred "
+"""How the last_error of a job deferred for want of a handler begins ("deferred 3 time(s):
+worker ... has no handler for task ..."): `defer_jobs` counts its deferrals from it, and
+`doctor` finds such jobs by it."""
+_DEFERRALS = f"^{DEFERRED_PREFIX}([0-9]{{1,6}}) time"
+
+
+def deferred_error(table: Any = jobs) -> ColumnElement[bool]:
+    """Whether a job's last_error says it was deferred for want of a handler."""
+    condition: ColumnElement[bool] = table.c.last_error.like(f"{DEFERRED_PREFIX}% time(s): %")
+    return condition
+
+
+def defer_jobs() -> Update:
+    """Put back jobs whose task the worker has no handler for, for a worker that has one:
+    `queued`, their attempt refunded, due after a delay that doubles with each deferral
+    (`UNKNOWN_TASK_FIRST_DELAY` up to `UNKNOWN_TASK_MAX_DELAY`; counted in last_error).
+
+    Parameters: `job_ids`, `job_attempts`, `job_errors` (why, after "deferred N time(s): ").
+    The refund takes the attempt number back (as `release_jobs` does for a job that never
+    started), so the task's own max_attempts still holds when the job's is NULL: safe as a
+    fencing token because the deferring worker never ran the job and writes nothing else
+    for that attempt; the next claim takes the same number again.
+    """
+    batch = _claimed_batch(("job_errors", "error", Text))
+    times = func.coalesce(cast(func.substring(jobs.c.last_error, _DEFERRALS), Integer), 0) + _ONE
+    delay = func.least(
+        literal_column(repr(UNKNOWN_TASK_MAX_DELAY), Float),
+        literal_column(repr(UNKNOWN_TASK_FIRST_DELAY), Float)
+        * func.power(literal_column("2.0", Float), func.least(times - _ONE, 20)),
+    )
+    return (
+        update(jobs)
+        .where(*_fenced(batch))
+        .values(
+            status=JobStatus.queued.value,
+            attempts=jobs.c.attempts - _ONE,
+            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, delay),
+            last_error=func.concat(
+                _text(DEFERRED_PREFIX), times, _text(" time(s): "), batch.c.error
+            ),
+            locked_at=None,
+            **_ENDED,
+        )
+        .returning(_wake_limited(jobs.c.queue))
+    )
+
+
 def fail_jobs() -> Update:
     """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`.
 
@@ -671,6 +771,7 @@ def fail_jobs() -> Update:
         .values(
             status=JobStatus.failed.value,
             finished_at=func.now(),
+            started_at=_started(),
             last_error=batch.c.error,
             heartbeat_at=None,
             lease_expires_at=None,

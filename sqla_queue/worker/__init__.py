@@ -75,7 +75,7 @@ class Worker:
             else engine
         )
         # ctx.session(): a Session on this engine whose commit finishes the job (fenced)
-        self._job_session = functools.partial(job_session, self.engine)
+        self._job_session = functools.partial(job_session, self.engine, registry=registry)
         self.stats = WorkerStats()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -85,7 +85,9 @@ class Worker:
         hooks = registry.hooks
         self.board = JobBoard(cfg.concurrency, cfg.batch, self._wake.set)
         self.db = DatabaseLink(self.engine, self._stopping, cfg.give_up_after, FailureLog())
-        self.executor = Executor(registry, self.board, self.engine, self._finished)
+        self.executor = Executor(
+            registry, self.board, self.engine, self._finished, worker_id=cfg.worker_id
+        )
         self.completer = Completer(self.board, self.db, self.stats)
         self.keeper = Keeper(
             self.engine, cfg, registry, self.board, self.executor, self.stats, self._on_notify

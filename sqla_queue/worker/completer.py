@@ -3,8 +3,10 @@
 Succeeded jobs are finished by their queue's retention, read inside the statement. When
 every pending outcome is a success, the producer folds the finishing into its next claim
 (`take_successes`): one statement and one commit per cycle. A batch statement that fails
-with a database error other than a lost connection is retried one job at a time, so one
-bad row costs only its own outcome, never the batch's.
+for its data (a result jsonb refuses, a delay out of range) is retried one job at a time,
+so one bad row costs only its own outcome, never the batch's; and that outcome is replaced
+by a failure that says why, written at once: no outcome that cannot be written ever makes
+the job run again (the reaper would requeue a job left running).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from sqla_queue import queries
 
 from .board import JobBoard
 from .config import WorkerStats
-from .connection import JOB_ARRAYS, DatabaseLink, DriverStatement, describe, is_row_error
+from .connection import (
+    JOB_ARRAYS,
+    DatabaseLink,
+    DriverStatement,
+    describe,
+    is_row_error,
+    refusal,
+)
 from .jobs import WRITES_NOTHING, ClaimedJob, Outcome, OutcomeKind, storable
 
 log = logging.getLogger("sqla_queue.worker")
@@ -42,6 +51,8 @@ class Completer:
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()
         self._free_cancelled = queries.free_cancelled_jobs()
+        self._defer = queries.defer_jobs()
+        self._store = queries.store_results()
 
     def take_successes(self) -> list[ClaimedJob] | None:
         """Take the pending outcomes' jobs if all are successes (for the claim to finish);
@@ -50,10 +61,13 @@ class Completer:
 
     def write_successes(self, jobs: Sequence[ClaimedJob]) -> None:
         """Finish succeeded jobs on their own (when folding them into a claim failed)."""
-        self._write(self._complete, [Outcome(OutcomeKind.succeeded, job) for job in jobs], _none)
+        outcomes = [Outcome(OutcomeKind.succeeded, job) for job in jobs]
+        self._fail_refused(self._write(self._complete, outcomes, _none))
 
     def flush(self) -> None:
-        """Write every settled outcome."""
+        """Write every settled outcome. One that PostgreSQL refuses for its data (a result
+        jsonb cannot hold, a delay out of range) is replaced by a failure naming why, never
+        left for the reaper to run the job again."""
         outcomes = self.board.take_outcomes()
         if not outcomes:
             return
@@ -64,24 +78,32 @@ class Completer:
         failed = [
             o
             for o in outcomes
-            if o.kind in (OutcomeKind.failed, OutcomeKind.timed_out) and not o.requeues
+            if o.kind in (OutcomeKind.failed, OutcomeKind.timed_out)
+            and not o.requeues
+            and not o.result_pending
         ]
-        self._write(self._complete, succeeded, _result)
+        pending = [o for o in outcomes if o.result_pending]  # committed by their session
+        snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed]
+        refused = self._write(self._complete, succeeded, _result)
         self.stats.succeeded += len(succeeded)
-        self._write(
+        refused += self._write(
             self._retry,
             retried,
             lambda o: {"job_delays": o.retry_in, "job_errors": storable(o.error)},
         )
         self.stats.retried += len(retried)
-        self._write(self._fail, failed, lambda o: {"job_errors": storable(o.error)})
+        refused += self._write(self._fail, failed, _with_error)
         self.stats.failed += len(failed)
-        snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed]
-        self._write(self._snooze, snoozed, _snoozed)
+        refused += self._write(self._snooze, snoozed, _snoozed)
         self.stats.snoozed += len(snoozed)
         # a job cancelled while its handler ran kept its queue's slot until now
         given_up = [o for o in outcomes if o.job.ctx.cancelled]
         self._write(self._free_cancelled, given_up, _none)
+        refused += self._write(self._store, pending, _stored)
+        self.stats.failed += sum(1 for o in pending if o.kind is OutcomeKind.failed)
+        deferred = [o for o in outcomes if o.kind is OutcomeKind.deferred]
+        refused += self._write(self._defer, deferred, _with_error)
+        self.stats.deferred += len(deferred)
         for outcome in outcomes:
             if outcome.kind is OutcomeKind.timed_out:
                 self.stats.timed_out += 1
@@ -89,6 +111,7 @@ class Completer:
                 self.stats.cancelled += 1
             elif outcome.kind is OutcomeKind.lost:
                 self.stats.lost += 1
+        self._fail_refused(refused)
         self.board.forget(o.job for o in outcomes)
 
     def _write(
@@ -96,31 +119,82 @@ class Completer:
         statement: Any,
         outcomes: Sequence[Outcome],
         extra: Callable[[Outcome], dict[str, Any]],
-    ) -> None:
-        """One statement for the batch; on a database error, one per job."""
+    ) -> list[tuple[Outcome, str]]:
+        """One statement for the batch; on a data error, one per job. Returns the outcomes
+        PostgreSQL refused for their own data, each with why."""
         if not outcomes:
-            return
+            return []
         try:
             self.db.execute(statement, _params(outcomes, extra))
         except DBAPIError as exc:
             if not is_row_error(exc):  # e.g. a missing privilege: no row would go in
                 raise
             if len(outcomes) == 1:
-                (outcome,) = outcomes
-                log.error(
-                    "could not record the outcome (%s) of job %s (%s): %s; the reaper will "
-                    "requeue it when its lease expires",
-                    outcome.kind.value,
-                    outcome.job.id,
-                    outcome.job.task,
-                    describe(exc),
-                )
-                return
+                return [(outcomes[0], refusal(exc))]
             log.warning(
                 "writing %d outcomes failed (%s); one at a time", len(outcomes), describe(exc)
             )
+            refused: list[tuple[Outcome, str]] = []
             for outcome in outcomes:
-                self._write(statement, [outcome], extra)
+                refused += self._write(statement, [outcome], extra)
+            return refused
+        return []
+
+    def _fail_refused(self, refused: Sequence[tuple[Outcome, str]]) -> None:
+        """Fail, at once, the jobs whose outcome PostgreSQL refused: a job is never run
+        again because its outcome could not be written (the reaper would requeue it)."""
+        for outcome, why in refused:
+            job = outcome.job
+            reason = storable(_refused_reason(outcome, why))
+            log.error(
+                "job %s (%s): its outcome (%s) could not be stored (%s); failing it instead",
+                job.id,
+                job.task,
+                outcome.kind.value,
+                why,
+            )
+            self._correct_stats(outcome)
+            # the reason is storable text; if even it is refused, a plain one surely goes in
+            # a job its session committed keeps its row: its pending result becomes the error
+            pending = outcome.result_pending
+            statement, extra = (self._store, _stored) if pending else (self._fail, _with_error)
+            for text in (reason, FALLBACK_REASON):
+                failure = Outcome(
+                    OutcomeKind.failed, job, text, None, outcome.exception, result_pending=pending
+                )
+                if not self._write(statement, [failure], extra):
+                    break
+            else:
+                log.error("job %s (%s): not even its failure could be stored", job.id, job.task)
+
+    def _correct_stats(self, outcome: Outcome) -> None:
+        """Count a refused outcome as the failure that replaces it."""
+        stats, kind = self.stats, outcome.kind
+        if kind is OutcomeKind.succeeded:
+            stats.succeeded -= 1
+        elif kind is OutcomeKind.snoozed:
+            stats.snoozed -= 1
+        elif kind is OutcomeKind.deferred:
+            stats.deferred -= 1
+        elif outcome.requeues:
+            stats.retried -= 1
+        else:
+            stats.failed -= 1
+        stats.failed += 1
+
+
+FALLBACK_REASON = "the job's outcome could not be stored (PostgreSQL refused it); see the log"
+"""What a failed job records when PostgreSQL refused even the reason written for it."""
+
+
+def _refused_reason(outcome: Outcome, why: str) -> str:
+    """The failure that replaces an outcome PostgreSQL refused, saying what was refused."""
+    kind = outcome.kind
+    if kind is OutcomeKind.succeeded:
+        what = "the handler's result" if outcome.result is not None else "the job's success"
+        return f"{what} could not be stored: {why}; failed instead of running again"
+    text = f"its outcome ({kind.value}) could not be stored: {why}; failed instead of running again"
+    return f"{text}; the attempt's error was:\n{outcome.error}" if outcome.error else text
 
 
 def _none(outcome: Outcome) -> dict[str, Any]:
@@ -129,6 +203,18 @@ def _none(outcome: Outcome) -> dict[str, Any]:
 
 def _result(outcome: Outcome) -> dict[str, Any]:
     return {"job_results": outcome.result}
+
+
+def _with_error(outcome: Outcome) -> dict[str, Any]:
+    return {"job_errors": storable(outcome.error)}
+
+
+def _stored(outcome: Outcome) -> dict[str, Any]:
+    failed = outcome.kind is not OutcomeKind.succeeded
+    return {
+        "job_results": None if failed else outcome.result,
+        "job_errors": storable(outcome.error) if failed else None,
+    }
 
 
 def _snoozed(outcome: Outcome) -> dict[str, Any]:

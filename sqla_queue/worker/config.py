@@ -109,3 +109,5 @@ class WorkerStats:
     overran: int = 0
     """Handlers that had not returned a second after their timeout or cancel (each kept
     its slot until it returned)."""
+    deferred: int = 0
+    """Jobs put back for a worker that has a handler for their task."""

@@ -54,9 +54,20 @@ def failure_kind(exc: BaseException) -> str:
 
 def is_row_error(exc: BaseException) -> bool:
     """Whether a failed statement failed because of its data (SQLSTATE class 22, a data
-    exception, or 23, an integrity violation): the other rows of a batch may still go in."""
+    exception, 23, an integrity violation, or 54, a program limit such as a JSON value
+    nested past the server's stack depth): the other rows of a batch may still go in, and
+    running the same statement again would fail the same way."""
     state = getattr(getattr(exc, "orig", None), "sqlstate", None) or ""
-    return state[:2] in ("22", "23")
+    return state[:2] in ("22", "23", "54")
+
+
+def refusal(exc: BaseException) -> str:
+    """Why PostgreSQL refused a statement's data: its message and detail, one line (never
+    the statement or its parameters)."""
+    orig = getattr(exc, "orig", None)
+    detail = getattr(getattr(orig, "diag", None), "message_detail", None)
+    message = describe(exc)
+    return f"{message} ({detail.splitlines()[0][:200]})" if detail else message
 
 
 def backoff_delays(first: float = 0.05, cap: float = MAX_BACKOFF) -> Any:
@@ -296,8 +307,8 @@ class DatabaseLink:
                     )
                     self.close()
                     continue
-                if not isinstance(exc, OperationalError):
-                    raise
+                if not isinstance(exc, OperationalError) or is_row_error(exc):
+                    raise  # a program limit (class 54) fails the same way every time
                 delay = next(delays)
                 self.failures.failed(
                     failure_kind(exc),

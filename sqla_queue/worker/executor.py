@@ -24,18 +24,23 @@ from typing import Any
 from sqlalchemy import Engine
 
 from sqla_queue import queries
-from sqla_queue.errors import JobTimeoutError, Snooze, TaskNotFoundError
+from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+from sqla_queue.queries.jobs import UNKNOWN_TASK_MAX_DELAY
 from sqla_queue.registry import JobContext, Registry, Task
 from sqla_queue.results import encode_result
 from sqla_queue.retry import DEFAULT_RETRY
 
 from .board import JobBoard
-from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text
+from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text, storable
 from .stormlog import FailureReporter
 
 log = logging.getLogger("sqla_queue.worker")
+
+MAX_RETRY_DELAY = MAX_SNOOZE.total_seconds()
+"""Seconds a retry may be put off at most (10 years, as a snooze): a retry policy's longer,
+negative or NaN delay is replaced by the default backoff (the retry could not be stored)."""
 
 RECHECK_AFTER = 1.0
 """Seconds a claimed job may wait locally before the executor checks it is still ours."""
@@ -50,8 +55,13 @@ class Executor:
         board: JobBoard,
         engine: Engine,
         on_finished: Callable[[Outcome], None],
+        worker_id: str = "?",
     ) -> None:
         self.registry = registry
+        self.worker_id = worker_id
+        self._unknown_tasks: set[str] = set()
+        """Tasks this worker had no handler for, each logged once."""
+        self._unknown_lock = threading.Lock()
         self.board = board
         self.engine = engine
         self._on_finished = on_finished
@@ -101,8 +111,8 @@ class Executor:
             if skipped is not None:
                 return Outcome(skipped, job, f"job was {skipped.value} before it started")
         task = self.registry.get(job.task)
-        if task is None:
-            return Outcome(OutcomeKind.failed, job, str(TaskNotFoundError(task=job.task)))
+        if task is None:  # never spend an attempt on it: a worker that knows it runs it
+            return self._unknown_task(job)
         if job.decode_error is not None:
             return Outcome(OutcomeKind.failed, job, job.decode_error)
         try:
@@ -127,15 +137,15 @@ class Executor:
             return self.failure(job, task, exc)
         except Snooze as snooze:
             if ctx.committed:  # its own ctx.session() commit finished it: nothing to undo
-                return Outcome(OutcomeKind.succeeded, job)
+                return committed(job, task, None, f"it snoozed ({snooze.describe()})")
             return snoozed(job, task, snooze)
         except BaseException as exc:
             if ctx.committed:
                 log.warning("job %s (%s) raised after its session committed it", job.id, job.task)
-                return Outcome(OutcomeKind.succeeded, job)
+                return committed(job, task, None, f"it raised:\n{error_text(exc)}")
             return self.failure(job, task, exc)
         if ctx.committed:  # finished by the handler's own commit: written already
-            return Outcome(OutcomeKind.succeeded, job)
+            return committed(job, task, result)
         if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
             return Outcome(_lost_kind(ctx), job)
         if result is not None and isinstance(result, Snooze):  # returning it works as raising
@@ -146,6 +156,27 @@ class Executor:
                 return Outcome(OutcomeKind.failed, job, problem)
             return Outcome(OutcomeKind.succeeded, job, result=kept)
         return Outcome(OutcomeKind.succeeded, job)
+
+    def _unknown_task(self, job: ClaimedJob) -> Outcome:
+        """The outcome of a job whose task this worker has no handler for: deferred (put
+        back, its attempt refunded) for a worker that has one; logged once per task name."""
+        with self._unknown_lock:
+            first = job.task not in self._unknown_tasks
+            self._unknown_tasks.add(job.task)
+        if first:
+            log.error(
+                "%s; its jobs are put back for a worker that has the task, without using "
+                "their attempts, each later and later (up to every %g s); deploy a worker "
+                "with the task, or delete its jobs (`sqla-queue doctor` counts them)",
+                TaskNotFoundError(task=job.task),
+                UNKNOWN_TASK_MAX_DELAY,
+            )
+        return Outcome(
+            OutcomeKind.deferred,
+            job,
+            f"unknown task {job.task!r} on worker {self.worker_id} (no handler in its "
+            "registry); left for a worker that knows the task",
+        )
 
     def _skip_reason(self, job: ClaimedJob) -> OutcomeKind | None:
         """Whether a job must not start: cancelled or lost while it waited here (called for a
@@ -275,10 +306,20 @@ class Executor:
 
     def _retry_delay(self, job: ClaimedJob, task: Task) -> float:
         try:
-            return float(task.retry.delay(job.attempt))
+            delay = float(task.retry.delay(job.attempt))
         except Exception:  # a broken RetryPolicy must not wedge the job: use the default
             log.exception("the retry policy of %s raised; using the default backoff", task.name)
             return DEFAULT_RETRY.delay(job.attempt)
+        if not 0 <= delay <= MAX_RETRY_DELAY:  # NaN too: PostgreSQL could not store it
+            log.error(
+                "the retry policy of %s gave a delay of %r s (not between 0 and %g); "
+                "using the default backoff",
+                task.name,
+                delay,
+                MAX_RETRY_DELAY,
+            )
+            return DEFAULT_RETRY.delay(job.attempt)
+        return delay
 
     def time_out(self, job: ClaimedJob, deadline: float) -> None:
         """Called by the producer for a job past its deadline: its outcome is decided and
@@ -297,6 +338,20 @@ class Executor:
         )
         self.reporter.report(outcome, _max_attempts(job, task))
         self.give_up(job, "timed out")
+
+
+def committed(job: ClaimedJob, task: Task, result: Any, problem: str | None = None) -> Outcome:
+    """The outcome of a job its handler's `ctx.session()` committed: nothing to write, or,
+    when its task keeps results, the result to store in place of the pending one (or why
+    there is none: `problem`, else what `encode_result` found)."""
+    if not task.keep_result:
+        return Outcome(OutcomeKind.succeeded, job)
+    if problem is None:
+        kept, problem = encode_result(task.name, result)
+        if problem is None:
+            return Outcome(OutcomeKind.succeeded, job, result=kept, result_pending=True)
+    error = f"its session committed the job, but no result can be kept: {problem}"
+    return Outcome(OutcomeKind.failed, job, storable(error), result_pending=True)
 
 
 def snoozed(job: ClaimedJob, task: Task, snooze: Snooze) -> Outcome:

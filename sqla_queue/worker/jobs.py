@@ -37,6 +37,10 @@ class OutcomeKind(str, enum.Enum):
     snoozed = "snoozed"
     """The handler or a middleware raised `Snooze`: queued again after its delay, the
     attempt refunded."""
+    deferred = "deferred"
+    """The worker has no handler for the job's task (a newer release's task during a rolling
+    deploy): queued again for a worker that has one, its attempt refunded, after a delay
+    that doubles with each deferral."""
 
 
 WRITES_NOTHING = frozenset({OutcomeKind.cancelled, OutcomeKind.lost, OutcomeKind.released})
@@ -59,6 +63,9 @@ class Outcome:
     """A snoozed job's task's own max_attempts (its budget when the job has none)."""
     result: str | None = None
     """A succeeded job's return value as JSON text, when its task keeps results."""
+    result_pending: bool = False
+    """The handler's `ctx.session()` commit finished the job with its result pending (its
+    task keeps results): the completer stores `result`, or fails the job with `error`."""
 
     @property
     def committed(self) -> bool:
