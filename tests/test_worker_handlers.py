@@ -90,6 +90,33 @@ def test_a_timed_out_sync_handler_keeps_its_worker_slot_until_it_returns(engine:
     assert job.result is None
 
 
+def test_a_handler_that_returns_past_its_deadline_unseen_by_a_busy_worker_timed_out(
+    engine: Engine,
+) -> None:
+    # Found by the model-based test under load: the producer, which watches deadlines, was
+    # busy when the handler returned late, and the job was settled as a success.
+    registry = Registry()
+    started = threading.Event()
+
+    @registry.task(name="late", timeout=0.2, max_attempts=1)
+    def late() -> str:
+        started.set()
+        time.sleep(0.6)
+        return "too late"
+
+    (job_id,) = enqueue_jobs(engine, "late", 1)
+    with WorkerThread(engine, registry, concurrency=2, batch=1, poll_interval=0.05):
+        assert started.wait(10)
+        with engine.connect() as conn, conn.begin():
+            # the worker's next claim waits on this lock, past the handler's deadline
+            conn.execute(text("LOCK TABLE sqla_queue.jobs IN EXCLUSIVE MODE"))
+            time.sleep(1.0)
+        wait_for(lambda: count_where(engine, f"id = {job_id} AND status = 'failed'"), timeout=10)
+
+    (job,) = jobs_by_id(engine, [job_id]).values()
+    assert "ran longer than its timeout of 0.2 s" in (job.last_error or "")
+
+
 def test_a_queue_limited_to_two_never_runs_more_than_two_handlers_past_their_timeout(
     engine: Engine,
 ) -> None:

@@ -91,10 +91,25 @@ class Executor:
             if job is None:
                 return
             # a handler that overran its timeout ends with the outcome decided then
-            outcome = self.board.returned(job, self.execute(job))
+            outcome = self.board.returned(job, self._past_deadline(job, self.execute(job)))
             owned = outcome is not None
             if outcome is not None:  # before the outcome is visible: hooks run first
                 self._on_finished(outcome)
+
+    def _past_deadline(self, job: ClaimedJob, outcome: Outcome) -> Outcome:
+        """A handler that returned after its deadline timed out, even if the producer, busy
+        elsewhere, had not yet seen the deadline pass: the clock decides, not the timing."""
+        if (
+            job.deadline is None
+            or job.pending is not None  # decided at the deadline already
+            or outcome.kind not in _HANDLER_KINDS
+            or outcome.committed  # its own ctx.session() commit finished it in time
+            or time.monotonic() < job.deadline
+        ):
+            return outcome
+        task = self.registry[job.task]
+        error = JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout)
+        return self.failure(job, task, error)
 
     def execute(self, job: ClaimedJob) -> Outcome:
         """Run one job through its middleware and handler; always returns its outcome."""
@@ -352,6 +367,12 @@ def committed(job: ClaimedJob, task: Task, result: Any, problem: str | None = No
             return Outcome(OutcomeKind.succeeded, job, result=kept, result_pending=True)
     error = f"its session committed the job, but no result can be kept: {problem}"
     return Outcome(OutcomeKind.failed, job, storable(error), result_pending=True)
+
+
+_HANDLER_KINDS = frozenset(
+    {OutcomeKind.succeeded, OutcomeKind.retried, OutcomeKind.failed, OutcomeKind.snoozed}
+)
+"""The outcomes a handler's own return or raise decides (a deadline overrides them)."""
 
 
 def snoozed(job: ClaimedJob, task: Task, snooze: Snooze) -> Outcome:
