@@ -1,9 +1,8 @@
 """Examples the model-based test (tests/test_model.py) found, kept as plain tests.
 
 Each replays the shrunk steps Hypothesis printed on a `QueueMachine` of its own database,
-checking the model's invariants after every step, as the state machine does. Those that
-are defects of issue 20 being fixed on another branch are marked xfail (not strict) until
-that branch is merged; the merger removes the mark.
+checking the model's invariants after every step, as the state machine does. Each names
+the defect of issue 20 it found (all fixed since).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def test_wait_for_with_timeout_0_reports_a_cancelled_job(machine: QueueMachine) 
     )
 
 
-@pytest.mark.xfail(strict=False, reason="defect 1.1 of issue 20, fixed on branch fix/retry")
+# defect 1.1 of issue 20
 def test_retry_of_two_failed_jobs_sharing_a_unique_key(machine: QueueMachine) -> None:
     replay(
         machine,
@@ -69,7 +68,7 @@ def test_retry_of_two_failed_jobs_sharing_a_unique_key(machine: QueueMachine) ->
     )
 
 
-@pytest.mark.xfail(strict=False, reason="defect 1.2 of issue 20, fixed on branch fix/worker")
+# defect 1.2 of issue 20
 def test_a_kept_result_jsonb_refuses_is_a_failure_written_at_once(machine: QueueMachine) -> None:
     replay(
         machine,
@@ -78,7 +77,7 @@ def test_a_kept_result_jsonb_refuses_is_a_failure_written_at_once(machine: Queue
     )
 
 
-@pytest.mark.xfail(strict=False, reason="defect 1.3 of issue 20, fixed on branch fix/bounds")
+# defect 1.3 of issue 20
 def test_a_huge_result_ttl_does_not_stop_the_reaper(machine: QueueMachine) -> None:
     replay(
         machine,
@@ -89,7 +88,7 @@ def test_a_huge_result_ttl_does_not_stop_the_reaper(machine: QueueMachine) -> No
     )
 
 
-@pytest.mark.xfail(strict=False, reason="defect 1.5 of issue 20, fixed on branch fix/slots")
+# defect 1.5 of issue 20
 def test_a_timed_out_handler_keeps_its_queue_slot(machine: QueueMachine) -> None:
     replay(
         machine,
@@ -101,7 +100,7 @@ def test_a_timed_out_handler_keeps_its_queue_slot(machine: QueueMachine) -> None
     )
 
 
-@pytest.mark.xfail(strict=False, reason="defect 1.7 of issue 20, fixed on branch fix/worker")
+# defect 1.7 of issue 20
 def test_a_kept_result_of_a_handler_that_commits_its_session(machine: QueueMachine) -> None:
     replay(
         machine,
@@ -110,16 +109,15 @@ def test_a_kept_result_of_a_handler_that_commits_its_session(machine: QueueMachi
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="NEW (found by the model under load, not yet fixed; timing-dependent): a sync "
-    "handler that returns after its timeout before the dispatcher's watch sees it is a success",
-)
+# found by the model under load: a sync handler that returned after its timeout, before the
+# producer's watch saw the deadline pass, was settled as a success
 def test_a_handler_that_overran_its_timeout_is_not_a_success(machine: QueueMachine) -> None:
     """Found on a loaded machine (load average 12 on 2 cores): the `slow` job (0.4 s on a
-    0.15 s timeout) ended `done` (archived). The timeout is enforced only by the
-    dispatcher's watch (`Producer._time_out`); a handler that returns past its deadline
-    while the dispatcher is in a statement is settled as a success by its own thread."""
+    0.15 s timeout) ended `done` (archived): the producer's watch (`Producer._time_out`) was
+    in a statement when the handler returned late. Now the handler's own thread compares
+    the clock with the deadline (`Executor._past_deadline`); a deterministic version is
+    tests/test_worker_handlers.py::
+    test_a_handler_that_returns_past_its_deadline_unseen_by_a_busy_worker_timed_out."""
     replay(
         machine,
         ("prune", {"archive": False, "older_than": 0.0, "statuses": {"done"}}),
