@@ -7,8 +7,8 @@ and text would refuse it with a database error.
 
 from __future__ import annotations
 
-MAX_JOB_ID = 2**63 - 1
-"""The largest job id: jobs.id is a bigint."""
+from sqla_queue.bounds import INT8_MAX as MAX_JOB_ID  # jobs.id is a bigint
+
 MAX_ID_DIGITS = len(str(MAX_JOB_ID))
 
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
     update,
 )
 
+from sqla_queue.bounds import INT4_MAX
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS, JobStatus, unique_predicate
 
 from .common import _is, archive, jobs
@@ -87,8 +88,6 @@ def job_detail() -> Select[Any]:
     return select(union_all(live, archived).subquery()).limit(1)
 
 
-INT4_MAX = 2**31 - 1
-"""The largest `max_attempts` (an int4 column)."""
 UNIQUE_KEY_INDEX = "ux_jobs_unique_key"
 """The unique index over jobs' keys (models.Job): the constraint a unique violation names."""
 
