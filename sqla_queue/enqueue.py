@@ -29,7 +29,7 @@ from sqlalchemy.orm import (
 from sqlalchemy.sql import ClauseElement
 
 from . import queries
-from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
+from .errors import InvalidJobError, SchemaMissingError, SqlaQueueError, UnknownQueueError
 from .hooks import NewJob, default_registry, prepare_job
 from .models import (
     DEFAULT_QUEUE,
@@ -839,7 +839,7 @@ def _copy_jobs(
                 copy.write("\n".join(lines) + "\n")
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
-        explained = _unknown_queue(exc) or _refused_by_check(exc, None)
+        explained = _explain(exc, None)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped
@@ -951,11 +951,39 @@ def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError
     )
 
 
+_NOT_THERE = re.compile(rf'^(relation "{SCHEMA}\.[^"]+"|schema "{SCHEMA}") does not exist')
+_NOT_THERE_STATES = ("42P01", "3F000")
+"""undefined_table and invalid_schema_name: how a statement meets an unmigrated database."""
+
+
+def _schema_missing(exc: BaseException) -> SchemaMissingError | None:
+    """The clear error for a statement on our schema in a database that lacks it (never
+    migrated, or an older revision without the table), if it is one: translated when it
+    happens, so the enqueue path pays no round trip to check first."""
+    if getattr(exc, "sqlstate", None) not in _NOT_THERE_STATES:
+        return None
+    match = _NOT_THERE.match(getattr(getattr(exc, "diag", None), "message_primary", None) or "")
+    if match is None:  # another schema's table: the application's own error
+        return None
+    from .migrate import SCHEMA_REVISION  # alembic, imported only on this path
+
+    message = (SchemaMissingError.__doc__ or "").strip().rstrip(".") + (
+        "; the statement failed, so PostgreSQL has aborted this transaction and nothing in "
+        "it can commit: roll it back, migrate, and run it again."
+    )
+    return SchemaMissingError(
+        message, found=f"{match.group(1)} does not exist", expected=SCHEMA_REVISION
+    )
+
+
+def _explain(exc: BaseException, parameters: object) -> SqlaQueueError | None:
+    """Our clear error for a statement the database refused, if `exc` is one we know."""
+    return _unknown_queue(exc) or _refused_by_check(exc, parameters) or _schema_missing(exc)
+
+
 @event.listens_for(Engine, "handle_error")
-def _explain_unknown_queue(context: ExceptionContext) -> BaseException | None:
-    error: SqlaQueueError | None = _unknown_queue(context.original_exception)
-    if error is None:
-        error = _refused_by_check(context.original_exception, context.parameters)
+def _explain_refusal(context: ExceptionContext) -> BaseException | None:
+    error = _explain(context.original_exception, context.parameters)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error
