@@ -44,6 +44,7 @@ from .models import (
     validate_job,
     validate_tags_and_meta,
 )
+from .queries import brokers as broker_queries
 from .unique import UniqueOption, resolve_unique
 
 if TYPE_CHECKING:
@@ -397,11 +398,44 @@ UNIQUE_ROUNDS = 10
 _INSERT_UNIQUE_ONE = queries.insert_unique_jobs(with_ids=False)
 _INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
 _UNIQUE_HOLDERS = queries.unique_holders()
+_ROUTED_AMONG = broker_queries.routed_among()
+_MAY_READ_QUEUES = broker_queries.may_read_queues()
 _WRITTEN_BY_US = frozenset(
     {"id", "task", "args", "queue", "priority", "max_attempts", "tags", "meta"}
 )
 _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
 """Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
+
+
+def unique_on_routed(queue: str, route: str, held: int = 0) -> str:
+    """Why unique jobs and a route do not go together on queue `queue` (with `held` unique
+    jobs queued or running: why it cannot be routed now)."""
+    fix = (
+        f"it has {held} unique job(s) queued or running: let them finish (or cancel them) "
+        "before routing it, and enqueue its jobs without unique"
+        if held
+        else "enqueue it without unique (unique=False if the task is unique by default) or "
+        "into a queue that is not routed"
+    )
+    return (
+        f"queue {queue!r} is routed to a broker ({route}), where a unique key cannot be held: "
+        "the relay deletes a job's row, and its key with it, when it publishes, so the same "
+        f"unique job would be accepted again while the first waits in the broker; {fix}"
+    )
+
+
+def _refuse_routed(connection: Connection, params: list[dict[str, Any]]) -> None:
+    """Refuse unique rows for routed queues, before anything is written (so the transaction
+    goes on): their key would be freed once relayed (see `unique_on_routed`). A role that
+    may not read the queues (an enqueue-only role) is not checked: a failed read would
+    abort its transaction."""
+    if not connection.execute(_MAY_READ_QUEUES).scalar():
+        return
+    names = sorted({p["job_queue"] for p in params})
+    routed = connection.execute(_ROUTED_AMONG, {"queues": names}).first()
+    if routed is not None:
+        task = next(p["job_task"] for p in params if p["job_queue"] == routed.name)
+        raise InvalidJobError(task=task, detail=unique_on_routed(routed.name, routed.route))
 
 
 def _insert_unique(
@@ -420,6 +454,7 @@ def _insert_unique(
     rows included). If that job finished in between (no longer blocking), the row is tried
     again: no read decides whether to write, the unique index does.
     """
+    _refuse_routed(connection, params)
     results: dict[int, tuple[int, bool]] = {}
     pending = list(range(len(params)))
     for round_number in range(UNIQUE_ROUNDS):
