@@ -30,7 +30,7 @@ from sqlalchemy.sql import ClauseElement
 
 from . import queries
 from .bounds import check_duration, invalid_job
-from .errors import InvalidJobError, SqlaQueueError, UnknownQueueError
+from .errors import InvalidJobError, SchemaMissingError, SqlaQueueError, UnknownQueueError
 from .hooks import NewJob, default_registry, prepare_job
 from .models import (
     DEFAULT_QUEUE,
@@ -45,6 +45,7 @@ from .models import (
     validate_job,
     validate_tags_and_meta,
 )
+from .queries import brokers as broker_queries
 from .unique import UniqueOption, resolve_unique
 
 if TYPE_CHECKING:
@@ -380,11 +381,44 @@ UNIQUE_ROUNDS = 10
 _INSERT_UNIQUE_ONE = queries.insert_unique_jobs(with_ids=False)
 _INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
 _UNIQUE_HOLDERS = queries.unique_holders()
+_ROUTED_AMONG = broker_queries.routed_among()
+_MAY_READ_QUEUES = broker_queries.may_read_queues()
 _WRITTEN_BY_US = frozenset(
     {"id", "task", "args", "queue", "priority", "max_attempts", "tags", "meta"}
 )
 _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
 """Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
+
+
+def unique_on_routed(queue: str, route: str, held: int = 0) -> str:
+    """Why unique jobs and a route do not go together on queue `queue` (with `held` unique
+    jobs queued or running: why it cannot be routed now)."""
+    fix = (
+        f"it has {held} unique job(s) queued or running: let them finish (or cancel them) "
+        "before routing it, and enqueue its jobs without unique"
+        if held
+        else "enqueue it without unique (unique=False if the task is unique by default) or "
+        "into a queue that is not routed"
+    )
+    return (
+        f"queue {queue!r} is routed to a broker ({route}), where a unique key cannot be held: "
+        "the relay deletes a job's row, and its key with it, when it publishes, so the same "
+        f"unique job would be accepted again while the first waits in the broker; {fix}"
+    )
+
+
+def _refuse_routed(connection: Connection, params: list[dict[str, Any]]) -> None:
+    """Refuse unique rows for routed queues, before anything is written (so the transaction
+    goes on): their key would be freed once relayed (see `unique_on_routed`). A role that
+    may not read the queues (an enqueue-only role) is not checked: a failed read would
+    abort its transaction."""
+    if not connection.execute(_MAY_READ_QUEUES).scalar():
+        return
+    names = sorted({p["job_queue"] for p in params})
+    routed = connection.execute(_ROUTED_AMONG, {"queues": names}).first()
+    if routed is not None:
+        task = next(p["job_task"] for p in params if p["job_queue"] == routed.name)
+        raise InvalidJobError(task=task, detail=unique_on_routed(routed.name, routed.route))
 
 
 def _insert_unique(
@@ -403,6 +437,7 @@ def _insert_unique(
     rows included). If that job finished in between (no longer blocking), the row is tried
     again: no read decides whether to write, the unique index does.
     """
+    _refuse_routed(connection, params)
     results: dict[int, tuple[int, bool]] = {}
     pending = list(range(len(params)))
     for round_number in range(UNIQUE_ROUNDS):
@@ -819,7 +854,7 @@ def _copy_jobs(
                 copy.write("\n".join(lines) + "\n")
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
-        explained = _unknown_queue(exc) or _refused_by_check(exc, None)
+        explained = _explain(exc, None)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped
@@ -931,11 +966,39 @@ def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError
     )
 
 
+_NOT_THERE = re.compile(rf'^(relation "{SCHEMA}\.[^"]+"|schema "{SCHEMA}") does not exist')
+_NOT_THERE_STATES = ("42P01", "3F000")
+"""undefined_table and invalid_schema_name: how a statement meets an unmigrated database."""
+
+
+def _schema_missing(exc: BaseException) -> SchemaMissingError | None:
+    """The clear error for a statement on our schema in a database that lacks it (never
+    migrated, or an older revision without the table), if it is one: translated when it
+    happens, so the enqueue path pays no round trip to check first."""
+    if getattr(exc, "sqlstate", None) not in _NOT_THERE_STATES:
+        return None
+    match = _NOT_THERE.match(getattr(getattr(exc, "diag", None), "message_primary", None) or "")
+    if match is None:  # another schema's table: the application's own error
+        return None
+    from .migrate import SCHEMA_REVISION  # alembic, imported only on this path
+
+    message = (SchemaMissingError.__doc__ or "").strip().rstrip(".") + (
+        "; the statement failed, so PostgreSQL has aborted this transaction and nothing in "
+        "it can commit: roll it back, migrate, and run it again."
+    )
+    return SchemaMissingError(
+        message, found=f"{match.group(1)} does not exist", expected=SCHEMA_REVISION
+    )
+
+
+def _explain(exc: BaseException, parameters: object) -> SqlaQueueError | None:
+    """Our clear error for a statement the database refused, if `exc` is one we know."""
+    return _unknown_queue(exc) or _refused_by_check(exc, parameters) or _schema_missing(exc)
+
+
 @event.listens_for(Engine, "handle_error")
-def _explain_unknown_queue(context: ExceptionContext) -> BaseException | None:
-    error: SqlaQueueError | None = _unknown_queue(context.original_exception)
-    if error is None:
-        error = _refused_by_check(context.original_exception, context.parameters)
+def _explain_refusal(context: ExceptionContext) -> BaseException | None:
+    error = _explain(context.original_exception, context.parameters)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error

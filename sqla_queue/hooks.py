@@ -14,7 +14,9 @@ flush and these steps with it; the database's CHECK constraints still hold for t
 4. the registry's insert hooks run in registration order on a `NewJob`; each may change its
    fields, or refuse the job by raising `ValueError` (the caller gets an `InvalidJobError`
    naming the hook and the reason, before anything is sent, so the transaction goes on).
-   A hook that renames the task is held to the same check.
+   A hook that renames the task is held to the same check;
+5. with a registry, the args (as the hooks leave them) must fit the handler's signature
+   (`Task.check_args`: a missing or unexpected argument is an `InvalidJobError` naming it).
 
 Without a registry (no default set, a plain `enqueue(session, "name")`) none of this
 happens: the job is written as given and an unknown name fails later, in the worker.
@@ -138,6 +140,9 @@ def prepare_job(
             ) from exc
     if job.task != task:
         _refuse_unknown(in_force, job.task)
+        known = in_force.get(job.task) if isinstance(job.task, str) else None
+    if known is not None and isinstance(job.args, dict):
+        known.check_args(job.args)
     return job
 
 

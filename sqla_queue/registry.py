@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -11,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .bounds import MAX_ATTEMPTS, check_count, check_duration
-from .errors import AppLoadError, ConfigurationError, JobCancelledError, JobLostError
+from .errors import (
+    AppLoadError,
+    ConfigurationError,
+    InvalidJobError,
+    JobCancelledError,
+    JobLostError,
+)
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
 from .models import PRIORITY_MAX
@@ -167,6 +175,56 @@ class JobContext:
         return f"JobContext(job_id={self.job_id}, task={self.task!r}, attempt={self.attempt})"
 
 
+class _HandlerSignature:
+    """A handler's signature and, for the common shapes, what `fits` needs to check args
+    with a few set operations instead of `Signature.bind` (several times dearer)."""
+
+    def __init__(self, signature: inspect.Signature, pass_context: bool) -> None:
+        self.signature = signature
+        self.pass_context = pass_context
+        params = list(signature.parameters.values())
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.context_name: str | None = None
+        if pass_context and params and params[0].kind in positional:
+            self.context_name = params.pop(0).name
+        self.simple = (not pass_context or self.context_name is not None) and all(
+            p.kind is not inspect.Parameter.POSITIONAL_ONLY for p in params
+        )
+        named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self.accepted = frozenset(p.name for p in named)
+        self.required = frozenset(p.name for p in named if p.default is p.empty)
+        self.any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+
+    def fits(self, args: Mapping[str, Any]) -> bool:
+        """True when the handler surely takes `args`; False: ask `misfit` why not."""
+        keys = args.keys()
+        return (
+            self.simple
+            and keys >= self.required
+            and (self.any_keyword or keys <= self.accepted)
+            and self.context_name not in keys
+        )
+
+    def misfit(self, args: Mapping[str, Any]) -> str | None:
+        """Why the handler cannot be called with `args` (None: it can)."""
+        if not self.simple or self.context_name in args:
+            try:
+                self.signature.bind(*[None] * self.pass_context, **args)
+            except TypeError as exc:
+                return str(exc)
+            return None
+        problems = []
+        missing = sorted(self.required - args.keys())
+        if missing:
+            problems.append(f"missing required argument {', '.join(missing)}")
+        unexpected = [] if self.any_keyword else sorted(map(str, args.keys() - self.accepted))
+        for name in unexpected:
+            close = difflib.get_close_matches(name, self.accepted, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            problems.append(f"unexpected argument {name}{hint}")
+        return "; ".join(problems) or None
+
+
 @dataclass
 class Task:
     """A registered handler and its options. Calling it calls the function directly."""
@@ -198,6 +256,33 @@ class Task:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
+
+    @functools.cached_property
+    def _signature(self) -> _HandlerSignature | None:
+        """The handler's signature, read once (None: Python cannot tell it, e.g. a builtin)."""
+        try:
+            return _HandlerSignature(inspect.signature(self.func), self.pass_context)
+        except (TypeError, ValueError):
+            return None
+
+    def check_args(self, args: Mapping[str, Any]) -> None:
+        """Raise `InvalidJobError` unless the handler takes `args` as its keyword arguments
+        (after the `JobContext` for `pass_context=True`), as the worker will call it: a
+        missing or unexpected argument is refused at enqueue instead of failing every
+        attempt."""
+        signature = self._signature
+        if signature is None or signature.fits(args):
+            return
+        why = signature.misfit(args)
+        if why is None:
+            return
+        handler = getattr(self.func, "__qualname__", self.name)
+        context = " (pass_context=True: the JobContext comes first)" * self.pass_context
+        raise InvalidJobError(
+            task=self.name,
+            detail=f"its args do not fit the handler {handler}{signature.signature}{context}: "
+            f"{why}",
+        )
 
     def enqueue(
         self,

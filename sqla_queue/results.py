@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 import weakref
@@ -58,9 +59,9 @@ class _Listener:
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
 
-    def subscribe(self, job_id: int, timeout: float | None) -> threading.Event:
+    def subscribe(self, job_id: int, timeout: float | None) -> threading.Event | None:
         """An event set when `job_id` may have ended; returns once LISTEN is in force, so a
-        finish committed after this call is never missed."""
+        finish committed after this call is never missed (None: not in force in `timeout`)."""
         event = threading.Event()
         with self._lock:
             self._waiters.setdefault(job_id, set()).add(event)
@@ -72,7 +73,7 @@ class _Listener:
                 self._thread.start()
         if not self._listening.wait(timeout):
             self.unsubscribe(job_id, event)
-            raise ResultTimeoutError(job_id=job_id, timeout=timeout or 0, status="unknown")
+            return None
         return event
 
     def unsubscribe(self, job_id: int, event: threading.Event) -> None:
@@ -230,27 +231,57 @@ def wait_for(
     no limit), `ResultMissingError` if no row is found (never existed, or succeeded
     without a kept result in a queue that deletes its jobs, or expired or pruned).
 
-    Woken by the NOTIFY of the statement that finished the job; `recheck` seconds is only
-    how often it looks without one (for ends that notify nobody).
+    It looks at the row first, so `timeout=0` is a poll that never blocks: the result of a
+    job that has ended, else `ResultTimeoutError`. A negative or NaN `timeout` is a
+    `ValueError`. Woken by the NOTIFY of the statement that finished the job; `recheck`
+    seconds is only how often it looks without one (for ends that notify nobody).
     """
+    _check_wait(timeout, recheck)
     engine = _engine_of(bind)
+    if timeout is not None and math.isinf(timeout):
+        timeout = None
     deadline = None if timeout is None else time.monotonic() + timeout
+    ended, value = _look(engine, job_id)  # first: a job that has ended needs no LISTEN
+    if ended:
+        return value
     listener = _listener(engine)
-    event = listener.subscribe(job_id, timeout)
+    event = listener.subscribe(job_id, _left(deadline))
+    if event is None:  # LISTEN not in force before the deadline: one last look
+        ended, value = _look(engine, job_id)
+        if ended:
+            return value
+        raise ResultTimeoutError(job_id=job_id, timeout=timeout, status=value)
     try:
-        status = "unknown"
         while True:
             ended, value = _look(engine, job_id)
             if ended:
                 return value
-            status = value
-            left = None if deadline is None else deadline - time.monotonic()
+            left = _left(deadline)
             if left is not None and left <= 0:
-                raise ResultTimeoutError(job_id=job_id, timeout=timeout, status=status)
+                raise ResultTimeoutError(job_id=job_id, timeout=timeout, status=value)
             event.wait(recheck if left is None else min(recheck, left))
             event.clear()
     finally:
         listener.unsubscribe(job_id, event)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _check_wait(timeout: float | None, recheck: float) -> None:
+    """A timeout that is negative, NaN or not a number (None: no limit), or a recheck that is
+    not a positive number, is refused with what is accepted."""
+    for name, value, accepted in (
+        ("timeout", timeout, "0 or more seconds (0 looks once; None waits without a limit)"),
+        ("recheck", recheck, "more than 0 seconds"),
+    ):
+        if value is None and name == "timeout":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"wait_for's {name} must be {accepted}, got {value!r}")
+        if math.isnan(value) or value < 0 or (name == "recheck" and value == 0):
+            raise ValueError(f"wait_for's {name} must be {accepted}, got {value!r}")
 
 
 _sync_engines: dict[str, Engine] = {}
@@ -284,6 +315,7 @@ async def wait_for_async(
 ) -> Any:
     """`wait_for` for asyncio: the same wait, woken by the same NOTIFY, in a worker thread
     (the event loop stays free). `bind` is an async engine, connection or session."""
+    _check_wait(timeout, recheck)
     engine = _sync_engine(bind)
     return await asyncio.to_thread(wait_for, engine, job_id, timeout, recheck=recheck)
 

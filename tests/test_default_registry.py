@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +14,9 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import (
     ConfigurationError,
+    InvalidJobError,
     Job,
+    JobContext,
     NewJob,
     Registry,
     Task,
@@ -83,7 +86,9 @@ def test_name_based_enqueue_takes_the_task_defaults_unless_overridden(
         )
         added = Job(task="shop.tasks.send_receipt", args={"order_id": 3})
         session.add(added)
-        (bulk,) = enqueue_many(session, [{"task": "shop.tasks.send_receipt"}])
+        (bulk,) = enqueue_many(
+            session, [{"task": "shop.tasks.send_receipt", "args": {"order_id": 4}}]
+        )
         session.flush()
         ids = [by_name.id, overridden.id, added.id, bulk]
     stored = jobs_by_id(engine, ids)
@@ -170,3 +175,115 @@ def test_hooks_see_only_known_tasks_and_a_renamed_task_is_checked_again(
         with pytest.raises(UnknownTaskError, match=r"'shop\.tasks\.charge_v2'"):
             enqueue(session, "shop.tasks.charge")
     assert seen == ["shop.tasks.charge"]
+
+
+# -- args that do not fit the handler's signature ------------------------------------------------
+
+
+@pytest.fixture
+def billing() -> Iterator[Registry]:
+    registry = Registry()
+
+    @registry.task(name="charge")
+    def charge(order_id: int, note: str = "") -> None: ...
+
+    @registry.task(name="audit", pass_context=True)
+    def audit(ctx: JobContext, order_id: int) -> None: ...
+
+    @registry.task(name="anything")
+    def anything(**fields: object) -> None: ...
+
+    @registry.task(name="keyword_only")
+    def keyword_only(*, order_id: int) -> None: ...
+
+    set_default_registry(registry)
+    yield registry
+    set_default_registry(None)
+
+
+@pytest.mark.parametrize(
+    ("task", "args"),
+    [
+        ("charge", {"order_id": 1}),
+        ("charge", {"order_id": 1, "note": "rush"}),
+        ("audit", {"order_id": 1}),
+        ("anything", {}),
+        ("anything", {"a": 1, "b": [2]}),
+        ("keyword_only", {"order_id": 1}),
+    ],
+)
+def test_args_that_fit_the_handlers_signature_are_enqueued(
+    engine: Engine, billing: Registry, task: str, args: dict[str, object]
+) -> None:
+    with Session(engine) as session, session.begin():
+        job_id = billing[task].enqueue(session, args, flush=True).id
+    assert jobs_by_id(engine)[job_id].args == args
+
+
+@pytest.mark.parametrize(
+    ("task", "args", "why"),
+    [
+        ("charge", {}, "missing required argument order_id"),
+        (
+            "charge",
+            {"oder_id": 1},
+            "missing required argument order_id; unexpected argument oder_id "
+            "(did you mean order_id?)",
+        ),
+        ("charge", {"order_id": 1, "extra": 2}, "unexpected argument extra"),
+        ("audit", {}, "missing required argument order_id"),
+        ("audit", {"ctx": 1, "order_id": 1}, "multiple values for argument 'ctx'"),
+        ("keyword_only", {"id": 1}, "missing required argument order_id"),
+    ],
+)
+def test_task_enqueue_refuses_args_that_do_not_fit_the_handler_naming_them(
+    engine: Engine, billing: Registry, task: str, args: dict[str, object], why: str
+) -> None:
+    with Session(engine) as session:
+        with pytest.raises(InvalidJobError) as raised:
+            billing[task].enqueue(session, args, flush=True)
+        session.execute(text("SELECT 1"))  # refused before anything was sent: still usable
+        session.commit()
+    message = str(raised.value)
+    assert f"task {task!r}" in message
+    assert why in message
+    assert str(inspect.signature(billing[task].func)) in message
+    assert ("pass_context=True" in message) == (task == "audit")
+    assert jobs_by_id(engine) == {}
+
+
+def test_enqueue_by_name_checks_the_args_on_every_path_of_the_registry_in_force(
+    engine: Engine, billing: Registry
+) -> None:
+    writes = [
+        lambda s: enqueue(s, "charge", {"oder_id": 1}),
+        lambda s: enqueue(s, "charge", {"oder_id": 1}, unique=True),
+        lambda s: enqueue(s.connection(), "charge", {"oder_id": 1}),
+        lambda s: (s.add(Job(task="charge", args={"oder_id": 1})), s.flush()),
+        lambda s: enqueue_many(
+            s, [{"task": "charge", "args": {"order_id": 1}}, {"task": "charge"}]
+        ),
+        lambda s: enqueue_many(s, [{"task": "charge", "args": {"oder_id": 1}}] * COPY_MIN_ROWS),
+    ]
+    for write in writes:
+        with Session(engine) as session:
+            with pytest.raises(InvalidJobError, match="missing required argument order_id"):
+                write(session)
+            session.rollback()
+    set_default_registry(None)  # no registry in force: nothing is known of the handler
+    with Session(engine) as session, session.begin():
+        enqueue(session, "charge", {"oder_id": 1})
+    assert [job.args for job in jobs_by_id(engine).values()] == [{"oder_id": 1}]
+
+
+def test_the_args_an_insert_hook_leaves_are_the_ones_checked(
+    engine: Engine, billing: Registry
+) -> None:
+    @billing.on_insert
+    def fill_order_id(job: NewJob) -> None:
+        if job.task == "charge" and "ref" in job.args:
+            job.args = {"order_id": job.args["ref"]}
+
+    with Session(engine) as session, session.begin():
+        job_id = enqueue(session, "charge", {"ref": 5}, flush=True).id
+    assert jobs_by_id(engine)[job_id].args == {"order_id": 5}

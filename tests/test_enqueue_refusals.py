@@ -6,14 +6,17 @@ then the error says so. The queue's error translation never claims another table
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from apps.support import jobs_by_id
-from sqlalchemy import Engine, insert, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine, create_engine, insert, text
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
@@ -21,13 +24,18 @@ from sqla_queue import (
     Job,
     NewJob,
     Registry,
+    SchemaMissingError,
+    SqlaQueueError,
     UnknownQueueError,
     UnknownTaskError,
     enqueue,
+    enqueue_async,
     enqueue_many,
+    enqueue_many_async,
     limits,
     set_default_registry,
 )
+from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 
 Write = Callable[[Session, dict[str, Any]], Any]
@@ -169,3 +177,91 @@ def test_a_job_whose_flush_failed_is_not_hooked_twice(
         session.add(job)
         session.commit()
     assert [job.args for job in jobs_by_id(engine).values()] == [{"stamped": True}]
+
+
+# -- an unmigrated database ----------------------------------------------------------------------
+
+
+def task_enqueue(session: Session) -> Job:
+    registry = Registry()
+    send_receipt = registry.task(name="send_receipt")(lambda order_id: None)
+    return send_receipt.enqueue(session, {"order_id": 1}, flush=True)
+
+
+Enqueue = Callable[[Session], Any]
+UNMIGRATED_PATHS: dict[str, Enqueue] = {
+    "enqueue": lambda s: enqueue(s, "t", {"n": 1}, flush=True),
+    "enqueue at commit": lambda s: (enqueue(s, "t", {"n": 1}), s.commit()),
+    "enqueue unique": lambda s: enqueue(s, "t", {"n": 1}, unique=True),
+    "enqueue connection": lambda s: enqueue(s.connection(), "t", {"n": 1}),
+    "Task.enqueue": task_enqueue,
+    "session.add": lambda s: (s.add(Job(task="t")), s.flush()),
+    "session.add unique": lambda s: (s.add(Job(task="t", unique=True)), s.flush()),
+    "enqueue_many": lambda s: enqueue_many(s, [{"task": "t"}]),
+    "enqueue_many copy": lambda s: enqueue_many(s, [{"task": "t"}] * COPY_MIN_ROWS),
+    "enqueue_many unique": lambda s: enqueue_many(
+        s, [{"task": "t", "args": {"i": i}, "unique": True} for i in range(COPY_MIN_ROWS)]
+    ),
+}
+
+
+def assert_names_the_migration(error: BaseException) -> None:
+    message = str(error)
+    assert isinstance(error, SchemaMissingError)
+    assert "sqla-queue migrate" in message
+    assert "alembic upgrade" in message
+    assert "aborted this transaction" in message
+    assert "roll it back" in message
+    assert "\n" not in message
+    assert "INSERT" not in message  # not the raw statement
+    assert isinstance(error.__cause__, psycopg.Error)  # the database's own, kept
+
+
+@pytest.fixture
+def unmigrated(empty_database_url: str) -> Iterator[Engine]:
+    engine = create_engine(normalize_url(empty_database_url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.mark.parametrize("path", sorted(UNMIGRATED_PATHS))
+def test_enqueue_into_an_unmigrated_database_names_the_migration(
+    unmigrated: Engine, path: str
+) -> None:
+    with Session(unmigrated) as session:
+        with pytest.raises(SqlaQueueError) as raised:
+            UNMIGRATED_PATHS[path](session)
+        session.rollback()
+    assert_names_the_migration(raised.value)
+
+
+def test_async_enqueue_into_an_unmigrated_database_names_the_migration(
+    empty_database_url: str,
+) -> None:
+    async def attempt(write: Callable[[AsyncSession], Awaitable[Any]]) -> BaseException:
+        engine = create_async_engine(normalize_url(empty_database_url))
+        try:
+            async with AsyncSession(engine) as session:
+                with pytest.raises(SqlaQueueError) as raised:
+                    await write(session)
+                await session.rollback()
+            return raised.value
+        finally:
+            await engine.dispose()
+
+    async def add_and_flush(session: AsyncSession) -> None:
+        enqueue(session, "t", {"n": 1})
+        await session.flush()
+
+    for write in (
+        add_and_flush,
+        lambda s: enqueue_async(s, "t", {"n": 1}, unique=True),
+        lambda s: enqueue_many_async(s, [{"task": "t"}] * 3),
+    ):
+        assert_names_the_migration(asyncio.run(attempt(write)))
+
+
+def test_an_applications_own_missing_table_keeps_its_own_error(unmigrated: Engine) -> None:
+    with unmigrated.connect() as conn, pytest.raises(ProgrammingError) as raised:
+        conn.execute(text("SELECT * FROM public.jobs"))
+    assert not isinstance(raised.value, SqlaQueueError)

@@ -165,7 +165,7 @@ def test_task_enqueue_runs_its_own_registry_hooks_without_a_default(
     registry = Registry(insert_hooks=[tag_for_tenant])
 
     @registry.task
-    def report() -> None: ...
+    def report(tenant: str) -> None: ...  # the hook adds it
 
     other = Registry()  # hooks of a registry that is not the default nor the task's: unused
     other.on_insert(refuse_forbidden)

@@ -46,7 +46,7 @@ def job(task: str, b: str, queue: str = "default", letter: str | None = None, **
     }
 
 
-@pytest.mark.xfail(strict=False, reason="defect 1.6 of issue 20, fixed on branch fix/enqueue")
+# defect 1.6 of issue 20
 def test_wait_for_with_timeout_0_reports_a_cancelled_job(machine: QueueMachine) -> None:
     replay(
         machine,

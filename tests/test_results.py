@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from apps.support import WorkerThread, count_where, enqueue_jobs
 from apps.support import wait_for as support_wait_for
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session
 
@@ -29,6 +29,7 @@ from sqla_queue import (
     wait_for,
     wait_for_async,
 )
+from sqla_queue.database import normalize_url
 from sqla_queue.testing import drain, run_until_empty
 from sqla_queue.worker import WorkerConfig
 
@@ -419,3 +420,92 @@ def test_a_retry_delay_postgresql_cannot_store_is_replaced_by_the_default_backof
         ).one()
     assert (status, attempts) == ("queued", 1)
     assert 0 < wait < 10  # the default backoff's first delay, not a lost outcome
+
+
+# -- a zero or small timeout is a poll: the row is read before any LISTEN ------------------------
+
+
+@pytest.mark.parametrize("retention", ["keep", "delete"])
+@pytest.mark.parametrize("timeout", [0, 0.001, 0.05])
+def test_wait_for_with_a_zero_or_small_timeout_returns_a_result_that_is_already_kept(
+    database_url: str, engine: Engine, retention: str, timeout: float
+) -> None:
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", retention)
+    (job_id,) = enqueue_jobs(engine, "t", 1)
+    succeed(engine, claim_all(engine), {job_id: {"paid": True}})
+    fresh = create_engine(
+        normalize_url(database_url)
+    )  # no LISTEN connection yet: the poll needs none
+    try:
+        assert wait_for(fresh, job_id, timeout=timeout) == {"paid": True}
+    finally:
+        fresh.dispose()
+
+
+def test_wait_for_with_a_zero_timeout_raises_a_jobs_failure_at_once(
+    database_url: str, engine: Engine, one_job: int
+) -> None:
+    with engine.begin() as conn:
+        admin.cancel_jobs(conn, [one_job])
+    fresh = create_engine(normalize_url(database_url))
+    try:
+        with pytest.raises(JobFailedError, match="ended cancelled"):
+            wait_for(fresh, one_job, timeout=0)
+    finally:
+        fresh.dispose()
+
+
+@pytest.mark.parametrize("timeout", [0, 0.05])
+def test_wait_for_with_a_zero_or_small_timeout_on_a_queued_job_times_out_promptly(
+    database_url: str, one_job: int, timeout: float
+) -> None:
+    fresh = create_engine(normalize_url(database_url))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ResultTimeoutError, match=r"\(it is queued\)"):
+            wait_for(fresh, one_job, timeout=timeout)
+        assert time.monotonic() - started < 3
+    finally:
+        fresh.dispose()
+
+
+def test_wait_for_async_with_a_zero_timeout_polls_without_blocking(
+    database_url: str, engine: Engine
+) -> None:
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", "keep")
+    (done,) = enqueue_jobs(engine, "t", 1)
+    succeed(engine, claim_all(engine), {done: 7})
+    (queued,) = enqueue_jobs(engine, "t", 1)
+    async_engine = create_async_engine(
+        database_url.replace("postgresql://", "postgresql+psycopg://")
+    )
+
+    async def main() -> Any:
+        try:
+            with pytest.raises(ResultTimeoutError, match=r"\(it is queued\)"):
+                await wait_for_async(async_engine, queued, timeout=0)
+            return await wait_for_async(async_engine, done, timeout=0)
+        finally:
+            await async_engine.dispose()
+
+    assert asyncio.run(main()) == 7
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.001, float("nan"), "5", True])
+def test_wait_for_refuses_a_negative_nan_or_non_numeric_timeout(
+    engine: Engine, one_job: int, timeout: Any
+) -> None:
+    with pytest.raises((ValueError, TypeError), match="timeout must be 0 or more seconds"):
+        wait_for(engine, one_job, timeout=timeout)
+    with pytest.raises((ValueError, TypeError), match="timeout must be 0 or more seconds"):
+        asyncio.run(wait_for_async(create_async_engine("postgresql+psycopg://"), 1, timeout))
+
+
+@pytest.mark.parametrize("recheck", [0, -5, float("nan")])
+def test_wait_for_refuses_a_recheck_that_is_not_positive(
+    engine: Engine, one_job: int, recheck: float
+) -> None:
+    with pytest.raises(ValueError, match="recheck must be more than 0 seconds"):
+        wait_for(engine, one_job, timeout=1, recheck=recheck)

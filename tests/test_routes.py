@@ -5,18 +5,32 @@ None of these needs a broker: they are about what PostgreSQL and the CLI do with
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import ConfigurationError, admin, enqueue, queries
+from sqla_queue import (
+    ConfigurationError,
+    InvalidJobError,
+    Job,
+    Registry,
+    admin,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    queries,
+)
 from sqla_queue.brokers.routes import parse_route
 from sqla_queue.cli import main
+from sqla_queue.database import normalize_url
+from sqla_queue.enqueue import COPY_MIN_ROWS
 
 
 @pytest.fixture(autouse=True)
@@ -201,3 +215,110 @@ def test_relay_to_a_broker_that_does_not_answer_says_which_in_one_line(
     assert "Cannot reach the broker at" in line
     assert "127.0.0.1:9" in line
     assert "secret" not in line  # the password is not printed
+
+
+# -- unique jobs and routes ----------------------------------------------------------------------
+
+
+def unique_task_enqueue(session: Session, queue: str) -> object:
+    registry = Registry()
+    task = registry.task(name="sync_account", unique=True)(lambda account: None)
+    return task.enqueue(session, {"account": 1}, queue=queue, flush=True)
+
+
+UniqueWrite = Callable[[Session], object]
+UNIQUE_PATHS: dict[str, UniqueWrite] = {
+    "enqueue": lambda s: enqueue(s, "sync", {"account": 1}, queue="out", unique=True),
+    "enqueue connection": lambda s: enqueue(
+        s.connection(), "sync", {"account": 1}, queue="out", unique=True
+    ),
+    "Task.enqueue": lambda s: unique_task_enqueue(s, "out"),
+    "session.add": lambda s: (
+        s.add(Job(task="sync", args={"account": 1}, queue="out", unique=True)),
+        s.flush(),
+    ),
+    "enqueue_many": lambda s: enqueue_many(
+        s,
+        [
+            {"task": "sync", "args": {"n": i}, "queue": q, "unique": True}
+            for i, q in [(1, "default"), (2, "out")]
+        ],
+    ),
+    "enqueue_many staged": lambda s: enqueue_many(
+        s,
+        [
+            {"task": "sync", "args": {"n": i}, "queue": "out", "unique": True}
+            for i in range(COPY_MIN_ROWS)
+        ],
+    ),
+}
+
+
+def routed(engine: Engine, route: str = "nats:jobs.out") -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "out")
+        admin.set_route(conn, "out", route)
+
+
+def job_rows(engine: Engine) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT task, queue FROM sqla_queue.jobs ORDER BY id"))
+        return [(task, queue) for task, queue in rows]
+
+
+@pytest.mark.parametrize("path", sorted(UNIQUE_PATHS))
+def test_a_unique_job_is_refused_on_a_routed_queue_and_the_transaction_goes_on(
+    engine: Engine, path: str
+) -> None:
+    routed(engine)
+    with Session(engine) as session:
+        enqueue(session, "before", queue="out")
+        with pytest.raises(InvalidJobError) as raised:
+            UNIQUE_PATHS[path](session)
+        enqueue(session, "after", queue="out")  # refused before anything was written
+        session.commit()
+    message = str(raised.value)
+    assert "queue 'out' is routed to a broker (nats:jobs.out)" in message
+    assert "a unique key cannot be held" in message
+    assert "unique=False" in message
+    assert job_rows(engine) == [("before", "out"), ("after", "out")]
+
+
+def test_async_unique_enqueue_is_refused_on_a_routed_queue(
+    database_url: str, engine: Engine
+) -> None:
+    routed(engine, "amqp:shop/out")
+    async_engine = create_async_engine(normalize_url(database_url))
+
+    async def attempt() -> None:
+        try:
+            async with AsyncSession(async_engine) as session:
+                await enqueue_async(session, "sync", {"account": 1}, queue="out", unique=True)
+        finally:
+            await async_engine.dispose()
+
+    with pytest.raises(InvalidJobError, match=r"routed to a broker \(amqp:shop/out\)"):
+        asyncio.run(attempt())
+
+
+def test_routing_a_queue_that_holds_unique_jobs_is_refused_until_they_finish(
+    database_url: str, engine: Engine
+) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "out")
+        admin.set_retention(conn, "out", "keep")
+    with Session(engine) as session, session.begin():
+        held = enqueue(session, "sync", {"account": 1}, queue="out", unique=True).id
+        enqueue(session, "plain", queue="out")
+    with engine.begin() as conn, pytest.raises(ConfigurationError) as raised:
+        admin.set_route(conn, "out", "nats:jobs.out")
+    assert "it has 1 unique job(s) queued or running" in str(raised.value)
+    refused = cli("queues", "set", "out", "--route", "nats:jobs.out", url=database_url)
+    assert "a unique key cannot be held" in one_line_error(refused)
+
+    with engine.begin() as conn:
+        admin.cancel_jobs(conn, [held])  # ended: its key no longer blocks, nor the route
+        admin.set_route(conn, "out", "nats:jobs.out")
+        admin.set_route(conn, "out", None)  # clearing a route is never refused
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT route FROM sqla_queue.queues WHERE name = 'out'")) is None

@@ -61,6 +61,28 @@ def queue_route() -> Select[Any]:
     return select(queues.c.route).where(queues.c.name == bindparam("queue_name", type_=Text))
 
 
+def routed_among() -> Select[Any]:
+    """(name, route) of the queues among `:queues` that are routed to a broker."""
+    return select(queues.c.name, queues.c.route).where(
+        queues.c.name == any_(bindparam("queues", type_=ARRAY(Text))),
+        queues.c.route.is_not(None),
+    )
+
+
+def may_read_queues() -> Select[Any]:
+    """Whether this role may read `sqla_queue.queues` (an enqueue-only role need not)."""
+    return select(func.has_table_privilege(queues.fullname, "SELECT"))
+
+
+def count_unique_unfinished() -> Select[Any]:
+    """How many unique jobs (with a key) of `:queue_name` are queued or running."""
+    return select(func.count()).where(
+        jobs.c.queue == bindparam("queue_name", type_=Text),
+        jobs.c.unique_key.is_not(None),
+        jobs.c.status.in_([JobStatus.queued.value, JobStatus.running.value]),
+    )
+
+
 def claim_for_relay() -> Select[Any]:
     """Lock up to `:limit` due queued jobs of queue `:queue_name`, in claim order.
 
