@@ -96,6 +96,13 @@ class Schedule:
             ) from None
         object.__setattr__(self, "_zone", zone)
         if self.cron is not None:
+            if isinstance(self.cron, str) and len(self.cron.split()) == 6:
+                # cronsim's seconds field: its DST rules differ from the five-field ones
+                raise ConfigurationError(
+                    detail=f"periodic task {self.task!r}: cron {self.cron!r} has six fields "
+                    "(seconds); use five (minute hour day month weekday), or every= for a "
+                    "schedule in seconds"
+                )
             try:
                 CronSim(self.cron, dt.datetime.now(zone))
             except (CronSimError, TypeError) as exc:

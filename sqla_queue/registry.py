@@ -261,7 +261,10 @@ class Task:
     def _signature(self) -> _HandlerSignature | None:
         """The handler's signature, read once (None: Python cannot tell it, e.g. a builtin)."""
         try:
-            return _HandlerSignature(inspect.signature(self.func), self.pass_context)
+            # the worker calls the handler as given: a decorator's wrapper (functools.wraps)
+            # may supply arguments its inner function needs, so its own signature counts
+            signature = inspect.signature(self.func, follow_wrapped=False)
+            return _HandlerSignature(signature, self.pass_context)
         except (TypeError, ValueError):
             return None
 
@@ -533,6 +536,10 @@ class Registry:
                 catch_up=catch_up,
             )
             task = register(f)
+            try:  # refused now, not at every look of the scheduler (which would stop them all)
+                task.check_args(plan.args)
+            except InvalidJobError as exc:
+                raise ConfigurationError(detail=f"periodic task {task.name!r}: {exc}") from exc
             if not self.schedules:
                 install_scheduler(self)
             self.schedules[task.name] = plan

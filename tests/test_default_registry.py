@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from apps.support import jobs_by_id
@@ -287,3 +288,26 @@ def test_the_args_an_insert_hook_leaves_are_the_ones_checked(
     with Session(engine) as session, session.begin():
         job_id = enqueue(session, "charge", {"ref": 5}, flush=True).id
     assert jobs_by_id(engine)[job_id].args == {"order_id": 5}
+
+
+def test_a_handler_wrapped_by_a_decorator_is_checked_by_the_wrappers_signature(
+    engine: Engine,
+) -> None:
+    # The worker calls the wrapper, which supplies `db` itself: the inner signature's
+    # required `db` must not refuse the job.
+    def with_db(func: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(func)
+        def wrapper(*args: object, **kwargs: object) -> None:
+            func(*args, db="the session", **kwargs)
+
+        return wrapper
+
+    registry = Registry()
+
+    @registry.task(name="receipt")
+    @with_db
+    def receipt(order_id: int, db: str) -> None: ...
+
+    with Session(engine) as session, session.begin():
+        registry["receipt"].enqueue(session, {"order_id": 1})
+    assert [job.task for job in jobs_by_id(engine).values()] == ["receipt"]

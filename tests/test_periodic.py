@@ -481,3 +481,17 @@ def test_periodic_list_piped_prints_every_task_name_whole(
     assert result.exit_code == 0, result.output
     (row,) = [line for line in result.stdout.splitlines() if name in line]
     assert "cron '0 3 * * *'" in row
+
+
+def test_a_periodic_task_whose_args_do_not_fit_its_handler_is_refused_at_registration() -> None:
+    registry = Registry()
+    with pytest.raises(ConfigurationError, match=r"periodic task 'nightly'.*unexpected argument x"):
+        registry.periodic(every=60, args={"x": 1}, name="nightly")(lambda: None)
+    registry.periodic(every=60, args={"x": 1}, name="fits")(lambda x: None)
+    assert list(registry.schedules) == ["fits"]
+
+
+def test_a_six_field_cron_is_refused_naming_the_five_field_form() -> None:
+    # cronsim reads a sixth field as seconds, with other DST rules than the five-field form
+    with pytest.raises(ConfigurationError, match="has six fields"):
+        Schedule("t", cron="0 30 2 * * *", timezone="Europe/Paris")
