@@ -383,8 +383,6 @@ _INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
 _UNIQUE_HOLDERS = queries.unique_holders()
 _ROUTED_AMONG = broker_queries.routed_among()
 _MAY_READ_QUEUES = broker_queries.may_read_queues()
-_MAY_READ_KEY = "sqla_queue.may_read_queues"
-"""Where a pooled connection remembers whether its role may read the queues."""
 _WRITTEN_BY_US = frozenset(
     {"id", "task", "args", "queue", "priority", "max_attempts", "tags", "meta"}
 )
@@ -414,12 +412,7 @@ def _refuse_routed(connection: Connection, params: list[dict[str, Any]]) -> None
     goes on): their key would be freed once relayed (see `unique_on_routed`). A role that
     may not read the queues (an enqueue-only role) is not checked: a failed read would
     abort its transaction."""
-    may_read = connection.info.get(_MAY_READ_KEY)
-    if may_read is None:  # asked once per pooled connection: a role's grants rarely change
-        may_read = connection.info[_MAY_READ_KEY] = bool(
-            connection.execute(_MAY_READ_QUEUES).scalar()
-        )
-    if not may_read:
+    if not connection.execute(_MAY_READ_QUEUES).scalar():
         return
     names = sorted({p["job_queue"] for p in params})
     routed = connection.execute(_ROUTED_AMONG, {"queues": names}).first()
