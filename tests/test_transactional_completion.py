@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from apps.support import (
+    WorkerThread,
     count_where,
     create_task_log,
     enqueue_jobs,
@@ -214,3 +215,47 @@ def test_a_result_returned_after_the_handlers_session_committed_is_kept(
     with pytest.raises(JobFailedError, match="no result can be kept: it raised"):
         results.wait_for(receipts, broken_id, timeout=10)
     assert receipt_rows(receipts) == [(job_id, 1)]  # ran once
+
+
+def test_a_result_kept_past_a_session_commit_survives_the_handlers_timeout(
+    receipts: Engine,
+) -> None:
+    # The session commits in time; the handler returns after its deadline: the commit
+    # stands and its result is stored (a timeout held for it wrote nothing, for good).
+    registry = Registry()
+
+    @registry.task(name="slow_after_commit", keep_result=True, pass_context=True, timeout=0.3)
+    def slow_after_commit(ctx: JobContext) -> str:
+        with ctx.session() as session:
+            session.commit()
+        time.sleep(0.8)
+        return "stored"
+
+    (job_id,) = enqueue_jobs(receipts, "slow_after_commit", 1)
+    run_until_empty(receipts, registry)
+    assert results.wait_for(receipts, job_id, timeout=5) == "stored"
+
+
+def test_a_worker_stopping_before_a_committed_handler_returns_leaves_no_pending_result(
+    receipts: Engine,
+) -> None:
+    registry = Registry()
+    committed, release = threading.Event(), threading.Event()
+
+    @registry.task(name="commits_then_hangs", keep_result=True, pass_context=True)
+    def commits_then_hangs(ctx: JobContext) -> str:
+        with ctx.session() as session:
+            session.commit()
+        committed.set()
+        release.wait(10)
+        return "too late"
+
+    (job_id,) = enqueue_jobs(receipts, "commits_then_hangs", 1)
+    runner = WorkerThread(receipts, registry, concurrency=1, shutdown_timeout=0.2)
+    try:
+        with runner:
+            assert committed.wait(10)
+    finally:
+        release.set()
+    with pytest.raises(JobFailedError, match="worker stopped before the handler returned"):
+        results.wait_for(receipts, job_id, timeout=5)

@@ -144,6 +144,8 @@ class JobBoard:
         with self.mutex:
             if not job.take():
                 return None
+            if outcome.committed:  # its own session finished it before the deadline's verdict
+                return outcome
             return job.pending or outcome
 
     def hold_overrun(self, job: ClaimedJob, outcome: Outcome) -> bool:
@@ -157,11 +159,14 @@ class JobBoard:
             return True
 
     def only_overrunning(self) -> bool:
-        """Whether every running handler is one that overran its timeout (burst mode exits
-        to the shutdown, which writes their outcomes)."""
+        """Whether every running handler is one that overran its timeout or its cancel
+        (burst mode exits to the shutdown, which writes their outcomes)."""
         with self.mutex:
             overrunning = sum(
-                1 for job in self.held.values() if job.pending is not None and not job.settled
+                1
+                for job in self.held.values()
+                if not job.settled
+                and (job.pending is not None or (job.started and job.ctx.cancelled))
             )
             return self.running == overrunning
 

@@ -91,7 +91,11 @@ class Executor:
             if job is None:
                 return
             # a handler that overran its timeout ends with the outcome decided then
-            outcome = self.board.returned(job, self._past_deadline(job, self.execute(job)))
+            outcome = self._past_deadline(job, self.execute(job))
+            if job.deadline is None:  # nothing held for it (`hold_overrun` needs a deadline)
+                outcome = outcome if job.take() else None
+            else:
+                outcome = self.board.returned(job, outcome)
             owned = outcome is not None
             if outcome is not None:  # before the outcome is visible: hooks run first
                 self._on_finished(outcome)
@@ -339,6 +343,8 @@ class Executor:
     def time_out(self, job: ClaimedJob, deadline: float) -> None:
         """Called by the producer for a job past its deadline: its outcome is decided and
         held until the handler returns (`JobBoard.hold_overrun`), the handler told."""
+        if job.ctx.committed:  # its own ctx.session() commit finished it in time
+            return
         task = self.registry[job.task]
         error = JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout)
         outcome = self.failure(job, task, error, report=False)

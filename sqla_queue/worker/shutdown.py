@@ -34,6 +34,13 @@ def release_params(jobs: list[ClaimedJob], refund: int) -> dict[str, list[int]]:
     }
 
 
+NO_RESULT_AT_EXIT = (
+    "the worker stopped before the handler returned (its session had committed the job): "
+    "no result is kept"
+)
+"""Why a job its handler's session finished has no kept result after a shutdown."""
+
+
 class Shutdown:
     """Ends a worker's claims in order, on the dispatcher thread."""
 
@@ -67,6 +74,13 @@ class Shutdown:
                 self.wake.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                 self.wake.clear()
             left = [job for job in self.board.snapshot() if job.take()]
+            # finished by their handler's own session: a result kept for them stays pending
+            # for good unless written now (a no-op for tasks that keep none)
+            committed = [job for job in left if job.ctx.committed]
+            for job in committed:
+                outcome = Outcome(OutcomeKind.failed, job, NO_RESULT_AT_EXIT, result_pending=True)
+                self.board.settle(job, outcome)
+            left = [job for job in left if not job.ctx.committed]
             decided = [job for job in left if job.pending is not None or job.ctx.cancelled]
             for job in decided:  # their handlers overran a timeout or a cancel: as decided
                 outcome = job.pending or Outcome(_given_up_kind(job), job)
