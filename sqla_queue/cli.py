@@ -990,7 +990,12 @@ def jobs_retry(
         click.echo(f"job {job_id}: not retried, {held.reason} ({held.status})", err=as_json)
     named = tuple(i for i in job_ids if i not in skipped)
     refused = _report_each(
-        named, retried, others, "retried", "it is not failed or cancelled", err=as_json
+        named,
+        retried,
+        others,
+        "retried",
+        "it is not failed or cancelled, or its handler still runs",
+        err=as_json,
     )
     if refused or skipped:
         sys.exit(1)
@@ -1032,7 +1037,7 @@ def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: boo
         others = admin.job_statuses(conn, [i for i in job_ids if i not in deleted])
     if as_json:
         _echo_json({str(job_id): status for job_id, status in deleted.items()})
-    why = "it is running; cancel it first"
+    why = "it is running (cancel it first), or cancelled while its handler still runs"
     if _report_each(job_ids, deleted, others, "deleted", why, err=as_json):
         sys.exit(1)
 

@@ -193,6 +193,11 @@ def test_a_cancelled_running_job_keeps_its_queue_slot_until_its_handler_returns(
             (cancelled,) = jobs_by_id(engine, [first]).values()
             assert cancelled.status == "cancelled"
             assert cancelled.lease_expires_at is not None  # still holds the slot
+            with engine.begin() as conn:  # nor may an admin command free it meanwhile
+                assert admin.retry_jobs(conn, [first]) == {}
+                assert admin.delete_jobs(conn, [first]) == {}
+                admin.prune(conn, older_than=0, statuses=["cancelled"])
+            assert count_where(engine, f"id = {first} AND status = 'cancelled'") == 1
         finally:
             release.set()
         wait_for(lambda: started == [1, 2])

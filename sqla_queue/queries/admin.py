@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqla_queue.bounds import INT4_MAX
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS, JobStatus, unique_predicate
 
-from .common import _is, archive, jobs
+from .common import _is, archive, cancelled_held, jobs
 
 LISTED_COLUMNS = (
     jobs.c.id,
@@ -112,7 +112,7 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
     """
     retryable = (JobStatus.failed, JobStatus.cancelled) if by_ids else (JobStatus.failed,)
     asked = select(jobs.c.id, jobs.c.status, jobs.c.unique_key).where(
-        or_(*(_is(s) for s in retryable))
+        or_(*(_is(s) for s in retryable)), ~cancelled_held()
     )
     if by_ids:
         asked = asked.where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))))
@@ -185,13 +185,14 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
 def delete_jobs() -> Select[Any]:
     """Delete jobs `:job_ids` that are not running, and archived ones of those ids.
 
-    Returns (id, status) of each deleted row. A running job is left alone (cancel it first):
-    the status condition is re-checked on the locked row.
+    Returns (id, status) of each deleted row. A running job is left alone (cancel it first),
+    and so is a cancelled one whose handler still runs (it holds its queue's slot): the
+    status condition is re-checked on the locked row.
     """
     ids = bindparam("job_ids", type_=ARRAY(BigInteger))
     live = (
         delete(jobs)
-        .where(jobs.c.id == any_(ids), ~_is(JobStatus.running))
+        .where(jobs.c.id == any_(ids), ~_is(JobStatus.running), ~cancelled_held())
         .returning(jobs.c.id, jobs.c.status)
         .cte("live")
     )

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    and_,
     any_,
     bindparam,
     func,
@@ -69,6 +70,14 @@ def _is(status: JobStatus, table: Any = jobs) -> ColumnElement[bool]:
     """
     condition: ColumnElement[bool] = table.c.status == literal_column(f"'{status.value}'", Text)
     return condition
+
+
+def cancelled_held(table: Any = jobs) -> ColumnElement[bool]:
+    """A job cancelled while its handler ran, whose handler has not returned yet (as its
+    worker said): it still takes its queue's slot (`claim_slots` counts it while its lease
+    lasts), so no admin command may make it claimable or delete it until then.
+    `ix_jobs_cancelled_held` holds these rows."""
+    return and_(_is(JobStatus.cancelled, table), table.c.lease_expires_at.is_not(None))
 
 
 def _seconds(name: str) -> Any:

@@ -62,6 +62,7 @@ from .common import (
     _held,
     _is,
     archive,
+    cancelled_held,
     claimed_columns,
     jobs,
     queue_starts,
@@ -814,15 +815,8 @@ def _holding(batch: Any) -> ColumnElement[bool]:
     return and_(
         jobs.c.id == batch.c.id,
         jobs.c.attempts == batch.c.attempt,
-        or_(_is(JobStatus.running), _cancelled_held()),
+        or_(_is(JobStatus.running), cancelled_held()),
     )
-
-
-def _cancelled_held(table: Any = jobs) -> ColumnElement[bool]:
-    """A job cancelled while its handler ran, whose handler has not returned yet (as its
-    worker said): it still takes its queue's slot (`claim_slots` counts it while its lease
-    lasts). `ix_jobs_cancelled_held` holds these rows."""
-    return and_(_is(JobStatus.cancelled, table), table.c.lease_expires_at.is_not(None))
 
 
 def heartbeat_jobs() -> Update:
@@ -870,7 +864,7 @@ def free_cancelled_jobs() -> Update:
     batch = _claimed_batch()
     return (
         update(jobs)
-        .where(jobs.c.id == batch.c.id, jobs.c.attempts == batch.c.attempt, _cancelled_held())
+        .where(jobs.c.id == batch.c.id, jobs.c.attempts == batch.c.attempt, cancelled_held())
         .values(heartbeat_at=None, lease_expires_at=None)
         .returning(_wake_limited(jobs.c.queue))
     )
@@ -896,7 +890,7 @@ def free_unheld_cancelled_jobs() -> Update:
     )
     return (
         update(jobs)
-        .where(_cancelled_held(), or_(jobs.c.lease_expires_at < func.now(), unheld))
+        .where(cancelled_held(), or_(jobs.c.lease_expires_at < func.now(), unheld))
         .values(heartbeat_at=None, lease_expires_at=None)
         .returning(_wake_limited(jobs.c.queue))
     )

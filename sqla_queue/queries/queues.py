@@ -33,6 +33,7 @@ from .common import (
     _is,
     _seconds,
     archive,
+    cancelled_held,
     jobs,
     queues,
 )
@@ -188,10 +189,12 @@ def queue_stats() -> Select[Any]:
 
 
 def prune_jobs() -> Delete:
-    """Delete finished jobs (`:statuses`) that finished more than `:older_than` seconds ago."""
+    """Delete finished jobs (`:statuses`) that finished more than `:older_than` seconds ago
+    (not a cancelled one whose handler still runs: it holds its queue's slot)."""
     return delete(jobs).where(
         jobs.c.status == any_(bindparam("statuses", type_=ARRAY(Text))),
         jobs.c.finished_at < func.now() - _seconds("older_than"),
+        ~cancelled_held(),
     )
 
 
