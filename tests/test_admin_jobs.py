@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
 from sqla_queue import admin, queries
+from sqla_queue.bounds import MAX_ATTEMPTS
 from sqla_queue.cli import main
 from sqla_queue.errors import ConfigurationError
 
@@ -335,7 +336,15 @@ def test_retry_of_a_job_with_a_huge_budget_caps_max_attempts_instead_of_overflow
             {"i": ids[0]},
         )
         assert admin.retry_jobs(conn, ids[:1]) == {ids[0]: "failed"}  # 3 + that > int4
-        assert admin.retry_jobs(conn, ids[1:], attempts=2**31 - 1) == {ids[1]: "failed"}
+        # a job retried so often its attempts near int4: the largest budget input allows
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET attempts = 2147483000, max_attempts = 2147483000 "
+                "WHERE id = :i"
+            ),
+            {"i": ids[1]},
+        )
+        assert admin.retry_jobs(conn, ids[1:], attempts=MAX_ATTEMPTS) == {ids[1]: "failed"}
     rows = jobs_by_id(engine, ids)
     assert [rows[i].max_attempts for i in ids] == [2**31 - 1, 2**31 - 1]
 

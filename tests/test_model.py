@@ -727,12 +727,14 @@ def run_model(databases: TemplateDatabases, profile: settings | None = None) -> 
         pool.close()
 
 
+@pytest.mark.timeout(1800)  # SQLA_QUEUE_HYPOTHESIS_PROFILE=long runs it long too
 def test_queue_model(databases: TemplateDatabases) -> None:
     """The model with the loaded profile ("default": short; SQLA_QUEUE_HYPOTHESIS_PROFILE)."""
     run_model(databases)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes on a loaded machine: past the suite's 300 s
 def test_queue_model_long(databases: TemplateDatabases) -> None:
     """The model with the "long" profile."""
     run_model(databases, settings.get_profile("long"))
