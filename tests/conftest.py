@@ -29,7 +29,7 @@ _PROFILE = {
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 }
 settings.register_profile("default", max_examples=15, stateful_step_count=20, **_PROFILE)
-settings.register_profile("long", max_examples=60, stateful_step_count=40, **_PROFILE)
+settings.register_profile("long", max_examples=200, stateful_step_count=50, **_PROFILE)
 settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default"))
 
 

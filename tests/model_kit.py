@@ -214,6 +214,13 @@ class Row:
     lease_left: float | None
     archived: bool = False
 
+    @property
+    def held(self) -> bool:
+        """Cancelled while its handler ran, and not let go of yet: it keeps its queue's
+        slot, so retry, delete and prune leave it alone until its worker (or the reaper)
+        clears its lease."""
+        return self.status == "cancelled" and self.lease_left is not None and not self.archived
+
     def stable(self) -> tuple[Any, ...]:
         """The row without what changes as time passes (its age, lease, being due)."""
         return (

@@ -576,7 +576,11 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             ids, queue = self._ids(indices), None
             expected = {
-                i for i in ids if i in before and before[i].status in ("failed", "cancelled")
+                i
+                for i in ids
+                if i in before
+                and before[i].status in ("failed", "cancelled")
+                and not before[i].held
             }
         with no_raw_database_error("retry_jobs"), self.engine.begin() as conn:
             result = admin.retry_jobs(
@@ -624,7 +628,9 @@ class QueueMachine(RuleBasedStateMachine):
         before = self.seen
         with no_raw_database_error("delete_jobs"), self.engine.begin() as conn:
             result = admin.delete_jobs(conn, ids)
-        expected = {i for i in ids if i in before and before[i].status != "running"}
+        expected = {
+            i for i in ids if i in before and before[i].status != "running" and not before[i].held
+        }
         assert set(result) == expected, f"delete_jobs({ids}) returned {result}, not {expected}"
         self._settle(self._observe(), "delete_jobs", lambda i: "deleted" if i in expected else None)
 
@@ -640,7 +646,8 @@ class QueueMachine(RuleBasedStateMachine):
         after = self._observe()
 
         def prunable(row: Row) -> bool:
-            return (row.archived and archive) or (not row.archived and row.status in statuses)
+            live = not row.archived and row.status in statuses and not row.held
+            return (row.archived and archive) or live
 
         gone = {i for i in before if i not in after}
         assert count == len(gone), f"prune said {count} but {len(gone)} jobs went"
