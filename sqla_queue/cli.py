@@ -376,6 +376,12 @@ def worker(
         shutdown_timeout=shutdown_timeout,
         give_up_after=give_up_after,
     )
+    if metrics_port is not None and metrics_port + processes - 1 > 65535:
+        raise click.BadParameter(
+            f"with --processes {processes} the workers serve metrics on ports {metrics_port} "
+            f"to {metrics_port + processes - 1}; the last must be at most 65535",
+            param_hint="'--metrics-port'",
+        )
     if processes > 1:
         sys.exit(_supervise_workers(ctx, processes, log_format))
     if supervised_slot is not None:

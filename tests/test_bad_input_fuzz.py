@@ -99,6 +99,19 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
         (["worker", "--app", "a:r", "-c", "-1"], 2, "from 1 to 10000, got -1"),
         (["worker", "--app", "a:r", "--batch", "0"], 2, "from 1 to 10000, got 0"),
         (["dashboard", "--port", "99999"], 2, "must be a TCP port, a whole number from 1 to 65535"),
+        (
+            [
+                "worker",
+                "--app",
+                "apps.tasks:registry",
+                "--metrics-port",
+                "65535",
+                "--processes",
+                "2",
+            ],
+            2,
+            "ports 65535 to 65536; the last must be at most 65535",
+        ),
     ],
 )
 def test_cli_refuses_bad_input_clearly_and_touches_no_other_job(
