@@ -297,7 +297,7 @@ def test_wrong_password_is_a_clear_error(password_cluster: PrivateCluster) -> No
 #
 # jsonb stores numbers as `numeric`, which has no negative zero and no float type: -0.0 comes
 # back as 0.0, and a float that json.dumps writes with a positive exponent (1e+16) comes back
-# as an int. Such floats are left out of the strategy and documented in the README. NUL
+# as an int. Such floats are left out of the strategy and documented in docs/enqueue.md. NUL
 # characters and lone surrogates, which jsonb cannot store, are refused by enqueue (tested
 # below), so the strategy leaves them out too.
 

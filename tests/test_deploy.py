@@ -1,4 +1,5 @@
-"""The README's production files (examples/deploy/), checked by their own tools and run here."""
+"""The production files of docs/production.md (examples/deploy/), checked by their own tools and
+run here."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def _shutdown_timeout(command: str) -> float:
 
 
 @pytest.mark.parametrize("name", DEPLOY_FILES)
-def test_readme_shows_each_deploy_file_as_it_is(name: str) -> None:
-    assert (DEPLOY / name).read_text() in (ROOT / "README.md").read_text()
+def test_the_production_guide_shows_each_deploy_file_as_it_is(name: str) -> None:
+    assert (DEPLOY / name).read_text() in (ROOT / "docs" / "production.md").read_text()
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
@@ -180,7 +181,7 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
 
 
 def test_worker_drains_through_pgbouncer_in_transaction_mode(pgbouncer_url: str) -> None:
-    """The README's recipe for a PgBouncer without prepared-statement support: poll-only,
+    """docs/production.md's recipe for a PgBouncer without prepared-statement support: poll-only,
     psycopg's preparing off; enqueue (COPY included) and every worker statement through it."""
     registry = Registry()
     seen: list[int] = []
@@ -205,11 +206,12 @@ def test_worker_drains_through_pgbouncer_in_transaction_mode(pgbouncer_url: str)
         engine.dispose()
 
 
-@pytest.mark.parametrize("section", ["testing", "production"])
-def test_readme_marks_the_sections_the_docs_site_includes(section: str) -> None:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index(f"<!-- --8<-- [start:{section}] -->")
-    end = readme.index(f"<!-- --8<-- [end:{section}] -->")
-    assert end - start > 500  # the section itself, not an empty pair of markers
-    guide = "testing.md" if section == "testing" else "operations.md"
-    assert f'--8<-- "README.md:{section}"' in (ROOT / "docs" / guide).read_text()
+@pytest.mark.parametrize(
+    ("guide", "heading"),
+    [("testing.md", "# Testing your tasks"), ("production.md", "# Running in production")],
+)
+def test_the_guides_hold_their_sections_themselves(guide: str, heading: str) -> None:
+    text = (ROOT / "docs" / guide).read_text()
+    assert text.startswith(heading + "\n")
+    assert "--8<--" not in text  # docs/ is the single source, not a copy of README sections
+    assert len(text) > 3000  # the section itself, not a stub pointing elsewhere

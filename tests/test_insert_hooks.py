@@ -213,7 +213,7 @@ def test_hook_changes_are_validated_like_the_callers_fields(
         assert session.scalar(select(func.count()).select_from(Job)) == 0
 
 
-def test_refusal_reads_as_the_readme_quotes_it(engine: Engine) -> None:
+def test_refusal_reads_as_the_docs_quote_it(engine: Engine) -> None:
     registry = Registry()
     registry.task(name="shop.tasks.charge")(lambda order_id: None)
 
@@ -225,7 +225,7 @@ def test_refusal_reads_as_the_readme_quotes_it(engine: Engine) -> None:
     charge = registry["shop.tasks.charge"]
     with Session(engine) as session, pytest.raises(InvalidJobError) as raised:
         charge.enqueue(session, {"order_id": 1})
-    hook = f"{__name__}.test_refusal_reads_as_the_readme_quotes_it.<locals>."
+    hook = f"{__name__}.test_refusal_reads_as_the_docs_quote_it.<locals>."
     quoted = str(raised.value).replace(hook, "shop.tasks.")
-    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
-    assert f"`InvalidJobError: {quoted}`" in readme
+    guide = " ".join((REPO_ROOT / "docs" / "tasks.md").read_text().split())
+    assert f"`InvalidJobError: {quoted}`" in guide

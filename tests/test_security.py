@@ -1,10 +1,12 @@
-"""Security: values never become SQL, and the worker runs with the README's privileges only.
+"""Security: values never become SQL, and the worker runs with the privileges the docs list
+(docs/production.md, "Security") only.
 
 1. Injection strings go through every CLI option and API argument; afterwards every table is
    intact and the strings are stored (or refused) as plain data.
-2. A role granted exactly the privileges the README lists runs a real `sqla-queue worker`
-   through every path (claim, heartbeat, reap, retry, fail, delete/keep/archive), each of
-   those privileges is needed, and the role can touch nothing else.
+2. A role granted exactly the privileges docs/production.md lists runs a real
+   `sqla-queue worker` through every path (claim, heartbeat, reap, retry, fail,
+   delete/keep/archive), each of those privileges is needed, and the role can touch nothing
+   else.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ WORKER_GRANTS = [
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.workers TO {role}",
     "GRANT SELECT, INSERT, DELETE ON sqla_queue.queue_starts TO {role}",
 ]
-"""Exactly what README.md ("Security") lists for the worker's role."""
+"""Exactly what docs/production.md ("Security") lists for the worker's role."""
 
 
 class WorkerRole:
