@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
-from .job.states import UNFINISHED, UNIQUE_BITS
+from .job.states import UNIQUE_BITS, JobStatus
 
 STATE_BITS = UNIQUE_BITS
 """Each status's bit in a job's `unique_states`: `sqla_queue.job.states.UNIQUE_BITS`."""
-DEFAULT_STATES = frozenset(UNFINISHED)
+DEFAULT_STATES = frozenset({JobStatus.queued.value, JobStatus.running.value})
+"""The states every unique job blocks in (the worker moves jobs between them)."""
 EVERY_STATE = frozenset(STATE_BITS)
 """`states=EVERY_STATE`: once ever, while the row is kept (see the retention note)."""
 
