@@ -54,15 +54,17 @@ def test_the_unique_index_spells_the_tables_bits_which_the_migrations_stored(
 ) -> None:
     predicate = index_predicate(engine, "ux_jobs_unique_key")
     stored = {name: int(bit) for name, bit in re.findall(r"'(\w+)'::text THEN (\d+)", predicate)}
-    assert stored == MIGRATED_UNIQUE_BITS
-    assert UNIQUE_BITS == MIGRATED_UNIQUE_BITS
-    assert STATE_BITS == MIGRATED_UNIQUE_BITS  # sqla_queue.unique's old name for them
+    assert stored == UNIQUE_BITS
+    # a state added later takes a new bit; the bits rows already hold never change
+    assert {name: UNIQUE_BITS[name] for name in MIGRATED_UNIQUE_BITS} == MIGRATED_UNIQUE_BITS
+    assert STATE_BITS is UNIQUE_BITS  # sqla_queue.unique's old name for them
 
 
 def test_the_finished_index_holds_exactly_the_finished_states(engine: Engine) -> None:
     predicate = index_predicate(engine, "ix_jobs_finished")
     assert sorted(re.findall(r"'(\w+)'::text", predicate)) == sorted(FINISHED)
-    assert FINISHED == ("done", "failed", "cancelled")
+    assert {"done", "failed", "cancelled"} <= set(FINISHED)
+    assert not {"queued", "running"} & set(FINISHED)
     assert [s for s in JobStatus if s.finished] == [JobStatus(s) for s in FINISHED]
 
 
@@ -97,17 +99,21 @@ def test_a_table_missing_a_status_or_reusing_a_bit_is_refused(
 
 
 def test_the_table_says_what_retry_delete_cancel_and_the_reaper_touch() -> None:
-    assert states.statuses(retry=True) == ("failed",)
-    assert states.statuses(retry_by_id=True) == ("failed", "cancelled")
-    assert states.statuses(cancel=True) == ("queued", "running")
-    assert states.statuses(delete=False) == ("running",)
-    assert states.statuses(reap=True) == ("running",)
+    def of_the_first_five(**wanted: bool) -> tuple[str, ...]:
+        return tuple(s for s in states.statuses(**wanted) if s in MIGRATED_UNIQUE_BITS)
+
+    assert of_the_first_five(retry=True) == ("failed",)
+    assert of_the_first_five(retry_by_id=True) == ("failed", "cancelled")
+    assert of_the_first_five(cancel=True) == ("queued", "running")
+    assert of_the_first_five(delete=False) == ("running",)
+    assert of_the_first_five(reap=True) == ("running",)
 
 
 def test_predicates_spell_statuses_as_literals_not_parameters() -> None:
-    assert states.FINISHED_SQL == "status IN ('done', 'failed', 'cancelled')"
+    listed = ", ".join(f"'{s}'" for s in FINISHED)
+    assert f"status IN ({listed})" == states.FINISHED_SQL
     compiled = str(states.is_finished(sqla_queue.Job.__table__.c.status))
-    assert compiled == "sqla_queue.jobs.status IN ('done', 'failed', 'cancelled')"
+    assert compiled == f"sqla_queue.jobs.status IN ({listed})"
     with pytest.raises(ValueError, match="not a status"):
         states.sql_literal("x' OR '1")
 
