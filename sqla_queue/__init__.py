@@ -8,6 +8,9 @@ with Session(engine) as session, session.begin():
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from .database import normalize_url
 from .enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
@@ -22,19 +25,23 @@ from .errors import (
     OrphanJobsError,
     ResultMissingError,
     ResultTimeoutError,
+    SchemaElsewhereError,
     SchemaMissingError,
     Snooze,
     SqlaQueueError,
-    TaskNotFoundError,
     UnknownQueueError,
     UnknownTaskError,
 )
+from .errors import TaskNotFoundError as TaskNotFoundError  # UnknownTaskError's old name
 from .hooks import InsertHook, NewJob, default_registry, set_default_registry
-from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
+from .job.states import JobStatus
+from .middleware import Middleware
+from .models import ArchivedJob, Job, Queue, QueueBase, Retention
 from .registry import JobContext, Registry, Task, load_registry
 from .results import wait_for, wait_for_async
 from .retry import RetryPolicy
 from .unique import Unique
+from .validation import limits
 from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
@@ -42,7 +49,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AppLoadError",
     "ArchivedJob",
-    "Base",
     "ConfigurationError",
     "DatabaseUnavailableError",
     "EnqueuedIds",
@@ -55,21 +61,23 @@ __all__ = [
     "JobLostError",
     "JobStatus",
     "JobTimeoutError",
+    "Middleware",
     "NewJob",
     "OrphanJobsError",
     "Outcome",
     "OutcomeKind",
     "Queue",
+    "QueueBase",
     "Registry",
     "ResultMissingError",
     "ResultTimeoutError",
     "Retention",
     "RetryPolicy",
+    "SchemaElsewhereError",
     "SchemaMissingError",
     "Snooze",
     "SqlaQueueError",
     "Task",
-    "TaskNotFoundError",
     "Unique",
     "UnknownQueueError",
     "UnknownTaskError",
@@ -88,3 +96,15 @@ __all__ = [
     "wait_for",
     "wait_for_async",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Base":  # renamed: it read as an application's own declarative base
+        warnings.warn(
+            "sqla_queue.Base is deprecated: use sqla_queue.QueueBase (the queue's own "
+            "declarative base, not one for an application's models)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return QueueBase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

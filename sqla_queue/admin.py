@@ -21,8 +21,10 @@ from . import queries
 from .bounds import MAX_ATTEMPTS, check_count, check_duration, check_job_id, check_rate
 from .durations import describe_rate, parse_rate
 from .errors import ConfigurationError, UnknownQueueError
-from .models import JobStatus, Retention, validate_name
+from .job.states import FINISHED, JobStatus
+from .models import Retention
 from .queries.admin import UNIQUE_KEY_INDEX
+from .validation import validate_name
 
 Bind = Connection | Session
 
@@ -210,7 +212,7 @@ def prune(
     archive: bool = False,
 ) -> int:
     """Delete finished jobs older than `older_than` seconds (and archived ones, if `archive`)."""
-    finished = {JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value}
+    finished = set(FINISHED)
     bad = set(statuses) - finished
     if bad:
         raise ConfigurationError(

@@ -793,7 +793,7 @@ def stats(database_url: str | None, as_json: bool) -> None:
     "statuses",
     default="done",
     show_default=True,
-    help="Comma-separated finished statuses to prune (done, failed, cancelled).",
+    help=f"Comma-separated statuses to prune ({', '.join(s for s in JobStatus if s.finished)}).",
 )
 @click.option("--archive", is_flag=True, help="Also prune the archive table.")
 @_friendly_errors

@@ -41,11 +41,34 @@ class InvalidJobError(SqlaQueueError, ValueError):
 
 
 class UnknownTaskError(InvalidJobError):
-    """No task {task!r} is registered in the registry in force (the task's own, or the default set with sqla_queue.set_default_registry): {hint}"""  # noqa: E501
+    """unknown task {task!r}: no handler is registered under that name in {registry}{hint}"""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        task: object,
+        hint: str | None = None,
+        registry: str | None = None,
+        **context: Any,
+    ) -> None:
+        # One error for both sides: enqueue refuses a name its registry lacks (with a hint),
+        # a worker defers a job whose task it has no handler for.
+        if registry is None:
+            registry = (
+                "the registry in force (the task's own, or the default set with "
+                "sqla_queue.set_default_registry)"
+                if hint
+                else "this worker's registry"
+            )
+        super().__init__(
+            message, task=task, registry=registry, hint=f"; {hint}" if hint else "", **context
+        )
 
 
-class TaskNotFoundError(SqlaQueueError):
-    """unknown task {task!r}: no handler is registered under that name in this worker's registry"""
+TaskNotFoundError = UnknownTaskError
+"""The former name of `UnknownTaskError` (a worker's unknown task); an alias, kept for
+code that catches or raises it."""
 
 
 class AppLoadError(SqlaQueueError):

@@ -21,7 +21,7 @@ from alembic import command
 from . import queries
 from .database import URL_ENV_VAR, create_queue_engine, normalize_url
 from .errors import SchemaElsewhereError, SchemaMissingError
-from .models import SCHEMA, Base
+from .models import SCHEMA, QueueBase
 
 BRANCH = "sqla_queue"
 VERSION_TABLE = "alembic_version_sqla_queue"
@@ -271,7 +271,7 @@ def run_alembic_env() -> None:
 
     config = context.config
     options: dict[str, Any] = {
-        "target_metadata": Base.metadata,
+        "target_metadata": QueueBase.metadata,
         **_VERSION_OPTIONS,
         "include_schemas": True,
         "include_name": include_ours,

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
-from .models import JobStatus
+from .job.states import UNIQUE_BITS, JobStatus
 
-STATE_BITS = {status.value: 1 << index for index, status in enumerate(JobStatus)}
-"""Each status's bit in a job's `unique_states` (the index predicate spells the same)."""
+STATE_BITS = UNIQUE_BITS
+"""Each status's bit in a job's `unique_states`: `sqla_queue.job.states.UNIQUE_BITS`."""
 DEFAULT_STATES = frozenset({JobStatus.queued.value, JobStatus.running.value})
+"""The states every unique job blocks in (the worker moves jobs between them)."""
 EVERY_STATE = frozenset(STATE_BITS)
 """`states=EVERY_STATE`: once ever, while the row is kept (see the retention note)."""
 

@@ -10,7 +10,16 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from sqla_queue import Base, InvalidJobError, Job, JobStatus, Queue, enqueue, enqueue_many, queries
+from sqla_queue import (
+    InvalidJobError,
+    Job,
+    JobStatus,
+    Queue,
+    QueueBase,
+    enqueue,
+    enqueue_many,
+    queries,
+)
 from sqla_queue.admin import create_queue, delete_queue
 from sqla_queue.cli import main
 from sqla_queue.enqueue import COPY_MIN_ROWS
@@ -26,7 +35,7 @@ def count_jobs(engine: Engine) -> int:
 
 
 def test_enqueue_works_in_a_session_with_per_mapper_binds(engine: Engine) -> None:
-    with Session(binds={Base: engine}) as session, session.begin():
+    with Session(binds={QueueBase: engine}) as session, session.begin():
         enqueue(session, "t.one")
         enqueue_many(session, [{"task": "t.many"}] * (COPY_MIN_ROWS + 1))
     assert count_jobs(engine) == COPY_MIN_ROWS + 2

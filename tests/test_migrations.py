@@ -15,7 +15,7 @@ from apps.support import REPO_ROOT, SQLA_QUEUE_BIN, subprocess_env
 from sqlalchemy import Engine, MetaData, create_engine, inspect, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Base, SchemaMissingError, enqueue, migrate
+from sqla_queue import QueueBase, SchemaMissingError, enqueue, migrate
 from sqla_queue.alembic_ext import include_name, include_object
 from sqla_queue.models import SCHEMA
 
@@ -89,7 +89,7 @@ def diff(engine: Engine, metadata: MetaData, **options: Any) -> list[Any]:
 
 
 def test_models_match_the_shipped_revision(engine: Engine) -> None:
-    assert diff(engine, Base.metadata, include_name=migrate.include_ours) == []
+    assert diff(engine, QueueBase.metadata, include_name=migrate.include_ours) == []
 
 
 def test_user_autogenerate_with_our_filters_sees_nothing_of_ours(engine: Engine) -> None:

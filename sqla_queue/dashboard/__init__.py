@@ -44,7 +44,7 @@ from sqlalchemy import Engine
 from sqla_queue import admin
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.errors import ConfigurationError, SqlaQueueError
-from sqla_queue.models import JobStatus
+from sqla_queue.job.states import STATES, JobStatus
 
 from . import params as checks
 from . import reads
@@ -230,6 +230,7 @@ class Dashboard:
         )
         self.templates.filters["duration"] = _duration
         self.templates.filters["when"] = _when
+        self.templates.globals["states"] = STATES  # which buttons a job's status offers
         routes = [
             Route("/", self.queues_page, name="queues"),
             Route("/partials/queues", self.queues_partial, name="queues_partial"),

@@ -25,7 +25,8 @@ from sqlalchemy import (
 )
 
 from sqla_queue.bounds import INT4_MAX
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS, JobStatus, unique_predicate
+from sqla_queue.job.states import JobStatus, statuses, unique_predicate
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS
 
 from .common import _is, archive, cancelled_held, jobs
 
@@ -110,7 +111,9 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
     of this retry that took it). A unique violation is still possible if another
     transaction takes a key after this statement's snapshot: run it again.
     """
-    retryable = (JobStatus.failed, JobStatus.cancelled) if by_ids else (JobStatus.failed,)
+    retryable = [
+        JobStatus(s) for s in (statuses(retry_by_id=True) if by_ids else statuses(retry=True))
+    ]
     asked = select(jobs.c.id, jobs.c.status, jobs.c.unique_key).where(
         or_(*(_is(s) for s in retryable)), ~cancelled_held()
     )
@@ -192,7 +195,8 @@ def delete_jobs() -> Select[Any]:
     ids = bindparam("job_ids", type_=ARRAY(BigInteger))
     live = (
         delete(jobs)
-        .where(jobs.c.id == any_(ids), ~_is(JobStatus.running), ~cancelled_held())
+        .where(jobs.c.id == any_(ids), *(~_is(JobStatus(s)) for s in statuses(delete=False)))
+        .where(~cancelled_held())
         .returning(jobs.c.id, jobs.c.status)
         .cte("live")
     )

@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement, Grouping
 from sqlalchemy.sql.selectable import TableValuedAlias
 
+from sqla_queue.job.states import FINISHED, sql_literal
 from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue, QueueStart, WorkerRegistration
 
 jobs = cast(Table, Job.__table__)
@@ -58,7 +59,8 @@ row whose args cannot be decoded (nested too deep, an integer too long) fails al
 its batch. `JobContext(..., tags=row["tags"], meta=row["meta_json"])` decodes meta lazily.
 """
 
-FINISHED_STATUSES = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
+FINISHED_STATUSES = FINISHED
+"""The finished statuses: `sqla_queue.job.states.FINISHED`."""
 
 
 def _is(status: JobStatus, table: Any = jobs) -> ColumnElement[bool]:
@@ -68,7 +70,7 @@ def _is(status: JobStatus, table: Any = jobs) -> ColumnElement[bool]:
     statement with `status = $1` could not prove the predicate and would scan the table.
     The value comes from our enum, never from input.
     """
-    condition: ColumnElement[bool] = table.c.status == literal_column(f"'{status.value}'", Text)
+    condition: ColumnElement[bool] = table.c.status == literal_column(sql_literal(status), Text)
     return condition
 
 

@@ -17,13 +17,11 @@ from sqlalchemy import (
     union_all,
 )
 
-from sqla_queue.models import JobStatus
+from sqla_queue.job.states import FINISHED_SQL, JobStatus
 
-from .common import FINISHED_STATUSES, archive, jobs
+from .common import archive, jobs
 
-_FINISHED = literal_column(
-    "status IN (" + ", ".join(f"'{s}'" for s in FINISHED_STATUSES) + ")", Text
-)
+_FINISHED = literal_column(FINISHED_SQL, Text)
 """The predicate of ix_jobs_finished, as a literal so the partial index is usable."""
 
 _IDS = bindparam("job_ids", type_=ARRAY(BigInteger))
