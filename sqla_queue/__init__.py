@@ -30,6 +30,7 @@ from .errors import (
     UnknownTaskError,
 )
 from .hooks import InsertHook, NewJob, default_registry, set_default_registry
+from .job.options import JobOptions
 from .models import ArchivedJob, Base, Job, JobStatus, Queue, Retention, limits
 from .registry import JobContext, Registry, Task, load_registry
 from .results import wait_for, wait_for_async
@@ -53,6 +54,7 @@ __all__ = [
     "JobContext",
     "JobFailedError",
     "JobLostError",
+    "JobOptions",
     "JobStatus",
     "JobTimeoutError",
     "NewJob",

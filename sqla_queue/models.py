@@ -30,14 +30,16 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     Text,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
-from sqlalchemy.sql import ClauseElement
 
-from .bounds import MAX_ATTEMPTS, check_count, invalid_job
+from .bounds import PRIORITY_MAX as PRIORITY_MAX
+from .bounds import invalid_job
 from .errors import ConfigurationError, InvalidJobError
+from .job.options import OPTION_NAMES, JobOptions, check_fields, delay_interval, options_from
 
 SCHEMA = "sqla_queue"
 """The PostgreSQL schema that holds every table of the queue."""
@@ -99,7 +101,6 @@ _LIMIT_CEILINGS = {
 
 limits = Limits()
 
-PRIORITY_MAX = 32767
 _HUGE_INT = 10**MAX_INT_DIGITS
 # Fast pre-checks on the JSON text; only a hit costs a walk of the args.
 _LONG_DIGIT_RUN = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
@@ -269,24 +270,7 @@ def validate_job(
         "sqla_queue.limits.max_args_bytes",
         "keyword arguments",
     )
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise InvalidJobError(task=name, detail=f"priority must be an int, got {priority!r}")
-    if not 0 <= priority <= PRIORITY_MAX:
-        raise InvalidJobError(
-            task=name,
-            detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}",
-        )
-    if max_attempts is not None:
-        check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS, invalid_job(name))
-    if run_at is not None and not isinstance(run_at, ClauseElement):
-        if not isinstance(run_at, dt.datetime):
-            raise InvalidJobError(task=name, detail=f"run_at must be a datetime, got {run_at!r}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise InvalidJobError(
-                task=name,
-                detail="run_at has no time zone; pass an aware datetime such as "
-                "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=",
-            )
+    check_fields(priority, max_attempts, run_at, invalid_job(name))
     return encoded
 
 
@@ -440,6 +424,8 @@ HOOKS_DUE = "_sqla_queue_hooks_due"
 None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
 UNIQUE_DUE = "_sqla_queue_unique"
 """Instance key of a constructed Job's `unique=` option (None: the task's default)."""
+DELAY_DUE = "_sqla_queue_delay"
+"""Instance key of a constructed Job's `delay=` as an interval (its run_at is now() plus it)."""
 _TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
 
 
@@ -554,29 +540,39 @@ class Job(Base):
 
     __mapper_args__ = {"eager_defaults": False}
 
-    def __init__(self, **kwargs: Any) -> None:
-        not_given = _TASK_DEFAULTED - kwargs.keys()
-        kwargs.setdefault("queue", DEFAULT_QUEUE)
+    def __init__(self, *, options: JobOptions | None = None, **kwargs: Any) -> None:
+        task = kwargs.get("task")
+        error = invalid_job(task if isinstance(task, str) else repr(task))
+        given = {name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs}
+        opts = options_from("Job(...)", options, given, error)
+        not_given = _TASK_DEFAULTED - opts.given().keys()
         if kwargs.get("args") is None:  # as enqueue takes it: no args
             kwargs["args"] = {}
-        kwargs.setdefault("priority", 0)
-        kwargs["tags"], _ = validate_tags_and_meta(
-            kwargs.get("task"), kwargs.get("tags"), kwargs.get("meta")
-        )
-        kwargs["meta"] = {} if kwargs.get("meta") is None else kwargs["meta"]
-        unique = kwargs.pop("unique", None)
+        kwargs["queue"] = DEFAULT_QUEUE if opts.queue is None else opts.queue
+        kwargs["priority"] = 0 if opts.priority is None else opts.priority
+        if opts.max_attempts is not None:
+            kwargs["max_attempts"] = opts.max_attempts
+        kwargs["tags"], _ = validate_tags_and_meta(task, opts.tags, opts.meta)
+        kwargs["meta"] = {} if opts.meta is None else opts.meta
         validate_job(
-            kwargs.get("task"),
+            task,
             kwargs["args"],
             kwargs["queue"],
             kwargs["priority"],
-            kwargs.get("max_attempts"),
-            kwargs.get("run_at"),
+            opts.max_attempts,
+            opts.run_at,
         )
+        interval = delay_interval(opts.run_at, opts.delay, error)
+        if interval is not None:
+            kwargs["run_at"] = func.now() + interval
+        elif opts.run_at is not None:
+            kwargs["run_at"] = opts.run_at
         super().__init__(**kwargs)
-        # The flush hook (sqla_queue.enqueue) pops it: task defaults and insert hooks are due.
+        # The flush hook (sqla_queue.enqueue) pops them: task defaults and insert hooks are due.
         self.__dict__[HOOKS_DUE] = not_given
-        self.__dict__[UNIQUE_DUE] = unique
+        self.__dict__[UNIQUE_DUE] = opts.unique
+        if interval is not None:
+            self.__dict__[DELAY_DUE] = interval
 
     def __repr__(self) -> str:
         return (
