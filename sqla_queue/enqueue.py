@@ -40,7 +40,13 @@ from .inserts.unique import (
     unique_on_routed,
 )
 from .inserts.wake import _NOTIFIED_KEY, _NOTIFY_QUEUES
-from .job.options import JobOptionFields, JobOptions, delay_interval, options_from
+from .job.options import (
+    OPTION_NAMES,
+    JobOptionFields,
+    JobOptions,
+    delay_interval,
+    options_from,
+)
 from .models import (
     DELAY_DUE,
     HOOKS_DUE,
@@ -234,16 +240,9 @@ def _run_due_hooks(job: Job) -> NewJob | None:
             meta=job.meta,
             unique=unique,
         )
-    given = JobOptions(
-        queue=None if "queue" in not_given else job.queue,
-        priority=None if "priority" in not_given else job.priority,
-        max_attempts=None if "max_attempts" in not_given else job.max_attempts,
-        run_at=given_run_at,
-        delay=delay,
-        tags=job.tags,
-        meta=job.meta,
-        unique=raw_unique,
-    )
+    as_given = {name: getattr(job, name, None) for name in OPTION_NAMES}
+    as_given.update(run_at=given_run_at, delay=delay, unique=raw_unique)
+    given = JobOptions(**{k: None if k in not_given else v for k, v in as_given.items()})
     new = prepare_job(job.task, job.args, given)
     validate_job(new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at)
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))

@@ -426,7 +426,8 @@ UNIQUE_DUE = "_sqla_queue_unique"
 """Instance key of a constructed Job's `unique=` option (None: the task's default)."""
 DELAY_DUE = "_sqla_queue_delay"
 """Instance key of a constructed Job's `delay=` as an interval (its run_at is now() plus it)."""
-_TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
+_TASK_DEFAULTED = frozenset(OPTION_NAMES)
+"""A Job's options a task's default may fill in at flush, where not given."""
 
 
 class Job(Base):
