@@ -30,7 +30,7 @@ from .hooks import NewJob, default_registry, prepare_job
 from .inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from .inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
 from .inserts.copy import COPY_MIN_ROWS
-from .inserts.params import _BIND, _plain_params, _row_params
+from .inserts.params import _BIND, JOB_FIELDS, _plain_params, _row_params
 from .inserts.unique import (
     _SERVER_SET,
     UNIQUE_ROUNDS,
@@ -175,15 +175,7 @@ def enqueue_job(
             )
         return _enqueue_unique(session, new)
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
-    fields: dict[str, Any] = {
-        "task": new.task,
-        "args": new.args,
-        "queue": new.queue,
-        "priority": new.priority,
-        "max_attempts": new.max_attempts,
-        "tags": new.tags,
-        "meta": new.meta,
-    }
+    fields = {name: getattr(new, name) for name in JOB_FIELDS}
     later = None
     if interval is not None:
         fields["run_at"] = later = func.now() + interval
@@ -247,7 +239,7 @@ def _run_due_hooks(job: Job) -> NewJob | None:
     validate_job(new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at)
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
     new.tags, _ = validate_tags_and_meta(new.task, new.tags, new.meta)
-    for field in ("task", "args", "queue", "priority", "max_attempts", "tags", "meta"):
+    for field in JOB_FIELDS:
         if getattr(job, field) != getattr(new, field):
             setattr(job, field, getattr(new, field))
     if new.unique is not None:

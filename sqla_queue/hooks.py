@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJobError, UnknownTaskError
-from .job.options import NO_OPTIONS, JobOptions
+from .job.options import NO_OPTIONS, OPTION_NAMES, JobOptions
 from .models import DEFAULT_QUEUE
 from .unique import Unique, resolve_unique
 
@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class NewJob:
-    """A job about to be written, as an insert hook sees and may change it.
+    """A job about to be written, as an insert hook sees and may change it: its task, its
+    args and each of `JobOptions`' fields, with the defaults applied.
 
     `run_at` is an aware datetime, or None for now plus `delay`; set one of them. `tags`
     and `meta` may be changed in place (a tracing hook adds its context to `meta`).
@@ -109,19 +110,20 @@ def prepare_job(
         options = options.over(known.options)
     elif defaults is not None:
         options = options.over(defaults)
-    tags, meta = options.tags, options.meta
+    values = {name: getattr(options, name) for name in OPTION_NAMES}
+    tags, meta = values["tags"], values["meta"]
+    values.update(
+        queue=DEFAULT_QUEUE if options.queue is None else options.queue,
+        priority=0 if options.priority is None else options.priority,
+        # Copies: a hook changing them must not change the caller's own list or dict.
+        tags=[] if tags is None else (list(tags) if _is_collection(tags) else tags),
+        meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
+        unique=resolve_unique(options.unique),
+    )
     job = NewJob(
         task=task,
         args=dict(args) if isinstance(args, Mapping) else ({} if args is None else args),
-        queue=DEFAULT_QUEUE if options.queue is None else options.queue,
-        priority=0 if options.priority is None else options.priority,
-        max_attempts=options.max_attempts,
-        run_at=options.run_at,
-        delay=options.delay,
-        # Copies: a hook changing them must not change the caller's own list or dict.
-        tags=[] if tags is None else (list(tags) if _is_collection(tags) else tags),  # type: ignore[arg-type]
-        meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
-        unique=resolve_unique(options.unique),
+        **values,
     )
     if in_force is None:
         return job

@@ -19,6 +19,7 @@ from sqla_queue import (
     InvalidJobError,
     Job,
     JobOptions,
+    NewJob,
     Queue,
     Registry,
     Unique,
@@ -196,6 +197,11 @@ def test_the_keyword_spelling_has_exactly_the_options_fields() -> None:
     keywords = {name: spelled(t) for name, t in JobOptionFields.__annotations__.items()}
     assert keywords == options
     assert tuple(options) == OPTION_NAMES
+
+
+def test_an_insert_hook_sees_every_option() -> None:
+    hook_fields = {f.name for f in dataclasses.fields(NewJob)}
+    assert hook_fields == {"task", "args", *OPTION_NAMES}
 
 
 def test_enqueue_options_is_a_deprecated_alias() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from sqla_queue.bounds import invalid_job
 from sqla_queue.hooks import NewJob
-from sqla_queue.job.options import delay_interval
+from sqla_queue.job.options import OPTION_NAMES, delay_interval
 from sqla_queue.models import (
     Job,
     validate_job,
@@ -15,6 +15,9 @@ from sqla_queue.models import (
 
 _BIND = {"mapper": Job}
 """Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""
+JOB_FIELDS = ("task", "args", *(n for n in OPTION_NAMES if n in Job.__table__.c and n != "run_at"))
+"""A prepared job's fields that are `Job` columns as they are (run_at is computed from a
+delay): what `enqueue` gives its `Job`, and what a flush copies back from the hooks."""
 
 
 def _row_params(new: NewJob) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from sqla_queue import queries
 from sqla_queue.errors import InvalidJobError, SqlaQueueError
 from sqla_queue.hooks import NewJob
 from sqla_queue.inserts.copy import _copy_jobs
-from sqla_queue.inserts.params import _BIND, _row_params
+from sqla_queue.inserts.params import _BIND, JOB_FIELDS, _row_params
 from sqla_queue.inserts.wake import _notify
 from sqla_queue.models import (
     HOOKS_DUE,
@@ -32,9 +32,7 @@ _INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
 _UNIQUE_HOLDERS = queries.unique_holders()
 _ROUTED_AMONG = broker_queries.routed_among()
 _MAY_READ_QUEUES = broker_queries.may_read_queues()
-_WRITTEN_BY_US = frozenset(
-    {"id", "task", "args", "queue", "priority", "max_attempts", "tags", "meta"}
-)
+_WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
 _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
 """Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
 
