@@ -549,10 +549,9 @@ class Job(Base):
         not_given = _TASK_DEFAULTED - opts.given().keys()
         if kwargs.get("args") is None:  # as enqueue takes it: no args
             kwargs["args"] = {}
+        kwargs.update((name, getattr(opts, name)) for name in _OPTION_COLUMNS)
         kwargs["queue"] = DEFAULT_QUEUE if opts.queue is None else opts.queue
         kwargs["priority"] = 0 if opts.priority is None else opts.priority
-        if opts.max_attempts is not None:
-            kwargs["max_attempts"] = opts.max_attempts
         kwargs["tags"], _ = validate_tags_and_meta(task, opts.tags, opts.meta)
         kwargs["meta"] = {} if opts.meta is None else opts.meta
         validate_job(
@@ -580,6 +579,12 @@ class Job(Base):
             f"Job(id={self.id!r}, task={self.task!r}, queue={self.queue!r}, "
             f"status={self.status!r}, attempts={self.attempts!r})"
         )
+
+
+_OPTION_COLUMNS = tuple(
+    name for name in OPTION_NAMES if name in Job.__table__.c and name not in ("run_at", "meta")
+)
+"""The options a `Job` stores as given (run_at may come from a delay; meta defaults to {})."""
 
 
 class ArchivedJob(Base):
