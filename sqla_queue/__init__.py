@@ -34,6 +34,7 @@ from .errors import (
 )
 from .errors import TaskNotFoundError as TaskNotFoundError  # UnknownTaskError's old name
 from .hooks import InsertHook, NewJob, default_registry, set_default_registry
+from .job.options import JobOptions
 from .job.states import JobStatus
 from .middleware import Middleware
 from .models import ArchivedJob, Job, Queue, QueueBase, Retention
@@ -59,6 +60,7 @@ __all__ = [
     "JobContext",
     "JobFailedError",
     "JobLostError",
+    "JobOptions",
     "JobStatus",
     "JobTimeoutError",
     "Middleware",

@@ -34,6 +34,8 @@ MAX_DURATION = 100 * 365.25 * 86400
 """The longest duration accepted anywhere, in seconds: 100 years (see the module's text)."""
 MAX_ATTEMPTS = 1_000_000
 """The most attempts a job may be given: room below int4 for the attempts a reaper refunds."""
+PRIORITY_MAX = 32767
+"""The largest priority (a smallint column); 0 runs first."""
 MAX_WORKER_CONCURRENCY = 10_000
 """The most handlers one worker runs at once (each is a thread or a task)."""
 MAX_BATCH = 10_000
@@ -159,6 +161,7 @@ __all__ = [
     "MAX_WORKER_CONCURRENCY",
     "MIN_RATE_WINDOW",
     "PORT",
+    "PRIORITY_MAX",
     "Count",
     "ErrorFactory",
     "check_count",

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidJobError, UnknownTaskError
+from .job.options import NO_OPTIONS, OPTION_NAMES, JobOptions
 from .models import DEFAULT_QUEUE
 from .unique import Unique, resolve_unique
 
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class NewJob:
-    """A job about to be written, as an insert hook sees and may change it.
+    """A job about to be written, as an insert hook sees and may change it: its task, its
+    args and each of `JobOptions`' fields, with the defaults applied.
 
     `run_at` is an aware datetime, or None for now plus `delay`; set one of them. `tags`
     and `meta` may be changed in place (a tracing hook adds its context to `meta`).
@@ -90,42 +92,38 @@ def _hook_name(hook: InsertHook) -> str:
 def prepare_job(
     task: Any,
     args: Any,
+    options: JobOptions = NO_OPTIONS,
     *,
-    queue: Any = None,
-    priority: Any = None,
-    max_attempts: Any = None,
-    run_at: Any = None,
-    delay: Any = None,
-    tags: Any = None,
-    meta: Any = None,
-    unique: Any = None,
     registry: Registry | None = None,
+    defaults: JobOptions | None = None,
 ) -> NewJob:
     """Apply the registry's task defaults and insert hooks; refuse unknown task names.
 
-    None for `queue`, `priority` or `max_attempts` means "not given"; None for `tags` or
-    `meta` means none; None for `unique` means the task's default. The result is not
-    validated yet: the caller validates what the hooks leave (`models.validate_job`,
-    `models.validate_tags_and_meta`).
+    `options` as given by the caller; where one is None the task's own applies (its
+    `Task.options`, or `defaults` for a task outside the registry in force), then the
+    queue's ("default", priority 0). The result is not validated yet: the caller validates
+    what the hooks leave (`models.validate_job`, `models.validate_tags_and_meta`).
     """
     in_force = registry if registry is not None else _default_registry
     known = in_force.get(task) if in_force is not None and isinstance(task, str) else None
     if known is not None:
-        queue = known.queue if queue is None else queue
-        priority = known.priority if priority is None else priority
-        max_attempts = known.max_attempts if max_attempts is None else max_attempts
-    job = NewJob(
-        task=task,
-        args=dict(args) if isinstance(args, Mapping) else ({} if args is None else args),
-        queue=DEFAULT_QUEUE if queue is None else queue,
-        priority=0 if priority is None else priority,
-        max_attempts=max_attempts,
-        run_at=run_at,
-        delay=delay,
+        options = options.over(known.options)
+    elif defaults is not None:
+        options = options.over(defaults)
+    values = {name: getattr(options, name) for name in OPTION_NAMES}
+    tags, meta = values["tags"], values["meta"]
+    values.update(
+        queue=DEFAULT_QUEUE if options.queue is None else options.queue,
+        priority=0 if options.priority is None else options.priority,
         # Copies: a hook changing them must not change the caller's own list or dict.
         tags=[] if tags is None else (list(tags) if _is_collection(tags) else tags),
         meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
-        unique=resolve_unique(unique, known.unique if known is not None else None),
+        unique=resolve_unique(options.unique),
+    )
+    job = NewJob(
+        task=task,
+        args=dict(args) if isinstance(args, Mapping) else ({} if args is None else args),
+        **values,
     )
     if in_force is None:
         return job

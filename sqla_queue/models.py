@@ -26,11 +26,15 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     Text,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from .bounds import PRIORITY_MAX as PRIORITY_MAX
+from .bounds import invalid_job
+from .job.options import OPTION_NAMES, JobOptions, delay_interval, options_from
 from .job.states import FINISHED_SQL, in_sql
 from .job.states import JobStatus as JobStatus
 from .job.states import unique_predicate as unique_predicate
@@ -39,7 +43,6 @@ from .job.states import unique_predicate as unique_predicate
 from .validation import MAX_INT_DIGITS as MAX_INT_DIGITS
 from .validation import MAX_META_BYTES as MAX_META_BYTES
 from .validation import MAX_TAGS as MAX_TAGS
-from .validation import PRIORITY_MAX as PRIORITY_MAX
 from .validation import SCHEMA_MAX_ARGS_BYTES as SCHEMA_MAX_ARGS_BYTES
 from .validation import SCHEMA_MAX_NAME_LENGTH as SCHEMA_MAX_NAME_LENGTH
 from .validation import Limits as Limits
@@ -160,7 +163,10 @@ HOOKS_DUE = "_sqla_queue_hooks_due"
 None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
 UNIQUE_DUE = "_sqla_queue_unique"
 """Instance key of a constructed Job's `unique=` option (None: the task's default)."""
-_TASK_DEFAULTED = frozenset({"queue", "priority", "max_attempts"})
+DELAY_DUE = "_sqla_queue_delay"
+"""Instance key of a constructed Job's `delay=` as an interval (its run_at is now() plus it)."""
+_TASK_DEFAULTED = frozenset(OPTION_NAMES)
+"""A Job's options a task's default may fill in at flush, where not given."""
 
 
 class Job(QueueBase):
@@ -274,35 +280,50 @@ class Job(QueueBase):
 
     __mapper_args__ = {"eager_defaults": False}
 
-    def __init__(self, **kwargs: Any) -> None:
-        not_given = _TASK_DEFAULTED - kwargs.keys()
-        kwargs.setdefault("queue", DEFAULT_QUEUE)
+    def __init__(self, *, options: JobOptions | None = None, **kwargs: Any) -> None:
+        task = kwargs.get("task")
+        error = invalid_job(task if isinstance(task, str) else repr(task))
+        given = {name: kwargs.pop(name) for name in OPTION_NAMES if name in kwargs}
+        opts = options_from("Job(...)", options, given, error)
+        not_given = _TASK_DEFAULTED - opts.given().keys()
         if kwargs.get("args") is None:  # as enqueue takes it: no args
             kwargs["args"] = {}
-        kwargs.setdefault("priority", 0)
-        kwargs["tags"], _ = validate_tags_and_meta(
-            kwargs.get("task"), kwargs.get("tags"), kwargs.get("meta")
-        )
-        kwargs["meta"] = {} if kwargs.get("meta") is None else kwargs["meta"]
-        unique = kwargs.pop("unique", None)
+        kwargs.update((name, getattr(opts, name)) for name in _OPTION_COLUMNS)
+        kwargs["queue"] = DEFAULT_QUEUE if opts.queue is None else opts.queue
+        kwargs["priority"] = 0 if opts.priority is None else opts.priority
+        kwargs["tags"], _ = validate_tags_and_meta(task, opts.tags, opts.meta)
+        kwargs["meta"] = {} if opts.meta is None else opts.meta
         validate_job(
-            kwargs.get("task"),
+            task,
             kwargs["args"],
             kwargs["queue"],
             kwargs["priority"],
-            kwargs.get("max_attempts"),
-            kwargs.get("run_at"),
+            opts.max_attempts,
+            opts.run_at,
         )
+        interval = delay_interval(opts.run_at, opts.delay, error)
+        if interval is not None:
+            kwargs["run_at"] = func.now() + interval
+        elif opts.run_at is not None:
+            kwargs["run_at"] = opts.run_at
         super().__init__(**kwargs)
-        # The flush hook (sqla_queue.enqueue) pops it: task defaults and insert hooks are due.
+        # The flush hook (sqla_queue.enqueue) pops them: task defaults and insert hooks are due.
         self.__dict__[HOOKS_DUE] = not_given
-        self.__dict__[UNIQUE_DUE] = unique
+        self.__dict__[UNIQUE_DUE] = opts.unique
+        if interval is not None:
+            self.__dict__[DELAY_DUE] = interval
 
     def __repr__(self) -> str:
         return (
             f"Job(id={self.id!r}, task={self.task!r}, queue={self.queue!r}, "
             f"status={self.status!r}, attempts={self.attempts!r})"
         )
+
+
+_OPTION_COLUMNS = tuple(
+    name for name in OPTION_NAMES if name in Job.__table__.c and name not in ("run_at", "meta")
+)
+"""The options a `Job` stores as given (run_at may come from a delay; meta defaults to {})."""
 
 
 class ArchivedJob(QueueBase):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import difflib
 import functools
@@ -10,9 +11,9 @@ import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from .bounds import MAX_ATTEMPTS, check_count, check_duration
+from .bounds import check_duration, invalid_job
 from .errors import (
     AppLoadError,
     ConfigurationError,
@@ -20,13 +21,21 @@ from .errors import (
     JobCancelledError,
     JobLostError,
 )
+from .job.options import (
+    NO_OPTIONS,
+    JobOptionFields,
+    JobOptions,
+    check_fields,
+    delay_interval,
+    options_from,
+)
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
-from .models import PRIORITY_MAX
+from .models import validate_tags_and_meta
 from .periodic import Schedule
 from .periodic import install as install_scheduler
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .unique import Unique, UniqueOption, resolve_unique
+from .unique import Unique, resolve_unique
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
@@ -36,6 +45,7 @@ H = TypeVar("H", bound=Callable[..., Any])
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
+    from typing_extensions import Unpack
 
     from .hooks import InsertHook
     from .models import Job
@@ -231,17 +241,15 @@ class Task:
 
     func: Callable[..., Any]
     name: str
-    queue: str | None = None
-    max_attempts: int | None = None
-    priority: int | None = None
+    options: JobOptions = NO_OPTIONS
+    """Its jobs' options by default (queue, priority, max_attempts, unique, ...): a call's
+    own options win (`JobOptions.over`). `unique` is resolved: a `Unique`, or None."""
     retry: RetryPolicy = DEFAULT_RETRY
     timeout: float | None = None
     pass_context: bool = False
     middleware: Sequence[Middleware] = ()
     lease: float | None = None
     """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
-    unique: Unique | None = None
-    """Its jobs' uniqueness by default (`enqueue(..., unique=False)` opts one job out)."""
     keep_result: bool = False
     """Store what the handler returns (JSON) with the job, for `sqla_queue.wait_for`."""
     is_async: bool = field(init=False)
@@ -256,6 +264,27 @@ class Task:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
+
+    @property
+    def queue(self) -> str | None:
+        """Its jobs' queue by default (None: "default")."""
+        return self.options.queue
+
+    @property
+    def priority(self) -> int | None:
+        """Its jobs' priority by default (None: 0)."""
+        return self.options.priority
+
+    @property
+    def max_attempts(self) -> int | None:
+        """Its jobs' max_attempts by default (None: the worker's default, 5)."""
+        return self.options.max_attempts
+
+    @property
+    def unique(self) -> Unique | None:
+        """Its jobs' uniqueness by default (`enqueue(..., unique=False)` opts one job out)."""
+        unique = self.options.unique
+        return unique if isinstance(unique, Unique) else None
 
     @functools.cached_property
     def _signature(self) -> _HandlerSignature | None:
@@ -292,38 +321,21 @@ class Task:
         session: Session | AsyncSession,
         args: dict[str, Any] | None = None,
         *,
-        queue: str | None = None,
-        priority: int | None = None,
-        run_at: dt.datetime | None = None,
-        delay: float | dt.timedelta | None = None,
-        max_attempts: int | None = None,
-        tags: Iterable[str] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        unique: UniqueOption = None,
+        options: JobOptions | None = None,
         flush: bool = False,
+        **fields: Unpack[JobOptionFields],
     ) -> Job:
         """`enqueue(session, self.name, args, ...)` with this task's registry and defaults.
 
-        The task's queue, priority and max_attempts apply unless given here; its registry's
-        insert hooks run. As with `enqueue`, `job.id` is None until a flush (`flush=True`).
+        The task's options (`self.options`: queue, priority, max_attempts, unique, ...)
+        apply unless given here, as keywords or `options=`; its registry's insert hooks run.
+        As with `enqueue`, `job.id` is None until a flush (`flush=True`).
         """
-        from .enqueue import enqueue
+        from .enqueue import enqueue_job
 
-        return enqueue(
-            session,
-            self.name,
-            args,
-            queue=self.queue if queue is None else queue,
-            priority=self.priority if priority is None else priority,
-            run_at=run_at,
-            delay=delay,
-            max_attempts=self.max_attempts if max_attempts is None else max_attempts,
-            tags=tags,
-            meta=meta,
-            unique=self.unique if unique is None else unique,
-            flush=flush,
-            registry=self.registry,
-        )
+        call = options_from("Task.enqueue()", options, fields, invalid_job(self.name))
+        job = enqueue_job(session, self.name, args, call, flush, self.registry, self.options)
+        return cast("Job", job)
 
 
 class Registry:
@@ -412,16 +424,14 @@ class Registry:
         /,
         *,
         name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        priority: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         pass_context: bool = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
-        unique: UniqueOption = None,
         keep_result: bool = False,
+        options: JobOptions | None = None,
+        **fields: Unpack[JobOptionFields],
     ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
@@ -430,42 +440,32 @@ class Registry:
         /,
         *,
         name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        priority: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         pass_context: bool = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
-        unique: UniqueOption = None,
         keep_result: bool = False,
+        options: JobOptions | None = None,
+        **fields: Unpack[JobOptionFields],
     ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a sync or async function as a task.
 
-        The name defaults to `module.function`. Options: the default `queue` and
-        `priority` of its jobs (for `.enqueue`, and for every enqueue path while this is the
-        default registry), `max_attempts` (used when the job row does not set it),
-        `retry` (a `RetryPolicy`), `timeout` in seconds, `pass_context` to receive a
-        `JobContext` as the first argument, `middleware` of its own (inside the registry's),
-        `lease`: its own seconds without a heartbeat before it is reaped (at least 1), and
-        `unique`: its jobs' uniqueness by default (True, or a `sqla_queue.Unique`), and
-        `keep_result`: store what the handler returns (JSON-serialisable) with the job, for
-        `sqla_queue.wait_for`; in a queue that deletes its jobs the row then stays `done` for
-        the queue's `result_ttl` (a day unless `sqla-queue queues set --result-ttl`).
+        The name defaults to `module.function`. Its jobs' default options, as keywords or
+        `options=JobOptions(...)` (for `.enqueue`, and for every enqueue path while this is
+        the default registry): `queue`, `priority`, `max_attempts` (used when the job row
+        does not set it), `delay`, `tags`, `meta`, `unique` (not `run_at`: one instant for
+        every job). Its own: `retry` (a `RetryPolicy`), `timeout` in seconds,
+        `pass_context` to receive a `JobContext` as the first argument, `middleware` of its
+        own (inside the registry's), `lease`: its own seconds without a heartbeat before it
+        is reaped (at least 1), and `keep_result`: store what the handler returns
+        (JSON-serialisable) with the job, for `sqla_queue.wait_for`; in a queue that deletes
+        its jobs the row then stays `done` for the queue's `result_ttl` (a day unless
+        `sqla-queue queues set --result-ttl`).
         """
-        if max_attempts is not None:
-            check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+        defaults = _task_defaults(options_from("task()", options, fields, _misconfigured))
         if timeout is not None and (timeout := check_duration("timeout", timeout)) <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
-        if priority is not None and (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not 0 <= priority <= PRIORITY_MAX
-        ):
-            raise ConfigurationError(
-                detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority!r}"
-            )
         if lease is not None and not (lease := check_duration("lease", lease)) >= MIN_LEASE:
             raise ConfigurationError(
                 detail=f"lease must be at least {MIN_LEASE:g} s (heartbeats must fit in it), "
@@ -473,7 +473,6 @@ class Registry:
             )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(detail=f"retry must be a RetryPolicy, got {retry!r}")
-        unique_default = resolve_unique(unique)
 
         def register(f: Callable[..., Any]) -> Task:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
@@ -482,16 +481,13 @@ class Registry:
             task = Task(
                 func=f,
                 name=task_name,
-                queue=queue,
-                max_attempts=max_attempts,
-                priority=priority,
+                options=defaults,
                 retry=retry or DEFAULT_RETRY,
                 timeout=timeout,
                 pass_context=pass_context,
                 registry=self,
                 middleware=tuple(middleware),
                 lease=lease,
-                unique=unique_default,
                 keep_result=bool(keep_result),
             )
             self._tasks[task_name] = task
@@ -570,6 +566,29 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _misconfigured(detail: str) -> Exception:
+    return ConfigurationError(detail=detail)
+
+
+def _task_defaults(options: JobOptions) -> JobOptions:
+    """A task's default options, checked as a job's are (a `ConfigurationError` at
+    registration), with `unique` resolved to a `Unique` or None."""
+    if options.run_at is not None:
+        raise ConfigurationError(
+            detail="a task has no default run_at (it would be one instant for every job); "
+            "give it a delay=, or pass run_at= to each enqueue"
+        )
+    priority = 0 if options.priority is None else options.priority
+    check_fields(priority, options.max_attempts, None, _misconfigured)
+    delay_interval(None, options.delay, _misconfigured)
+    if options.tags is not None or options.meta is not None:
+        try:
+            validate_tags_and_meta("(a task's defaults)", options.tags, options.meta)
+        except (InvalidJobError, TypeError) as exc:
+            raise ConfigurationError(detail=str(exc)) from exc
+    return dataclasses.replace(options, unique=resolve_unique(options.unique))
 
 
 def load_registry(path: str) -> Registry:

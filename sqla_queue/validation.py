@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 from collections.abc import Iterable
@@ -14,10 +13,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.sql import ClauseElement
-
-from .bounds import MAX_ATTEMPTS, check_count, invalid_job
+from .bounds import PRIORITY_MAX as PRIORITY_MAX
+from .bounds import invalid_job
 from .errors import ConfigurationError, InvalidJobError
+from .job.options import check_fields
 
 SCHEMA_MAX_ARGS_BYTES = 1_000_000
 """The largest `args` (as jsonb text) the schema admits: the trigger ck_jobs_args_size
@@ -61,7 +60,6 @@ _LIMIT_CEILINGS = {
 
 limits = Limits()
 
-PRIORITY_MAX = 32767
 _HUGE_INT = 10**MAX_INT_DIGITS
 # Fast pre-checks on the JSON text; only a hit costs a walk of the args.
 _LONG_DIGIT_RUN = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
@@ -231,24 +229,7 @@ def validate_job(
         "sqla_queue.limits.max_args_bytes",
         "keyword arguments",
     )
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise InvalidJobError(task=name, detail=f"priority must be an int, got {priority!r}")
-    if not 0 <= priority <= PRIORITY_MAX:
-        raise InvalidJobError(
-            task=name,
-            detail=f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}",
-        )
-    if max_attempts is not None:
-        check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS, invalid_job(name))
-    if run_at is not None and not isinstance(run_at, ClauseElement):
-        if not isinstance(run_at, dt.datetime):
-            raise InvalidJobError(task=name, detail=f"run_at must be a datetime, got {run_at!r}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise InvalidJobError(
-                task=name,
-                detail="run_at has no time zone; pass an aware datetime such as "
-                "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay=",
-            )
+    check_fields(priority, max_attempts, run_at, invalid_job(name))
     return encoded
 
 

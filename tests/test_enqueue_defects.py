@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from apps.support import jobs_by_id
 from click.testing import CliRunner
+from enqueue_paths import PATHS
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -20,23 +21,11 @@ from sqla_queue import (
     Job,
     Queue,
     enqueue,
-    enqueue_many,
     limits,
     migrate,
 )
 from sqla_queue.cli import main
-from sqla_queue.enqueue import COPY_MIN_ROWS
 from sqla_queue.models import MAX_INT_DIGITS, validate_job
-
-Write = Callable[[Session, dict[str, Any]], Any]
-
-# The same job written by every path: enqueue, Job(...), enqueue_many's INSERT and its COPY.
-PATHS: dict[str, Write] = {
-    "enqueue": lambda s, row: enqueue(s, **row),
-    "session.add": lambda s, row: s.add(Job(**{k: v for k, v in row.items() if k != "delay"})),
-    "insert": lambda s, row: enqueue_many(s, [row]),
-    "copy": lambda s, row: enqueue_many(s, [row] * COPY_MIN_ROWS),
-}
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -72,7 +61,7 @@ def test_missing_or_none_args_are_an_empty_dict_on_every_path(engine: Engine) ->
 # -- a delay past 100 years (the longest duration sqla-queue takes) ----------------------------
 
 
-@pytest.mark.parametrize("path", ["enqueue", "insert", "copy"])
+@pytest.mark.parametrize("path", sorted(PATHS))
 def test_a_delay_past_100_years_is_the_same_clear_error_on_every_path(
     engine: Engine, path: str
 ) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from apps.support import jobs_by_id
+from enqueue_paths import PATHS
 from sqlalchemy import Engine, create_engine, insert, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -37,14 +38,6 @@ from sqla_queue import (
 )
 from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
-
-Write = Callable[[Session, dict[str, Any]], Any]
-PATHS: dict[str, Write] = {
-    "enqueue": lambda s, row: enqueue(s, **row, flush=True),
-    "session.add": lambda s, row: (s.add(Job(**row)), s.flush()),
-    "insert": lambda s, row: enqueue_many(s, [row]),
-    "copy": lambda s, row: enqueue_many(s, [row] * COPY_MIN_ROWS),
-}
 
 
 @pytest.fixture

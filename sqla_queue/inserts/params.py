@@ -1,0 +1,65 @@
+"""A prepared job (`NewJob`) as the `job_*` parameters of the insert statements, validated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqla_queue.bounds import invalid_job
+from sqla_queue.hooks import NewJob
+from sqla_queue.job.options import OPTION_NAMES, delay_interval
+from sqla_queue.models import (
+    Job,
+    validate_job,
+    validate_tags_and_meta,
+)
+
+_BIND = {"mapper": Job}
+"""Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""
+JOB_FIELDS = ("task", "args", *(n for n in OPTION_NAMES if n in Job.__table__.c and n != "run_at"))
+"""A prepared job's fields that are `Job` columns as they are (run_at is computed from a
+delay): what `enqueue` gives its `Job`, and what a flush copies back from the hooks."""
+
+
+def _row_params(new: NewJob) -> dict[str, Any]:
+    """A prepared job, validated, as the `job_*` parameters of the insert statements."""
+    params = _plain_params(
+        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at, new.delay
+    )
+    if new.tags or new.meta or type(new.tags) is not list or type(new.meta) is not dict:
+        params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
+            new.task, new.tags, new.meta
+        )
+    unique = new.unique
+    if unique is not None:
+        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args)
+        params["job_unique_states"] = unique.state_bits
+    return params
+
+
+def _plain_params(
+    task: object,
+    args: object,
+    queue: object,
+    priority: object,
+    max_attempts: object,
+    run_at: object,
+    delay: object,
+    names_checked: bool = False,
+) -> dict[str, Any]:
+    """A job without tags, meta or `unique`, validated, as `job_*` parameters."""
+    interval = None if delay is None else delay_interval(run_at, delay, invalid_job(task))
+    return {
+        "job_task": task,
+        "job_args_json": validate_job(
+            task, args, queue, priority, max_attempts, run_at, names_checked
+        ),
+        "job_queue": queue,
+        "job_priority": priority,
+        "job_run_at": run_at,
+        "job_delay": interval,
+        "job_max_attempts": max_attempts,
+        "job_tags": [],
+        "job_meta_json": "{}",
+        "job_unique_key": None,
+        "job_unique_states": None,
+    }

@@ -1,0 +1,187 @@
+"""Unique jobs: `INSERT ... ON CONFLICT DO NOTHING`, each skipped row's blocking job found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from sqlalchemy import Connection
+from sqlalchemy.orm import (
+    Session,
+    make_transient_to_detached,
+)
+
+from sqla_queue import queries
+from sqla_queue.errors import InvalidJobError, SqlaQueueError
+from sqla_queue.hooks import NewJob
+from sqla_queue.inserts.copy import _copy_jobs
+from sqla_queue.inserts.params import _BIND, JOB_FIELDS, _row_params
+from sqla_queue.inserts.wake import _notify
+from sqla_queue.models import (
+    HOOKS_DUE,
+    UNIQUE_DUE,
+    Job,
+)
+from sqla_queue.queries import brokers as broker_queries
+
+_RESERVE_JOB_IDS = queries.reserve_job_ids()
+UNIQUE_ROUNDS = 10
+"""Attempts to settle a unique row whose blocking job finished between insert and lookup."""
+_INSERT_UNIQUE_ONE = queries.insert_unique_jobs(with_ids=False)
+_INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
+_UNIQUE_HOLDERS = queries.unique_holders()
+_ROUTED_AMONG = broker_queries.routed_among()
+_MAY_READ_QUEUES = broker_queries.may_read_queues()
+_WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
+_SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
+"""Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
+
+
+def unique_on_routed(queue: str, route: str, held: int = 0) -> str:
+    """Why unique jobs and a route do not go together on queue `queue` (with `held` unique
+    jobs queued or running: why it cannot be routed now)."""
+    fix = (
+        f"it has {held} unique job(s) queued or running: let them finish (or cancel them) "
+        "before routing it, and enqueue its jobs without unique"
+        if held
+        else "enqueue it without unique (unique=False if the task is unique by default) or "
+        "into a queue that is not routed"
+    )
+    return (
+        f"queue {queue!r} is routed to a broker ({route}), where a unique key cannot be held: "
+        "the relay deletes a job's row, and its key with it, when it publishes, so the same "
+        f"unique job would be accepted again while the first waits in the broker; {fix}"
+    )
+
+
+def _refuse_routed(connection: Connection, params: list[dict[str, Any]]) -> None:
+    """Refuse unique rows for routed queues, before anything is written (so the transaction
+    goes on): their key would be freed once relayed (see `unique_on_routed`). A role that
+    may not read the queues (an enqueue-only role) is not checked: a failed read would
+    abort its transaction."""
+    if not connection.execute(_MAY_READ_QUEUES).scalar():
+        return
+    names = sorted({p["job_queue"] for p in params})
+    routed = connection.execute(_ROUTED_AMONG, {"queues": names}).first()
+    if routed is not None:
+        task = next(p["job_task"] for p in params if p["job_queue"] == routed.name)
+        raise InvalidJobError(task=task, detail=unique_on_routed(routed.name, routed.route))
+
+
+def _insert_unique(
+    connection: Connection,
+    params: list[dict[str, Any]],
+    driver: psycopg.Connection[Any] | None = None,
+    reserve: bool = True,
+) -> list[tuple[int, bool]]:
+    """Write unique rows by `INSERT ... ON CONFLICT DO NOTHING`; per row (id, duplicate).
+
+    With `driver`, the first round COPYs them into a staging table and inserts from there
+    (2.9 times faster than multi-row INSERTs at 10,000 rows, measured). Without `reserve`
+    (a role that may not draw ids from the sequence) each row is its own statement.
+
+    A skipped row's id is the job that blocks it (looked up by key; our own transaction's
+    rows included). If that job finished in between (no longer blocking), the row is tried
+    again: no read decides whether to write, the unique index does.
+    """
+    _refuse_routed(connection, params)
+    results: dict[int, tuple[int, bool]] = {}
+    pending = list(range(len(params)))
+    for round_number in range(UNIQUE_ROUNDS):
+        if round_number == 0 and driver is not None:
+            written = _copy_unique(connection, driver, params)
+        elif len(pending) == 1 or not reserve:
+            written = {}
+            for i in pending:
+                inserted = connection.execute(_INSERT_UNIQUE_ONE, params[i]).scalar()
+                if inserted is not None:
+                    written[i] = int(inserted)
+        else:
+            reserved = [
+                int(r[0]) for r in connection.execute(_RESERVE_JOB_IDS, {"count": len(pending)})
+            ]
+            batch = [
+                {**params[i], "job_id": job_id} for i, job_id in zip(pending, reserved, strict=True)
+            ]
+            got = set(connection.execute(_INSERT_UNIQUE_MANY, batch).scalars())
+            written = {
+                i: job_id for i, job_id in zip(pending, reserved, strict=True) if job_id in got
+            }
+        results.update({i: (job_id, False) for i, job_id in written.items()})
+        skipped = [i for i in pending if i not in written]
+        if not skipped:
+            break
+        keys = [params[i]["job_unique_key"] for i in skipped]
+        holders = {
+            bytes(key): int(job_id)
+            for key, job_id in connection.execute(_UNIQUE_HOLDERS, {"keys": keys})
+        }
+        pending = []
+        for i in skipped:
+            holder = holders.get(params[i]["job_unique_key"])
+            if holder is None:
+                pending.append(i)
+            else:
+                results[i] = (holder, True)
+        if not pending:
+            break
+    else:
+        raise SqlaQueueError(
+            f"a unique job of task {params[pending[0]]['job_task']!r} kept meeting a blocking "
+            f"job that finished before it could be read, {UNIQUE_ROUNDS} times; enqueue again"
+        )
+    return [results[i] for i in range(len(params))]
+
+
+def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
+    """Write `job` (transient, as prepared in `new`) as a unique job, now; returns it.
+
+    Written: it becomes persistent with its id, its server-set columns loaded on first
+    use. A duplicate: nothing is written and it leaves the session; its id is the blocking
+    job's and `job.duplicate` is True.
+    """
+    params = _row_params(new)
+    if job in session:
+        session.expunge(job)
+    connection = session.connection(bind_arguments=_BIND)
+    ((job_id, duplicate),) = _insert_unique(connection, [params])
+    job.id = job_id
+    job.duplicate = duplicate
+    if duplicate:
+        return job
+    make_transient_to_detached(job)
+    session.add(job)
+    session.expire(job, _SERVER_SET)
+    _notify(session, {new.queue})
+    return job
+
+
+def _enqueue_unique(session: Session, new: NewJob) -> Job:
+    """`enqueue`'s path for a unique job: written at once, or found to be a duplicate."""
+    params = _row_params(new)  # validates before anything is sent
+    job = Job(
+        task=new.task,
+        args=new.args,
+        queue=new.queue,
+        priority=new.priority,
+        max_attempts=new.max_attempts,
+        tags=params["job_tags"],
+        meta=new.meta,
+    )
+    job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
+    job.__dict__.pop(UNIQUE_DUE)
+    if session.autoflush:  # as a flush would: pending queues must exist first
+        session.flush()
+    return _write_unique(session, job, new)
+
+
+def _copy_unique(
+    connection: Connection, driver: psycopg.Connection[Any], params: list[dict[str, Any]]
+) -> dict[int, int]:
+    """COPY unique rows to the staging table, insert them from there skipping duplicates;
+    returns {row index: id} of the rows written."""
+    connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
+    reserved = _copy_jobs(connection, driver, params, staged=True)
+    # An unknown queue or a refused row is explained by the engine's handle_error hook.
+    got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
+    return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}

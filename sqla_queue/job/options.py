@@ -1,0 +1,157 @@
+"""How a job is enqueued, in one type: `JobOptions` (as River's `InsertOpts`).
+
+Every path that writes a job builds one: `enqueue` and `enqueue_async` from their keyword
+arguments (or `options=`), `enqueue_many` from each row, `Task.enqueue` from its call, a
+task's defaults from `@registry.task(...)`, and `Job(...)` from its constructor. The task's
+defaults give way to the call's options (`JobOptions.over`), then the insert hooks see the
+result as a `NewJob`, and the fields the hooks leave are checked here (`check_fields`),
+once, whichever path wrote them. Adding an option is one field below, one key of
+`JobOptionFields` beside it, and its column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from sqlalchemy.sql import ClauseElement
+
+from sqla_queue.bounds import MAX_ATTEMPTS, PRIORITY_MAX, ErrorFactory, check_count, check_duration
+
+if TYPE_CHECKING:
+    from sqla_queue.unique import UniqueOption
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """The options of a job, each None when not given (the task's default, then the
+    queue's own default, applies).
+
+    `queue` is the queue's name ("default" unless given); `priority` 0 (the default) runs
+    first, up to 32767; `max_attempts` (None: the task's, else 5); `run_at` (an aware
+    datetime) or `delay` (seconds or a timedelta, by the database clock) schedule it;
+    `tags` (names to find it by) and `meta` (context that is not an argument, e.g. a trace
+    id) reach the handler as `ctx.tags` and `ctx.meta`; `unique` (True, False, or a
+    `sqla_queue.Unique`) says whether a duplicate is written.
+
+        enqueue(session, "emails.send", {"to": to}, options=JobOptions(queue="emails"))
+    """
+
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    run_at: dt.datetime | None = None
+    delay: float | dt.timedelta | None = None
+    tags: Iterable[str] | None = None
+    meta: Mapping[str, Any] | None = None
+    unique: UniqueOption = None
+
+    def over(self, defaults: JobOptions) -> JobOptions:
+        """These options where given, `defaults`' (a task's) elsewhere: the one merge rule."""
+        if defaults is NO_OPTIONS:
+            return self
+        mine = self.given()
+        merged = {name: mine.get(name, getattr(defaults, name)) for name in OPTION_NAMES}
+        return JobOptions(**merged)
+
+    def given(self) -> dict[str, Any]:
+        """The options that were given (not None), by name."""
+        values = ((name, getattr(self, name)) for name in OPTION_NAMES)
+        return {name: value for name, value in values if value is not None}
+
+
+class JobOptionFields(TypedDict, total=False):
+    """`JobOptions`' fields as keyword arguments (`**options: Unpack[JobOptionFields]`), for
+    the signatures of `enqueue`, `Task.enqueue` and `@registry.task`; the same names and
+    types as `JobOptions` (a test holds them equal)."""
+
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    run_at: dt.datetime | None
+    delay: float | dt.timedelta | None
+    tags: Iterable[str] | None
+    meta: Mapping[str, Any] | None
+    unique: UniqueOption
+
+
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobOptions))
+"""The option names, in `JobOptions`' order."""
+NO_OPTIONS = JobOptions()
+"""No option given."""
+
+
+def options_from(
+    where: str, options: JobOptions | None, fields: Mapping[str, Any], error: ErrorFactory
+) -> JobOptions:
+    """The `JobOptions` of a call that takes `options=` or the same fields as keywords (not
+    both for one field); `error(message)` for an unknown keyword. `where` names the call."""
+    unknown = fields.keys() - OPTION_NAMES
+    if unknown:
+        raise error(
+            f"{where} got unknown option(s) {', '.join(sorted(unknown))}; "
+            f"the options are {', '.join(OPTION_NAMES)}"
+        )
+    if options is None:
+        return JobOptions(**fields) if fields else NO_OPTIONS
+    if not isinstance(options, JobOptions):
+        raise error(f"options must be a sqla_queue.JobOptions, got {options!r:.60}")
+    given = {name: value for name, value in fields.items() if value is not None}
+    twice = given.keys() & options.given().keys()
+    if twice:
+        raise error(
+            f"{where} got {', '.join(sorted(twice))} both in options= and as a keyword; "
+            "pass each once"
+        )
+    return dataclasses.replace(options, **given) if given else options
+
+
+def check_fields(
+    priority: object, max_attempts: object, run_at: object, error: ErrorFactory
+) -> None:
+    """Check the options that are numbers or times, as every path does after the insert
+    hooks; `error(message)` names the problem and the fix. `run_at` may be a SQL expression
+    (a delayed `Job`'s `func.now() + interval`), which the database computes.
+
+    The names, args, tags and meta are checked with the JSON they are written as
+    (`sqla_queue.models.validate_job`, `validate_tags_and_meta`).
+    """
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise error(f"priority must be an int, got {priority!r}")
+    if not 0 <= priority <= PRIORITY_MAX:
+        raise error(f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}")
+    if max_attempts is not None:
+        check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS, error)
+    if run_at is not None and not isinstance(run_at, ClauseElement):
+        if not isinstance(run_at, dt.datetime):
+            raise error(f"run_at must be a datetime, got {run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise error(
+                "run_at has no time zone; pass an aware datetime such as "
+                "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay="
+            )
+
+
+def delay_interval(run_at: object, delay: object, error: ErrorFactory) -> dt.timedelta | None:
+    """`delay` (seconds or a timedelta, 0 to 100 years) as an interval, None without one;
+    refuses a delay beside a `run_at`."""
+    if delay is None:
+        return None
+    if run_at is not None:
+        raise error("pass run_at or delay, not both")
+    seconds = check_duration("delay", delay, error=error)
+    return delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=seconds)
+
+
+__all__ = [
+    "NO_OPTIONS",
+    "OPTION_NAMES",
+    "JobOptionFields",
+    "JobOptions",
+    "check_fields",
+    "delay_interval",
+    "options_from",
+]
