@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,11 +15,9 @@ from fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,
-    fault_db_fixture,
     free_port,
     run_cli,
     wait_until,
-    workers_fixture,
 )
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -28,8 +26,6 @@ from sqla_queue import admin, enqueue_many
 from sqla_queue.migrate import upgrade
 
 pytestmark = pytest.mark.slow
-fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
-workers = pytest.fixture(workers_fixture, name="workers")
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -138,13 +134,6 @@ def test_a_second_sigterm_exits_at_once_and_requeues_held_jobs(
     assert time.monotonic() - asked < 8
     rows = fault_db.rows("SELECT status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", ids)
     assert sorted(rows) == [("queued", 0), ("queued", 1), ("queued", 1)]
-
-
-@pytest.fixture
-def cluster() -> Iterator[PrivateCluster]:
-    server = PrivateCluster()
-    yield server
-    server.remove()
 
 
 def test_after_a_database_restart_the_worker_is_back_within_about_a_second(
