@@ -38,6 +38,32 @@ settings.register_profile("default", max_examples=15, stateful_step_count=20, **
 settings.register_profile("long", max_examples=200, stateful_step_count=50, **_PROFILE)
 settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default"))
 
+# The longest tests start first: under pytest-xdist (tests/run.sh) a long test dealt out last
+# is a tail the whole run waits for, the other workers idle. In order of their time in a
+# parallel run on the shared 2-core machine (the model's long run about 4 min, the benchmark
+# harness 6 min, the README 4 min, the demo, packaging and alembic tests 1-2 min each); then
+# the other slow tests; the rest keep their order (a stable sort).
+STARTS_FIRST = (
+    "tests/test_model.py::test_queue_model_long",
+    "tests/test_benchmarks_smoke.py::test_harness_writes_every_scenario_at_tiny_sizes",
+    "tests/test_doc_snippets.py::test_page_runs_as_written",
+    "tests/test_demo.py::",
+    "tests/test_packaging.py::",
+    "tests/test_alembic_app.py::",
+)
+
+
+def _start_rank(item: pytest.Item) -> tuple[int, bool]:
+    rank = next(
+        (i for i, prefix in enumerate(STARTS_FIRST) if item.nodeid.startswith(prefix)),
+        len(STARTS_FIRST),
+    )
+    return rank, item.get_closest_marker("slow") is None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)
+
 
 @pytest.fixture(scope="session")
 def admin_url(sqla_queue_admin_url: str) -> str:
