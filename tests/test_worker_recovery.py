@@ -179,6 +179,8 @@ def test_a_burst_worker_gives_up_on_an_unreachable_database() -> None:
         timeout=60,
     )
     assert result.returncode == 1
-    assert time.monotonic() - started < 30
+    # 4 s alone; up to 30 s and more with four xdist workers on a loaded 2-core machine
+    # (the interpreter's start-up): the bound says it gives up, not how fast.
+    assert time.monotonic() - started < 55
     assert "did not answer for 1.5 s" in result.stderr
     assert "Traceback" not in result.stderr
