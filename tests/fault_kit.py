@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,34 +204,6 @@ def executions(db: FaultDatabase) -> dict[int, int]:
     return dict(
         db.rows("SELECT job_id, count(*) FROM public.fault_runs WHERE event = 'ran' GROUP BY 1")
     )
-
-
-def fault_db_fixture(database_url: str) -> Iterator[FaultDatabase]:
-    """Fixture body (wrap with pytest.fixture in a test module): a FaultDatabase."""
-    db = FaultDatabase(database_url)
-    yield db
-    db.close()
-
-
-def workers_fixture(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Starts worker processes; every one still running is stopped at the end of the test."""
-    started: list[WorkerProcess] = []
-
-    def start(
-        url: str, *options: str, app: str = "fault_app:registry", app_dsn: str | None = None
-    ) -> WorkerProcess:
-        """A worker on `url`; its handlers record through `app_dsn` (default: the same URL)."""
-        log_path = tmp_path / f"worker-{len(started)}.log"
-        worker = WorkerProcess(url, log_path, *options, app=app, app_dsn=app_dsn)
-        started.append(worker.start())
-        return worker
-
-    yield start
-    for worker in started:
-        if worker.alive():
-            worker.signal(signal.SIGCONT)
-            worker.proc.kill()  # type: ignore[union-attr]
-            worker.proc.wait(10)  # type: ignore[union-attr]
 
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")

@@ -17,9 +17,8 @@ import subprocess
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 from sqlalchemy import Engine, create_engine, pool, select, text
 from sqlalchemy.orm import Session
 
@@ -101,15 +100,6 @@ def private_databases() -> TemplateDatabases:
             atexit.register(dbs.drop_template)
             _started["dbs"] = dbs
         return _started["dbs"]
-
-
-@pytest.fixture
-def private_url() -> Iterator[str]:
-    """A fresh migrated database of this test's own, on the private cluster."""
-    dbs = private_databases()
-    url = dbs.clone()
-    yield url
-    dbs.drop(url)
 
 
 def admin_engine(database_url: str) -> Engine:

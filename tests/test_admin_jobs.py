@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
-from apps.support import dispose_engines, enqueue_jobs, jobs_by_id
+from apps.support import enqueue_jobs, jobs_by_id
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
@@ -15,12 +14,6 @@ from sqla_queue import admin, queries
 from sqla_queue.bounds import MAX_ATTEMPTS
 from sqla_queue.cli import main
 from sqla_queue.errors import ConfigurationError
-
-
-@pytest.fixture(autouse=True)
-def _dispose() -> Iterator[None]:
-    yield
-    dispose_engines()
 
 
 def cli(url: str, *args: str) -> Result:

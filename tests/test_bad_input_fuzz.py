@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fault_kit import PrivateCluster, WorkerProcess, run_cli, wait_until, workers_fixture
+from fault_kit import PrivateCluster, WorkerProcess, run_cli, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -24,8 +24,6 @@ from sqla_queue import InvalidJobError, JobContext, Registry, enqueue, limits
 from sqla_queue.cli import main
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
-
-workers = pytest.fixture(workers_fixture, name="workers")
 
 Snapshot = Callable[[], list[tuple[Any, ...]]]
 

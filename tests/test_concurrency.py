@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from apps.support import (
     WorkerThread,
     create_task_log,
-    dispose_engines,
     enqueue_jobs,
     jobs_by_id,
     record_attempt,
@@ -25,12 +24,6 @@ from sqla_queue import JobContext, Registry, admin, queries
 
 JOBS = 10_000
 WORKERS = 8
-
-
-@pytest.fixture(autouse=True)
-def _close_handler_engines() -> Iterator[None]:
-    yield
-    dispose_engines()
 
 
 @pytest.fixture

@@ -739,3 +739,18 @@ def test_the_dashboards_checks_answer_a_value_or_one_bad_parameter(value: str | 
     else:
         assert kept is None or kept.encode().decode() == text_value
     assert all(problem and "\n" not in problem for problem in problems)
+
+
+def test_the_package_s_public_names_are_those_of_its_modules() -> None:
+    import sqla_queue.dashboard as dashboard
+    from sqla_queue.dashboard import app, pages, security
+
+    assert dashboard.__all__ == sorted(dashboard.__all__)
+    assert [getattr(dashboard, name) for name in dashboard.__all__] == [
+        security.Auth,
+        pages.Dashboard,
+        security.check_exposure,
+        app.create_app,
+        security.is_loopback,
+        app.wsgi_app,
+    ]

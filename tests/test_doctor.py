@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from multixact_support import (
     enqueue_jobs,
     private_databases,
-    private_url,
     run_naive_savepoint_worker,
     tagged_engine,
 )
@@ -28,8 +27,6 @@ from sqla_queue.admin import create_queue, set_paused
 from sqla_queue.cli import main
 from sqla_queue.doctor import DoctorOptions, Finding, Severity, diagnose
 from sqla_queue.migrate import drop_queue_fk
-
-__all__ = ["private_url"]  # the fixture, imported for pytest
 
 QUICK = DoctorOptions(sample=0)
 

@@ -21,7 +21,6 @@ from sqla_queue import (
     Queue,
     Registry,
     UnknownQueueError,
-    admin,
     enqueue,
     enqueue_many,
     enqueue_many_async,
@@ -47,13 +46,6 @@ def listener(database_url: str) -> Iterator[psycopg.Connection[Any]]:
 def received(conn: psycopg.Connection[Any], wait: float = 0.3) -> list[str]:
     """Payloads of the notifications that arrive within `wait` seconds."""
     return [n.payload for n in conn.notifies(timeout=wait)]
-
-
-@pytest.fixture
-def emails_queue(engine: Engine) -> str:
-    with engine.begin() as conn:
-        admin.create_queue(conn, "emails")
-    return "emails"
 
 
 # -- the two stable ways to write a job -------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,10 +21,8 @@ from fault_kit import (
     WorkerProcess,
     enqueue_jobs,
     executions,
-    fault_db_fixture,
     run_cli,
     wait_until,
-    workers_fixture,
 )
 from sqlalchemy import create_engine
 
@@ -33,8 +31,6 @@ from sqla_queue.cli import WORKER_APPLICATION_NAME
 from sqla_queue.migrate import upgrade
 
 pytestmark = pytest.mark.slow
-fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
-workers = pytest.fixture(workers_fixture, name="workers")
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -256,13 +252,6 @@ def test_sigterm_requeues_jobs_still_running_after_the_shutdown_timeout(
     # Interrupted mid-run: queued again, the attempt kept (a job that always hangs still fails).
     assert set(rows) == {("queued", 1)}
     assert "still running after the 1.0s shutdown timeout" in worker.log()
-
-
-@pytest.fixture
-def cluster() -> Iterator[PrivateCluster]:
-    server = PrivateCluster()
-    yield server
-    server.remove()
 
 
 def test_worker_waits_for_the_database_at_start_and_survives_a_restart_mid_run(

@@ -17,7 +17,6 @@ from sqla_queue import (
     Job,
     NewJob,
     Registry,
-    admin,
     enqueue,
     enqueue_many,
     enqueue_many_async,
@@ -36,13 +35,6 @@ def default_registry() -> Iterator[Registry]:
     set_default_registry(registry)
     yield registry
     set_default_registry(None)
-
-
-@pytest.fixture
-def emails_queue(engine: Engine) -> str:
-    with engine.begin() as conn:
-        admin.create_queue(conn, "emails")
-    return "emails"
 
 
 def tag_for_tenant(job: NewJob) -> None:

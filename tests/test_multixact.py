@@ -17,7 +17,6 @@ from multixact_support import (
     count_multixacts,
     enqueue_concurrently,
     enqueue_jobs,
-    private_url,
     run_naive_savepoint_worker,
     tagged_engine,
 )
@@ -28,8 +27,6 @@ from sqla_queue import ArchivedJob, Job, JobContext, Registry, RetryPolicy
 from sqla_queue.admin import create_queue
 from sqla_queue.migrate import drop_queue_fk
 from sqla_queue.worker import Worker, WorkerConfig
-
-__all__ = ["private_url"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.slow
 

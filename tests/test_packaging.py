@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -16,10 +17,27 @@ from sqla_queue.migrate import SCHEMA_REVISION
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtual environment with sqla-queue installed from a freshly built wheel."""
-    work = tmp_path_factory.mktemp("wheel")
+    """A virtual environment with sqla-queue installed from a freshly built wheel.
+
+    Built once per run: under pytest-xdist the first worker builds it in the run's shared
+    temporary folder while the others wait on a file lock (pip builds in the checkout's
+    build/ folder, so two builds at once would share it), then they use it too."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    work = shared / "wheel"
+    with open(shared / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = work / "installed"
+        if not done.exists():
+            _build_and_install(work)
+            done.touch()
+    return work / "venv"
+
+
+def _build_and_install(work: Path) -> None:
+    work.mkdir(exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work), str(ROOT)],
         check=True,
@@ -33,7 +51,6 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    return env_dir
 
 
 def test_wheel_installs_the_command_and_migrates_without_the_repository(

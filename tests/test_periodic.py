@@ -9,12 +9,11 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from apps.support import WorkerThread, dispose_engines
+from apps.support import WorkerThread
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,12 +26,6 @@ from sqla_queue.worker import Worker, WorkerConfig
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def _dispose() -> Iterator[None]:
-    yield
-    dispose_engines()
 
 
 def every_second(catch_up: int | dt.timedelta = 1) -> Registry:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import Engine, text
 
 APP = """
 from sqlalchemy import Text
@@ -241,3 +242,42 @@ def test_sqla_queue_queues_overridden_names_the_queues_made(
     )
     result = pytester.runpytest("-q")
     result.assert_outcomes(passed=2)
+
+
+def test_under_xdist_each_worker_clones_its_own_template_and_drops_every_database(
+    pytester: pytest.Pytester, admin_url: str, engine: Engine
+) -> None:
+    seen = pytester.path / "seen"
+    seen.mkdir()
+    pytester.makeini(f"[pytest]\nsqla_queue_url = {admin_url}\n")
+    pytester.makepyfile(
+        test_parallel=f"""
+        import os, time
+        import pytest
+        from sqlalchemy import text
+
+        @pytest.mark.parametrize("n", range(8))
+        def test_own_database(n, sqla_queue_engine, sqla_queue_databases):
+            time.sleep(0.3)  # long enough that both workers get tests
+            with sqla_queue_engine.connect() as connection:
+                name = connection.scalar(text("SELECT current_database()"))
+            worker = os.environ["PYTEST_XDIST_WORKER"]
+            line = f"{{worker}} {{sqla_queue_databases.template}} {{name}}"
+            open(os.path.join({str(seen)!r}, str(n)), "w").write(line)
+        """
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "-q")
+    result.assert_outcomes(passed=8)
+
+    rows = [path.read_text().split() for path in seen.iterdir()]
+    templates = {worker: template for worker, template, _ in rows}
+    assert sorted(templates) == ["gw0", "gw1"]
+    for worker, template in templates.items():
+        assert template.startswith(f"sqlaq_test_tpl_{worker}_")  # named by its worker
+    assert len({database for _, _, database in rows}) == 8  # a database per test
+    with engine.connect() as connection:
+        left = connection.scalars(
+            text("SELECT datname FROM pg_database WHERE datname = ANY(:names)"),
+            {"names": [*templates.values(), *(database for _, _, database in rows)]},
+        ).all()
+    assert left == []  # every clone dropped after its test, each template at the end

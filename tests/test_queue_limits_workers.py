@@ -11,13 +11,12 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from apps.support import (
     count_where,
     create_task_log,
-    dispose_engines,
     enqueue_jobs,
     start_worker_process,
     wait_for,
@@ -27,12 +26,6 @@ from sqlalchemy import Engine, text
 from sqla_queue import admin
 
 WORKERS = 6
-
-
-@pytest.fixture(autouse=True)
-def _close_handler_engines() -> Iterator[None]:
-    yield
-    dispose_engines()
 
 
 def start_logs(engine: Engine) -> list[tuple[int, float]]:

@@ -22,9 +22,7 @@ from click.testing import CliRunner
 from fault_kit import (
     FaultDatabase,
     WorkerProcess,
-    fault_db_fixture,
     wait_until,
-    workers_fixture,
 )
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
@@ -40,9 +38,6 @@ from sqla_queue import (
 from sqla_queue.cli import main
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
-
-fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
-workers = pytest.fixture(workers_fixture, name="workers")
 
 INJECTIONS = [
     "x'; DROP TABLE sqla_queue.jobs; --",

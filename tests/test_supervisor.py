@@ -18,10 +18,8 @@ from fault_kit import (
     WorkerProcess,
     enqueue_jobs,
     executions,
-    fault_db_fixture,
     run_cli,
     wait_until,
-    workers_fixture,
 )
 
 from sqla_queue.cli import main
@@ -29,8 +27,6 @@ from sqla_queue.retry import RetryPolicy
 from sqla_queue.supervisor import EXIT_CONFIG, EXIT_USAGE, RestartPolicy, Supervisor
 
 REPO = Path(__file__).resolve().parent.parent
-fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
-workers = pytest.fixture(workers_fixture, name="workers")
 
 StartWorker = Callable[..., WorkerProcess]
 QUICK = RestartPolicy(

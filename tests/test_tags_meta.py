@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.support import dispose_engines, jobs_by_id
+from apps.support import jobs_by_id
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
@@ -31,12 +30,6 @@ from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 from sqla_queue.hooks import NewJob
 from sqla_queue.testing import drain, run_until_empty
-
-
-@pytest.fixture(autouse=True)
-def _dispose() -> Iterator[None]:
-    yield
-    dispose_engines()
 
 
 def stored(engine: Engine) -> dict[int, tuple[list[str], dict[str, Any]]]:

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.support import dispose_engines, jobs_by_id
-from multixact_support import admin_engine, count_multixacts, private_url
+from apps.support import jobs_by_id
+from multixact_support import admin_engine, count_multixacts
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
@@ -33,13 +33,10 @@ from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 from sqla_queue.unique import EVERY_STATE
 
-__all__ = ["private_url"]  # the fixture, imported for pytest
-
 
 @pytest.fixture(autouse=True)
-def _dispose() -> Iterator[None]:
+def _no_default_registry() -> Iterator[None]:
     yield
-    dispose_engines()
     set_default_registry(None)
 
 

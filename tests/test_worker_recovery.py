@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,11 +15,9 @@ from fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,
-    fault_db_fixture,
     free_port,
     run_cli,
     wait_until,
-    workers_fixture,
 )
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -28,8 +26,6 @@ from sqla_queue import admin, enqueue_many
 from sqla_queue.migrate import upgrade
 
 pytestmark = pytest.mark.slow
-fault_db = pytest.fixture(fault_db_fixture, name="fault_db")
-workers = pytest.fixture(workers_fixture, name="workers")
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -140,13 +136,6 @@ def test_a_second_sigterm_exits_at_once_and_requeues_held_jobs(
     assert sorted(rows) == [("queued", 0), ("queued", 1), ("queued", 1)]
 
 
-@pytest.fixture
-def cluster() -> Iterator[PrivateCluster]:
-    server = PrivateCluster()
-    yield server
-    server.remove()
-
-
 def test_after_a_database_restart_the_worker_is_back_within_about_a_second(
     cluster: PrivateCluster, workers: StartWorker
 ) -> None:
@@ -190,6 +179,8 @@ def test_a_burst_worker_gives_up_on_an_unreachable_database() -> None:
         timeout=60,
     )
     assert result.returncode == 1
-    assert time.monotonic() - started < 30
+    # 4 s alone; up to 30 s and more with four xdist workers on a loaded 2-core machine
+    # (the interpreter's start-up): the bound says it gives up, not how fast.
+    assert time.monotonic() - started < 55
     assert "did not answer for 1.5 s" in result.stderr
     assert "Traceback" not in result.stderr

@@ -40,7 +40,11 @@ class TemplateDatabases:
     ) -> None:
         self.admin_url = normalize_url(admin_url)
         self.prefix = prefix
-        self.template = f"{prefix}_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        # One template per process: under pytest-xdist each worker clones only its own, which
+        # no other session uses (CREATE DATABASE ... TEMPLATE refuses a template in use).
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        worker = f"{worker}_" if worker.isalnum() else ""
+        self.template = f"{prefix}_tpl_{worker}{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.prepare = prepare
         self._admin = create_engine(
             self.admin_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool

@@ -6,6 +6,8 @@ Loaded by itself once sqla-queue is installed (a `pytest11` entry point named as
 name starts with `sqla_queue_` (except `queue`), so it cannot shadow an application's own
 `engine` or `session` fixtures; override any of them in your conftest.py to change it.
 A default registry a test sets (`set_default_registry`) is put back after it.
+Under pytest-xdist (`-n 4`) every worker process makes a template of its own (its name has
+the worker's id, `sqlaq_test_tpl_gw0_...`), clones only that one, and drops it at its end.
 
 Session-wide:
 - `sqla_queue_admin_url`: a server the tests may create databases on (`--sqla-queue-url`,

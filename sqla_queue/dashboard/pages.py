@@ -1,0 +1,311 @@
+"""The dashboard's pages and actions over one engine: queues, jobs, one job, workers and
+doctor's findings; retry, cancel and delete jobs, pause and resume queues."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from sqla_queue import admin
+from sqla_queue.doctor import DoctorOptions, Severity, diagnose
+from sqla_queue.errors import SqlaQueueError
+from sqla_queue.models import JobStatus
+
+from . import params as checks
+from . import reads, rendering
+from .security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    Auth,
+    SecurityMiddleware,
+    csrf_matches,
+    notice_proof,
+)
+
+JOB_ACTIONS = ("retry", "cancel", "delete")
+NOTICE_FIELD = "notice"
+PROOF_FIELD = "proof"
+NAMED_SKIPS = 5
+"""Jobs a notice names one by one at most (it travels in a URL)."""
+MAX_BACK = 2000
+"""The longest `back` path an action returns to."""
+
+
+class Dashboard:
+    """The pages and actions over one engine. `app` is the ASGI application."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        read_only: bool = False,
+        auth: Auth | str | None = None,
+        poll_seconds: float = 2.0,
+    ) -> None:
+        self.engine = engine
+        self.read_only = read_only
+        self.poll_seconds = poll_seconds
+        self.auth = Auth.parse(auth) if isinstance(auth, str) else auth
+        self._counts_lock = threading.Lock()
+        self._counts: tuple[float, list[reads.QueueRow] | None, float] = (0.0, None, 0.0)
+        self.templates = rendering.templates()
+        routes = [
+            Route("/", self.queues_page, name="queues"),
+            Route("/partials/queues", self.queues_partial, name="queues_partial"),
+            Route("/jobs", self.jobs_page, name="jobs"),
+            Route("/jobs/action", self.jobs_action, methods=["POST"], name="jobs_action"),
+            Route("/jobs/{job_id}", self.job_page, name="job"),
+            Route("/queues/{name:path}/pause", self.pause, methods=["POST"], name="pause"),
+            Route("/queues/{name:path}/resume", self.resume, methods=["POST"], name="resume"),
+            Route("/workers", self.workers_page, name="workers"),
+            Route("/doctor", self.doctor_page, name="doctor"),
+            Mount("/static", StaticFiles(directory=rendering.STATIC), name="static"),
+        ]
+        self.app = Starlette(
+            routes=routes, middleware=[Middleware(SecurityMiddleware, auth=self.auth)]
+        )
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def _render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/")
+        page = self.templates.get_template(template).render(
+            base=base,
+            csrf_field=CSRF_FIELD,
+            csrf=request.state.csrf,
+            read_only=self.read_only,
+            poll_seconds=self.poll_seconds,
+            notice=self._notice(request),
+            **context,
+        )
+        return HTMLResponse(page, status_code=status)
+
+    def _notice(self, request: Request) -> str | None:
+        """The notice of the action that redirected here; None if this app did not write it
+        for this browser (`?notice=` alone shows nothing)."""
+        notice = request.query_params.get(NOTICE_FIELD)
+        proof = request.query_params.get(PROOF_FIELD)
+        if not notice or not proof:
+            return None
+        expected = notice_proof(request.state.csrf, notice)
+        return notice if hmac.compare_digest(proof.encode(), expected.encode()) else None
+
+    def _back(self, request: Request, path: str, notice: str) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/")
+        separator = "&" if "?" in path else "?"
+        query = {NOTICE_FIELD: notice, PROOF_FIELD: notice_proof(request.state.csrf, notice)}
+        return RedirectResponse(f"{base}{path}{separator}{urlencode(query)}", status_code=303)
+
+    def _bad_request(self, request: Request, message: str, status: int = 400) -> Response:
+        return self._render(request, "error.html", status=status, message=message)
+
+    def _queue_rows(self) -> tuple[list[reads.QueueRow], float, float]:
+        """The queues' counts, shared by every viewer: (rows, seconds since counted, ms
+        the count took). Counting reads every job, so it runs at most once per poll and
+        never more than a tenth of the time: on a big table the counts age a little."""
+        with self._counts_lock:
+            now = time.monotonic()
+            counted_at, rows, took = self._counts
+            if rows is None or now - counted_at >= max(self.poll_seconds * 0.9, took * 10):
+                with self.engine.connect() as conn:
+                    rows = reads.queue_rows(conn)
+                took = time.monotonic() - now
+                counted_at = time.monotonic()
+                self._counts = (counted_at, rows, took)
+            return rows, time.monotonic() - counted_at, took * 1000
+
+    def _forget_counts(self) -> None:
+        with self._counts_lock:
+            self._counts = (0.0, None, 0.0)
+
+    def _queues_context(self) -> dict[str, Any]:
+        rows, age, took_ms = self._queue_rows()
+        charts = {
+            row.name: rendering.bar_chart(row.per_minute, row.failed_per_minute) for row in rows
+        }
+        return {
+            "queues": rows,
+            "charts": charts,
+            "statuses": [s.value for s in JobStatus],
+            "counted_ago": age,
+            "count_ms": took_ms,
+        }
+
+    # -- pages -------------------------------------------------------------------------------
+
+    def queues_page(self, request: Request) -> Response:
+        return self._render(request, "queues.html", **self._queues_context())
+
+    def queues_partial(self, request: Request) -> Response:
+        return self._render(request, "_queues_table.html", **self._queues_context())
+
+    def jobs_page(self, request: Request) -> Response:
+        params = request.query_params
+        status = params.get("status") or None
+        if status is not None and status not in {s.value for s in JobStatus}:
+            choices = ", ".join(s.value for s in JobStatus)
+            return self._bad_request(request, f"bad filter: status is one of {choices}")
+        try:
+            where = reads.JobFilter(
+                queue=checks.text_filter(params.get("queue"), "queue"),
+                task=checks.text_filter(params.get("task"), "task"),
+                status=JobStatus(status) if status else None,
+                tag=checks.text_filter(params.get("tag"), "tag"),
+            )
+            before = checks.job_id(params["before"], "before") if params.get("before") else None
+        except checks.BadParameter as exc:
+            return self._bad_request(request, f"bad filter: {exc}")
+        with self.engine.connect() as conn:
+            page = reads.list_jobs(conn, where, before)
+        filters = {
+            "queue": where.queue or "",
+            "task": where.task or "",
+            "status": where.status.value if where.status else "",
+            "tag": where.tag or "",
+        }
+        return self._render(
+            request,
+            "jobs.html",
+            page=page,
+            filters=filters,
+            statuses=[s.value for s in JobStatus],
+            first_page=before is None,
+        )
+
+    def job_page(self, request: Request) -> Response:
+        try:
+            job_id = checks.job_id(request.path_params["job_id"])
+        except checks.BadParameter as exc:
+            return self._bad_request(request, f"no such job: {exc}", status=404)
+        with self.engine.connect() as conn:
+            job = admin.get_job(conn, job_id)
+        if job is None:
+            return self._render(
+                request,
+                "error.html",
+                status=404,
+                message=f"no job {job_id}: never enqueued, or deleted once finished "
+                "(by its queue's retention, prune, or from this page)",
+            )
+        began = job.started_at or job.locked_at
+        timings = {
+            "waited": reads.seconds_between(job.created_at, began),
+            "ran": reads.seconds_between(began, job.finished_at),
+            "total": reads.seconds_between(job.created_at, job.finished_at),
+        }
+        args = json.dumps(job.args, indent=2, ensure_ascii=False, sort_keys=True)
+        meta = json.dumps(job.meta, indent=2, ensure_ascii=False, sort_keys=True)
+        return self._render(request, "job.html", job=job, args=args, meta=meta, timings=timings)
+
+    def workers_page(self, request: Request) -> Response:
+        with self.engine.connect() as conn:
+            workers = reads.live_workers(conn)
+        return self._render(request, "workers.html", workers=workers)
+
+    def doctor_page(self, request: Request) -> Response:
+        # No MultiXact sampling: a page must not sleep for a second.
+        findings = diagnose(self.engine, DoctorOptions(sample=0))
+        return self._render(request, "doctor.html", findings=findings, Severity=Severity)
+
+    # -- actions -----------------------------------------------------------------------------
+
+    async def _checked_form(self, request: Request) -> FormData | Response:
+        """The POSTed form if the dashboard may act and its CSRF token matches the cookie."""
+        if self.read_only:
+            return PlainTextResponse("this dashboard is read-only (--read-only)", status_code=403)
+        form = await request.form()
+        if not csrf_matches(form.get(CSRF_FIELD), request.cookies.get(CSRF_COOKIE)):
+            return PlainTextResponse(
+                "missing or wrong CSRF token: reload the page and try again", status_code=403
+            )
+        return form
+
+    async def jobs_action(self, request: Request) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        action = form.get("action")
+        back = form.get("back") or "/jobs"
+        # Only a path of this app: never another site (`//host`, `/\host` in browsers).
+        if (
+            not isinstance(back, str)
+            or len(back) > MAX_BACK
+            or not back.startswith("/")
+            or back[1:2] in ("/", "\\")
+        ):
+            back = "/jobs"
+        if action not in JOB_ACTIONS:
+            return PlainTextResponse(f"action must be one of {', '.join(JOB_ACTIONS)}", 400)
+        try:
+            ids = list(dict.fromkeys(checks.job_id(value) for value in form.getlist("job_id")))
+        except checks.BadParameter as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        if not ids:
+            return self._back(request, back, "no job selected")
+        try:
+            notice = await run_in_threadpool(self._act, str(action), ids)
+        except SqlaQueueError as exc:
+            notice = str(exc)
+        return self._back(request, back, notice)
+
+    def _act(self, action: str, ids: list[int]) -> str:
+        """Do `action` on the jobs `ids`; the notice that says what was done."""
+        held: dict[int, admin.SkippedRetry] = {}
+        with self.engine.begin() as conn:
+            if action == "retry":
+                retried = admin.retry_jobs(conn, ids)
+                done, held = len(retried), retried.skipped
+            elif action == "cancel":
+                done = len(admin.cancel_jobs(conn, ids))
+            else:
+                done = len(admin.delete_jobs(conn, ids))
+        self._forget_counts()
+        verb = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[action]
+        parts = [f"{done} job(s) {verb}"]
+        for job_id, skip in sorted(held.items())[:NAMED_SKIPS]:
+            parts.append(f"job {job_id} not retried: {skip.reason}")
+        if len(held) > NAMED_SKIPS:
+            parts.append(f"{len(held) - NAMED_SKIPS} more not retried: their unique keys are held")
+        others = len(ids) - done - len(held)
+        if others:
+            parts.append(f"{others} left alone (not in a state that allows it)")
+        return "; ".join(parts)
+
+    async def _set_paused(self, request: Request, paused: bool) -> Response:
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        name = request.path_params["name"]
+        try:
+            checks.text_filter(name, "the queue name")
+            await run_in_threadpool(self._pause, name, paused)
+        except (checks.BadParameter, SqlaQueueError) as exc:
+            return self._back(request, "/", str(exc))
+        return self._back(request, "/", f"queue {name} {'paused' if paused else 'resumed'}")
+
+    def _pause(self, name: str, paused: bool) -> None:
+        with self.engine.begin() as conn:
+            admin.set_paused(conn, name, paused)
+        self._forget_counts()
+
+    async def pause(self, request: Request) -> Response:
+        return await self._set_paused(request, True)
+
+    async def resume(self, request: Request) -> Response:
+        return await self._set_paused(request, False)

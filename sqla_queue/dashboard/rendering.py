@@ -1,0 +1,74 @@
+"""How the dashboard's pages are drawn: the Jinja2 templates (escaped), the filters they use
+for durations and times, and the per-minute bar charts as inline SVG."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from sqla_queue.job.states import STATES
+
+HERE = Path(__file__).parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+
+
+def duration(seconds: float | None) -> str:
+    """A duration for a person: "350 ms", "4.2 s", "12 min", "3.5 h", "9 d"; "—" for none."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def when(value: dt.datetime | None) -> str:
+    """A moment in UTC to the second; "—" for none."""
+    return "—" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def bar_chart(values: list[int], failed: list[int], width: int = 240, height: int = 32) -> str:
+    """An inline SVG bar chart, one bar per minute; numbers only, so nothing to escape."""
+    top = max(values) or 1
+    step = width / len(values)
+    parts = [
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'role="img" aria-label="jobs finished per minute, last hour">'
+    ]
+    for i, (count, bad) in enumerate(zip(values, failed, strict=False)):
+        if not count:
+            continue
+        h = max(1.0, height * count / top)
+        bad_h = height * bad / top
+        x = i * step
+        parts.append(
+            f'<rect class="ok" x="{x:.1f}" y="{height - h:.1f}" width="{step * 0.8:.1f}" '
+            f'height="{h:.1f}"><title>{count}</title></rect>'
+        )
+        if bad:
+            parts.append(
+                f'<rect class="bad" x="{x:.1f}" y="{height - bad_h:.1f}" '
+                f'width="{step * 0.8:.1f}" height="{bad_h:.1f}"></rect>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def templates() -> Environment:
+    """The pages' templates, every value escaped unless a template says otherwise."""
+    environment = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    environment.filters["duration"] = duration
+    environment.filters["when"] = when
+    environment.globals["states"] = STATES  # which buttons a job's status offers
+    return environment
