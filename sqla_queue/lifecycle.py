@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .registry import JobContext
-    from .worker import Outcome, Worker
+    from .job.context import JobContext
+    from .job.outcome import Outcome
+    from .worker import Worker
 
 log = logging.getLogger("sqla_queue.lifecycle")
 
