@@ -7,6 +7,7 @@ its tests with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -477,4 +478,32 @@ def test_a_sync_broker_handler_past_its_timeout_keeps_its_slot_and_then_times_ou
             text("SELECT status, last_error FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
         ).one()
     assert status == "failed"
+    assert "JobTimeoutError" in error
+
+
+def test_an_async_broker_handler_past_its_timeout_is_cancelled_and_times_out(
+    broker: Broker, engine: Engine, database_url: str, processes: Callable[..., Process]
+) -> None:
+    registry = Registry()
+    cancelled: list[bool] = []
+
+    @registry.task(name="hangs", timeout=0.5, max_attempts=1)
+    async def hangs() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    job_id, worker = _relay_and_worker(broker, engine, database_url, processes, registry, "hangs")
+    started = time.monotonic()
+    stats = worker.run(install_signal_handlers=False)
+
+    assert time.monotonic() - started < 30  # cancelled at its deadline, not after 60 s
+    assert cancelled == [True]
+    assert (stats.failed, stats.succeeded) == (1, 0)
+    with engine.connect() as conn:
+        error = conn.scalar(
+            text("SELECT last_error FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
+        )
     assert "JobTimeoutError" in error
