@@ -12,6 +12,10 @@
 A hook runs on the worker thread where the moment happens (claims on the dispatcher,
 finishes on the handler thread or the dispatcher), so keep it quick. An exception in a
 hook is logged and otherwise ignored: a hook cannot fail or lose a job.
+
+The job hooks fire under both runners (`JobRunner.claimed`/`finished` in the job core):
+the table worker and `worker --from nats|amqp`, whose hooks run on its event loop. The
+worker hooks receive a table `Worker` and fire only there.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .registry import JobContext
-    from .worker import Outcome, Worker
+    from .job.context import JobContext
+    from .job.outcome import Outcome
+    from .worker import Worker
 
 log = logging.getLogger("sqla_queue.lifecycle")
 

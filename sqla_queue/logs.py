@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .registry import JobContext, Registry
-    from .worker import Outcome
+    from .job.context import JobContext
+    from .job.outcome import Outcome
+    from .registry import Registry
 
 LOG_FORMATS = ("text", "json")
 job_log = logging.getLogger("sqla_queue.jobs")

@@ -47,8 +47,10 @@ from .worker.connection import STATEMENT_KIND
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .registry import JobContext, Registry
-    from .worker import Outcome, Worker
+    from .job.context import JobContext
+    from .job.outcome import Outcome
+    from .registry import Registry
+    from .worker import Worker
 
 log = logging.getLogger("sqla_queue.metrics")
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .registry import JobContext
+    from .job.context import JobContext
 
 CallNext = Callable[[], Any]
 Middleware = Callable[["JobContext", CallNext], Any]

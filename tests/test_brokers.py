@@ -7,6 +7,9 @@ its tests with the reason.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +26,11 @@ from broker_kit import (
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import admin, enqueue, enqueue_many
+from sqla_queue import JobContext, Registry, Snooze, admin, enqueue, enqueue_many, metrics
+from sqla_queue.brokers.worker import BrokerWorker, BrokerWorkerConfig
+from sqla_queue.errors import ResultMissingError
+from sqla_queue.logs import log_jobs
+from sqla_queue.results import wait_for
 
 BROKERS = ["nats", "amqp"]
 
@@ -322,3 +329,181 @@ def test_two_relays_at_once_publish_each_job_once(
     shares = [int(r.log().rpartition("relay stopped: ")[2].split(" ")[0]) for r in relays]
     print(f"\n{broker.kind}: published per relay {shares}")
     assert sum(shares) == len(expected)
+
+
+# -- the job core under the broker worker (in this process: its hooks and stats are read) --
+
+
+def _relay_and_worker(
+    broker: Broker,
+    engine: Engine,
+    database_url: str,
+    processes: Callable[..., Process],
+    registry: Registry,
+    task: str,
+    *,
+    burst: bool = True,
+) -> tuple[int, BrokerWorker]:
+    """One job of `task` relayed to a routed queue, and an in-process worker for it."""
+    route_queue(engine, broker)
+    with Session(engine) as session, session.begin():
+        (job_id,) = enqueue_many(session, [{"task": task, "queue": "out"}])
+    assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
+    config = BrokerWorkerConfig(broker.url, "out", burst=burst, poll_interval=0.2)
+    return job_id, BrokerWorker(engine, registry, config)
+
+
+def test_a_snoozed_broker_job_runs_again_without_using_an_attempt_and_hooks_logs_metrics_fire(
+    broker: Broker,
+    engine: Engine,
+    database_url: str,
+    processes: Callable[..., Process],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    registry = Registry()
+    attempts: list[int] = []
+    claimed: list[int] = []
+    finished: list[str] = []
+
+    @registry.task(name="snoozer", pass_context=True, max_attempts=1)
+    def snoozer(ctx: JobContext) -> None:
+        attempts.append(ctx.attempt)
+        if len(attempts) == 1:
+            raise Snooze(1)
+
+    registry.on_job_claimed(lambda ctx: claimed.append(ctx.job_id))
+    registry.on_job_finished(lambda ctx, outcome: finished.append(outcome.kind.value))
+    log_jobs(registry)
+    prom = CollectorRegistry()
+    metrics.instrument(registry, prometheus_registry=prom)
+    job_id, worker = _relay_and_worker(broker, engine, database_url, processes, registry, "snoozer")
+
+    with caplog.at_level(logging.INFO, logger="sqla_queue.jobs"):
+        stats = worker.run(install_signal_handlers=False)
+
+    # max_attempts=1: had the snooze used the attempt, the second run could not happen
+    assert attempts == [1, 1]
+    assert (stats.snoozed, stats.succeeded, stats.failed) == (1, 1, 0)
+    assert claimed == [job_id, job_id]
+    assert finished == ["snoozed", "succeeded"]
+    lines = [r for r in caplog.records if r.name == "sqla_queue.jobs"]
+    assert [(r.job_id, r.outcome) for r in lines] == [(job_id, "snoozed"), (job_id, "succeeded")]  # type: ignore[attr-defined]
+    assert all(r.duration_seconds >= 0 for r in lines)  # type: ignore[attr-defined]
+    labels = {"queue": "out", "task": "snoozer"}
+    for outcome in ("snoozed", "succeeded"):
+        sample = prom.get_sample_value(
+            "sqla_queue_jobs_finished_total", {**labels, "outcome": outcome}
+        )
+        assert sample == 1, outcome
+    assert prom.get_sample_value("sqla_queue_jobs_claimed_total", labels) == 2
+    assert prom.get_sample_value("sqla_queue_jobs_held") == 0
+    assert broker.waiting() == 0
+    assert broker.dead_letters() == 0
+
+
+def test_a_broker_job_keeps_no_result_and_wait_for_says_so_at_once(
+    broker: Broker,
+    engine: Engine,
+    database_url: str,
+    processes: Callable[..., Process],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = Registry()
+
+    @registry.task(name="answer", keep_result=True)
+    def answer() -> int:
+        return 42
+
+    job_id, worker = _relay_and_worker(broker, engine, database_url, processes, registry, "answer")
+    with caplog.at_level(logging.WARNING, logger="sqla_queue.brokers.worker"):
+        stats = worker.run(install_signal_handlers=False)
+
+    assert stats.succeeded == 1
+    assert any("answer keeps its result" in r.getMessage() for r in caplog.records)
+    started = time.monotonic()
+    with pytest.raises(ResultMissingError):
+        wait_for(engine, job_id, timeout=30)
+    assert time.monotonic() - started < 5  # a clear error, not a wait for the timeout
+
+
+def test_a_broker_job_of_an_unknown_task_is_put_back_not_failed(
+    broker: Broker, engine: Engine, database_url: str, processes: Callable[..., Process]
+) -> None:
+    _, worker = _relay_and_worker(
+        broker, engine, database_url, processes, Registry(), "not_deployed_yet", burst=False
+    )
+    runner = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    try:
+        wait_until(lambda: worker.stats.snoozed >= 1, 60, "the job to be put back")
+    finally:
+        worker.stop()
+        runner.join(60)
+    assert (worker.stats.failed, worker.stats.succeeded) == (0, 0)
+    assert broker.dead_letters() == 0
+    with engine.connect() as conn:  # not recorded as failed either
+        assert conn.scalar(text("SELECT count(*) FROM sqla_queue.jobs")) == 0
+
+
+def test_a_sync_broker_handler_past_its_timeout_keeps_its_slot_and_then_times_out(
+    broker: Broker, engine: Engine, database_url: str, processes: Callable[..., Process]
+) -> None:
+    registry = Registry()
+    returned: list[float] = []
+    finished: list[tuple[str, float, bool]] = []
+
+    @registry.task(name="overruns", pass_context=True, timeout=0.5, max_attempts=1)
+    def overruns(ctx: JobContext) -> None:
+        time.sleep(1.5)
+        returned.append(time.monotonic())
+
+    registry.on_job_finished(
+        lambda ctx, o: finished.append((o.kind.value, time.monotonic(), ctx.cancelled))
+    )
+    job_id, worker = _relay_and_worker(
+        broker, engine, database_url, processes, registry, "overruns"
+    )
+    stats = worker.run(install_signal_handlers=False)
+
+    assert len(returned) == 1
+    [(kind, at, told)] = finished
+    assert (kind, told) == ("timed out", True)  # the handler was told at its deadline
+    assert at >= returned[0]  # settled only once the handler returned: its slot was held
+    assert stats.failed == 1
+    assert broker.dead_letters() == 1
+    with engine.connect() as conn:
+        status, error = conn.execute(
+            text("SELECT status, last_error FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+    assert status == "failed"
+    assert "JobTimeoutError" in error
+
+
+def test_an_async_broker_handler_past_its_timeout_is_cancelled_and_times_out(
+    broker: Broker, engine: Engine, database_url: str, processes: Callable[..., Process]
+) -> None:
+    registry = Registry()
+    cancelled: list[bool] = []
+
+    @registry.task(name="hangs", timeout=0.5, max_attempts=1)
+    async def hangs() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    job_id, worker = _relay_and_worker(broker, engine, database_url, processes, registry, "hangs")
+    started = time.monotonic()
+    stats = worker.run(install_signal_handlers=False)
+
+    assert time.monotonic() - started < 30  # cancelled at its deadline, not after 60 s
+    assert cancelled == [True]
+    assert (stats.failed, stats.succeeded) == (1, 0)
+    with engine.connect() as conn:
+        error = conn.scalar(
+            text("SELECT last_error FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
+        )
+    assert "JobTimeoutError" in error

@@ -182,6 +182,15 @@ class _AmqpDelivery(Delivery):
         queue_name = self._source.route.amqp_retry_queue(retry_step(delay))
         await self._republish(queue_name, {FAILURES_HEADER: self.deliveries})
 
+    async def snooze(self, delay: float) -> None:
+        # The copy carries the attempts before this one: its first delivery is this attempt
+        # again. A delay past the longest retry queue waits that long, and runs earlier.
+        queue_name = self._source.route.amqp_retry_queue(retry_step(delay))
+        await self._republish(queue_name, {FAILURES_HEADER: self.deliveries - 1})
+
+    async def hold(self) -> None:  # never due later: RabbitMQ delays with its retry queues
+        raise NotImplementedError("a RabbitMQ delivery is always due")
+
     async def dead(self, error: str) -> None:
         last_line = error.strip().splitlines()[-1][:500] if error.strip() else "?"
         headers = {"x-sqlaq-error": last_line, "x-sqlaq-deliveries": self.deliveries}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,12 +156,27 @@ class NatsPublisher:
         return outcome
 
 
+CARRIED_HEADER = "Sqlaq-Carried"
+"""A snoozed copy's attempts before the snoozed one (its deliveries count on from there)."""
+NOT_BEFORE_HEADER = "Sqlaq-Not-Before"
+"""When a snoozed copy may run (Unix time): its first delivery is handed back until then."""
+
+
 class _NatsDelivery(Delivery):
     def __init__(self, source: NatsSource, msg: Any) -> None:
         self._source = source
         self._msg = msg
         self.body = bytes(msg.data)
-        self.deliveries = int(msg.metadata.num_delivered)
+        delivered = int(msg.metadata.num_delivered)
+        headers = msg.headers or {}
+        if NOT_BEFORE_HEADER in headers:
+            # a snoozed copy: its first delivery is always handed back (`hold`), uncounted
+            carried = int(headers.get(CARRIED_HEADER) or 0)
+            self.deliveries = carried + max(delivered - 1, 1)
+            if delivered == 1:
+                self.due_in = max(float(headers[NOT_BEFORE_HEADER]) - time.time(), 0.0)
+        else:
+            self.deliveries = delivered
 
     async def ack(self) -> None:
         await self._msg.ack_sync(timeout=10)
@@ -170,6 +186,23 @@ class _NatsDelivery(Delivery):
 
     async def keep_alive(self) -> None:
         await self._msg.in_progress()
+
+    async def snooze(self, delay: float) -> None:
+        # JetStream cannot change a message's delivery count: publish a copy that carries
+        # the attempts so far and when it is due, then drop this one.
+        headers = {
+            "Nats-Msg-Id": f"snooze-{self._msg.metadata.sequence.stream}",
+            CARRIED_HEADER: str(self.deliveries - 1),
+            NOT_BEFORE_HEADER: repr(time.time() + max(delay, 0.0)),
+        }
+        route = self._source.route
+        await self._source.js.publish(
+            route.subject, self.body, timeout=10, stream=route.stream, headers=headers
+        )
+        await self._msg.ack_sync(timeout=10)
+
+    async def hold(self) -> None:
+        await self._msg.nak(delay=self.due_in or 0.0)
 
     async def dead(self, error: str) -> None:
         headers = {"Nats-Msg-Id": f"dead-{self._msg.metadata.sequence.stream}"}

@@ -43,13 +43,27 @@ class Delivery:
 
     body: bytes
     deliveries: int
-    """How many times this job was handed to a worker, this time included (1 the first)."""
+    """How many attempts of this job were handed to a worker, this one included (1 the
+    first); a snoozed or deferred attempt is not counted."""
+    due_in: float | None = None
+    """Seconds until this delivery may run (a NATS snoozed copy's first delivery: the
+    broker cannot delay a publish), or None: run it now. See `hold`."""
 
     async def ack(self) -> None:
         raise NotImplementedError
 
     async def retry(self, delay: float) -> None:
         """Deliver it again after `delay` seconds."""
+        raise NotImplementedError
+
+    async def snooze(self, delay: float) -> None:
+        """Deliver it again after `delay` seconds without counting this attempt (a `Snooze`,
+        or a task this worker has no handler for)."""
+        raise NotImplementedError
+
+    async def hold(self) -> None:
+        """Hand back a delivery not yet due (`due_in`): delivered again once it is, and not
+        counted as an attempt."""
         raise NotImplementedError
 
     async def dead(self, error: str) -> None:

@@ -1,54 +1,62 @@
 """The broker worker: the same `Registry` and handlers, run from a routed queue's broker.
 
 `sqla-queue worker --app mod:registry -q QUEUE --from nats://...|amqp://...` reads QUEUE's
-route from PostgreSQL, then consumes it. Per message: run the handler (ack after it
-returns); on an exception, deliver it again after the task's retry delay; past the job's
-max attempts (its own, else the task's, else 5), move it to the route's dead-letter place
-and record it in PostgreSQL's jobs table as `failed`. A message that arrives more times
-than max attempts allows (its workers kept dying) is dead-lettered without running.
+route from PostgreSQL, then consumes it. Each message runs through the job core's
+`JobRunner.run_job`, as the table worker's jobs do (middleware, timeouts, `Snooze`, the
+lifecycle hooks, so `log_jobs` and `metrics.instrument` see broker jobs too); this module
+answers the broker with the outcome: ack a success; deliver a retry again after the task's
+retry delay; deliver a snoozed job, or one whose task this worker does not know, again
+after its delay without counting the attempt; past the job's max attempts (its own, else
+the task's, else 5), move it to the route's dead-letter place and record it in
+PostgreSQL's jobs table as `failed`. A message that arrives more times than max attempts
+allows (its workers kept dying) is dead-lettered without running. A handler that overruns
+its task's timeout is told (`ctx.cancelled`, an async one cancelled) and keeps its slot
+until it returns; the job then times out by the retry rules.
+
+A broker job has no row in PostgreSQL while it runs, so no result is kept for it
+(`keep_result` is ignored, with a warning once per task: `wait_for` raises
+`ResultMissingError` for it) and `ctx.session()` raises `ConfigurationError`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import logging
 import os
 import signal
 import threading
-import traceback
-from collections.abc import Awaitable
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from sqla_queue.errors import (
-    ConfigurationError,
-    JobTimeoutError,
-    TaskNotFoundError,
-    UnknownQueueError,
-)
-from sqla_queue.middleware import compose
+from sqla_queue.errors import ConfigurationError, UnknownQueueError
+from sqla_queue.job.context import JobContext
+from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind
+from sqla_queue.job.run import JobRunner, max_attempts_of, resources_of
 from sqla_queue.migrate import check_schema
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.queries import brokers as queries
-from sqla_queue.registry import JobContext, Registry, Task
-from sqla_queue.worker.executor import resources_of
 
 from .messages import JobMessage
 from .routes import AMQP, NATS, Route, broker_kind, parse_route, redact
 from .transport import Delivery, Source
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from sqla_queue.registry import Registry
+
 log = logging.getLogger("sqla_queue.brokers.worker")
 
-MAX_ERROR_CHARS = 20_000
 _ALREADY_DONE = queries.already_done()
 _MARK_DONE = queries.mark_done()
 DEDUP_PRUNE_EVERY = 600.0
 """Seconds between deletions of de-duplication records older than `dedup_retention`."""
+DEFER_UNKNOWN_TASK = 60.0
+"""Seconds until a job whose task this worker has no handler for is delivered again (its
+attempt not counted): a worker that has the task may take it meanwhile."""
 
 
 @dataclass
@@ -86,14 +94,16 @@ class BrokerWorkerStats:
     retried: int = 0
     failed: int = 0
     duplicates: int = 0
+    snoozed: int = 0
+    """Snoozed jobs, and jobs of a task this worker has no handler for (deferred)."""
 
 
-def _invoke(task: Task, ctx: JobContext, args: dict[str, Any]) -> Any:
-    return task.func(ctx, **args) if task.pass_context else task.func(**args)
-
-
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+def _no_session(ctx: JobContext) -> Session:
+    raise ConfigurationError(
+        detail=f"job {ctx.job_id} ({ctx.task}) came from a broker: it has no row in "
+        "PostgreSQL for ctx.session() to finish; open a Session of your own, or run the "
+        "queue without a route (the table worker) to commit work and job together"
+    )
 
 
 class BrokerWorker:
@@ -114,6 +124,11 @@ class BrokerWorker:
         self._stop_requested = False
         self._running_ids: set[int] = set()
         """Jobs whose handler runs in this worker: a copy that arrives meanwhile is a duplicate."""
+        self.resources = resources_of(registry, {})
+        self.runner = JobRunner(registry, self._event_loop, self._watch_deadline)
+        self._timers: dict[tuple[int, int], asyncio.TimerHandle] = {}
+        """The timeout of each running job that has one, by (id, attempt)."""
+        self._results_warned: set[str] = set()
 
     def _read_route(self) -> Route:
         with self.engine.connect() as conn:
@@ -231,14 +246,11 @@ class BrokerWorker:
             await delivery.dead(str(exc))
             self.stats.failed += 1
             return
-        attempt = job.attempts + delivery.deliveries
-        task = self.registry.get(job.task)
-        limit = job.max_attempts or (task.max_attempts if task else None) or DEFAULT_MAX_ATTEMPTS
-        if task is None:
-            await self._give_up(
-                delivery, job, attempt, limit, str(TaskNotFoundError(task=job.task))
-            )
+        if delivery.due_in is not None:  # a snoozed copy, early: back until it is due
+            await delivery.hold()
             return
+        attempt = job.attempts + delivery.deliveries
+        limit = max_attempts_of(job.max_attempts, self.registry.get(job.task))
         if attempt > limit:
             error = (
                 f"delivered {delivery.deliveries} times, more than its {limit} attempts: its "
@@ -250,83 +262,110 @@ class BrokerWorker:
             await self._skip_duplicate(delivery, job)
             return
         self._running_ids.add(job.id)  # before any await: a copy arriving now sees it
-        if self.dedup and await asyncio.to_thread(self._seen, job.id):
-            self._running_ids.discard(job.id)
-            await self._skip_duplicate(delivery, job)
-            return
-        ctx = JobContext(
-            job.id, job.task, job.queue, attempt, resources=resources_of(self.registry, {})
-        )
         try:
-            await self._run_keeping_alive(delivery, task, ctx, job)
-        except Exception as exc:
-            self._running_ids.discard(job.id)
-            error = "".join(traceback.format_exception(exc))[-MAX_ERROR_CHARS:]
-            if attempt >= limit:
-                await self._give_up(delivery, job, attempt, limit, error)
+            if self.dedup and await asyncio.to_thread(self._seen, job.id):
+                await self._skip_duplicate(delivery, job)
                 return
-            delay = task.retry.delay(attempt)
-            log.warning(
-                "job %s (%s) attempt %d failed; retry in %.1fs", job.id, job.task, attempt, delay
+            ctx = JobContext(
+                job.id,
+                job.task,
+                job.queue,
+                attempt,
+                resources=self.resources,
+                session_factory=_no_session,
             )
-            await delivery.retry(delay)
-            self.stats.retried += 1
-            return
-        try:
-            if self.dedup:
+            run = JobAttempt(ctx, job.args, job.max_attempts)
+            self.runner.claimed(ctx)
+            outcome = await self._run_keeping_alive(delivery, run)
+            if outcome.kind is OutcomeKind.succeeded and self.dedup:
                 await asyncio.to_thread(self._mark_done, job.id)
         finally:
             self._running_ids.discard(job.id)
-        await delivery.ack()
-        self.stats.succeeded += 1
+        self.runner.finished(outcome)  # before the outcome is visible: hooks run first
+        await self._answer(delivery, job, outcome, limit)
+
+    async def _answer(
+        self, delivery: Delivery, job: JobMessage, outcome: Outcome, limit: int
+    ) -> None:
+        """Tell the broker how the attempt ended."""
+        kind = outcome.kind
+        if kind is OutcomeKind.succeeded:
+            if outcome.result is not None:
+                self._warn_no_result(job.task)
+            await delivery.ack()
+            self.stats.succeeded += 1
+        elif kind in (OutcomeKind.snoozed, OutcomeKind.deferred):
+            delay = outcome.retry_in if kind is OutcomeKind.snoozed else DEFER_UNKNOWN_TASK
+            await delivery.snooze(delay or 0.0)
+            self.stats.snoozed += 1
+        elif kind in (OutcomeKind.retried, OutcomeKind.timed_out) and outcome.retry_in is not None:
+            await delivery.retry(outcome.retry_in)
+            self.stats.retried += 1
+        elif kind in (OutcomeKind.failed, OutcomeKind.timed_out):
+            await self._give_up(delivery, job, outcome.job.attempt, limit, outcome.error)
+        else:  # given up on at shutdown: unanswered, the broker delivers it again
+            log.info("job %s (%s) %s: left to the broker", job.id, job.task, kind.value)
+
+    def _warn_no_result(self, task: str) -> None:
+        if task in self._results_warned:
+            return
+        self._results_warned.add(task)
+        log.warning(
+            "task %s keeps its result, but a job run from a broker has no row in PostgreSQL "
+            "to keep it in: its result is dropped (wait_for raises ResultMissingError); run "
+            "its queue without a route to keep results",
+            task,
+        )
 
     async def _skip_duplicate(self, delivery: Delivery, job: JobMessage) -> None:
         log.info("job %s already ran or runs here: a duplicate, acked without running", job.id)
         await delivery.ack()
         self.stats.duplicates += 1
 
-    async def _run_keeping_alive(
-        self, delivery: Delivery, task: Task, ctx: JobContext, job: JobMessage
-    ) -> None:
-        handler = asyncio.ensure_future(self._call_handler(task, ctx, job))
+    async def _run_keeping_alive(self, delivery: Delivery, run: JobAttempt) -> Outcome:
+        """Run the attempt on a handler thread, telling the broker meanwhile that the job is
+        being worked on; a handler past its timeout keeps its thread until it returns."""
+        loop = asyncio.get_running_loop()
+        handler = loop.run_in_executor(self._executor, self.runner.run_job, run)
         try:
             while True:
                 done, _ = await asyncio.wait({handler}, timeout=self.config.lease / 3)
                 if done:
-                    handler.result()
-                    return
+                    return handler.result()
                 await delivery.keep_alive()
+        except asyncio.CancelledError:  # shutdown gave up on it: tell the handler
+            self.runner.give_up(run, "lost", loop)
+            raise
         finally:
-            handler.cancel()
+            timer = self._timers.pop(run.key, None)
+            if timer is not None:
+                timer.cancel()
 
-    async def _call_handler(self, task: Task, ctx: JobContext, job: JobMessage) -> None:
-        """The one call of a handler (sync in a thread of the pool, async on this loop),
-        inside the registry's and the task's middleware as the table worker runs it:
-        middleware runs on a pool thread and an async handler's `call_next()` waits for it
-        on this loop."""
-        loop = asyncio.get_running_loop()
-        chain = [*self.registry.middleware, *task.middleware]
-        if task.is_async and not chain:
-            call: Any = _invoke(task, ctx, job.args)
-        elif not chain:
-            call = loop.run_in_executor(
-                self._executor, functools.partial(_invoke, task, ctx, job.args)
-            )
-        else:
+    # -- the job core's callbacks ------------------------------------------------------------
 
-            def call_handler(c: JobContext) -> Any:
-                result = _invoke(task, c, job.args)
-                if inspect.isawaitable(result):
-                    return asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
-                return result
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """Where async handlers run: this worker's own loop (handler threads wait)."""
+        if self._loop is None:
+            raise RuntimeError("the broker worker's event loop is not running")
+        return self._loop
 
-            call = loop.run_in_executor(self._executor, compose(chain, call_handler), ctx)
-        try:
-            await asyncio.wait_for(call, task.timeout)
-        except asyncio.TimeoutError:
-            if ctx is not None:
-                ctx.mark_lost()
-            raise JobTimeoutError(job_id=job.id, task=job.task, timeout=task.timeout) from None
+    def _watch_deadline(self, run: JobAttempt, deadline: float) -> None:
+        """Called on the handler thread as a timed handler starts: time it out at `deadline`."""
+        run.deadline = deadline
+        self._event_loop().call_soon_threadsafe(self._arm_timeout, run, deadline)
+
+    def _arm_timeout(self, run: JobAttempt, deadline: float) -> None:
+        if run.id not in self._running_ids:  # it returned already
+            return
+        delay = max(deadline - time.monotonic(), 0.0)
+        self._timers[run.key] = self._event_loop().call_later(delay, self._time_out, run)
+
+    def _time_out(self, run: JobAttempt) -> None:
+        self._timers.pop(run.key, None)
+        log.warning(
+            "job %s (%s) timed out; it keeps its slot until its handler returns", run.id, run.task
+        )
+        self.runner.give_up(run, "timed out", self._loop)
 
     async def _give_up(
         self, delivery: Delivery, job: JobMessage, attempt: int, limit: int, error: str

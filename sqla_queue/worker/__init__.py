@@ -32,16 +32,18 @@ from sqlalchemy.exc import OperationalError
 
 from sqla_queue import queries
 from sqla_queue.database import create_queue_engine
+from sqla_queue.job.context import JobContext
+from sqla_queue.job.run import resources_of
 from sqla_queue.migrate import check_schema
 from sqla_queue.notify import Listener
-from sqla_queue.registry import JobContext, Registry
+from sqla_queue.registry import Registry
 from sqla_queue.transactional import job_session
 
 from .board import JobBoard
 from .completer import Completer
 from .config import WorkerConfig, WorkerStats
 from .connection import DatabaseLink, FailureLog, backoff_delays, describe
-from .executor import Executor, resources_of
+from .executor import Executor
 from .jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
 from .keeper import Keeper
 from .producer import Producer
@@ -192,9 +194,7 @@ class Worker:
         return False
 
     def _finished(self, outcome: Outcome) -> None:
-        hooks = self.registry.hooks
-        if hooks.job_finished:
-            hooks.emit(hooks.job_finished, outcome.job.ctx, outcome)
+        self.executor.runner.finished(outcome)
 
     def _on_notify(self) -> None:
         self.producer.on_notify()

@@ -11,6 +11,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import cast
+
+from sqla_queue.job.outcome import JobAttempt
 
 from .jobs import ClaimedJob, Outcome, OutcomeKind
 
@@ -249,7 +252,8 @@ class JobBoard:
                 # a kept result is written by complete_jobs, which stores it
                 if outcome.kind is not succeeded or outcome.result is not None:
                     return None
-            jobs = [outcome.job for outcome in outcomes]
+            # the board's outcomes are its own jobs': each one a ClaimedJob
+            jobs = cast("list[ClaimedJob]", [outcome.job for outcome in outcomes])
             outcomes.clear()
             held = self.held
             for job in jobs:
@@ -257,7 +261,7 @@ class JobBoard:
                     del held[job.key]
             return jobs
 
-    def forget(self, jobs: Iterable[ClaimedJob]) -> None:
+    def forget(self, jobs: Iterable[JobAttempt]) -> None:
         with self.mutex:
             for job in jobs:
                 if self.held.get(job.key) is job:

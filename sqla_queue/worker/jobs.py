@@ -1,97 +1,37 @@
-"""The typed values the worker's parts hand each other: a `ClaimedJob` and its `Outcome`."""
+"""The typed values the worker's parts hand each other: a `ClaimedJob` and its `Outcome`.
+
+`Outcome` and `OutcomeKind` live in `sqla_queue.job.outcome` (re-exported here).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import enum
 import json
 import time
-import traceback
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
-from sqla_queue.registry import JobContext
+from sqla_queue.job.context import JobContext
+from sqla_queue.job.outcome import (
+    MAX_ERROR_CHARS,
+    WRITES_NOTHING,
+    JobAttempt,
+    Outcome,
+    OutcomeKind,
+    error_text,
+    storable,
+)
 
-MAX_ERROR_CHARS = 20_000
-
-
-class OutcomeKind(str, enum.Enum):
-    """How one claimed job ended for this worker."""
-
-    succeeded = "succeeded"
-    """The handler returned: the job is finished by its queue's retention."""
-    retried = "retried"
-    """The handler raised: the job is queued again after its retry delay."""
-    failed = "failed"
-    """The handler raised on its last attempt (or could not run at all): failed for good."""
-    timed_out = "timed out"
-    """The handler overran its task's timeout: retried or failed by the same rules."""
-    cancelled = "cancelled"
-    """The job was cancelled while this worker held it; nothing is written."""
-    lost = "lost"
-    """The job was no longer this worker's (reaped elsewhere); nothing is written."""
-    released = "released"
-    """The worker stopped: the job went back to the queue."""
-    snoozed = "snoozed"
-    """The handler or a middleware raised `Snooze`: queued again after its delay, the
-    attempt refunded."""
-    deferred = "deferred"
-    """The worker has no handler for the job's task (a newer release's task during a rolling
-    deploy): queued again for a worker that has one, its attempt refunded, after a delay
-    that doubles with each deferral."""
-
-
-WRITES_NOTHING = frozenset({OutcomeKind.cancelled, OutcomeKind.lost, OutcomeKind.released})
-
-
-@dataclass
-class Outcome:
-    """One job's outcome, from the executor (or the timeout watch) to the completer.
-
-    Read-only by convention (not frozen: one is made per job, and frozen ones cost more)."""
-
-    kind: OutcomeKind
-    job: ClaimedJob
-    error: str = ""
-    """The traceback (or reason) written to the job's last_error."""
-    retry_in: float | None = None
-    """Seconds until the next attempt, or None when this attempt is the last."""
-    exception: BaseException | None = None
-    task_max_attempts: int | None = None
-    """A snoozed job's task's own max_attempts (its budget when the job has none)."""
-    result: str | None = None
-    """A succeeded job's return value as JSON text, when its task keeps results."""
-    result_pending: bool = False
-    """The handler's `ctx.session()` commit finished the job with its result pending (its
-    task keeps results): the completer stores `result`, or fails the job with `error`."""
-
-    @property
-    def committed(self) -> bool:
-        """Whether the handler's own `ctx.session()` commit finished the job already: the
-        completer writes nothing for it."""
-        return self.job.ctx.committed
-
-    @property
-    def requeues(self) -> bool:
-        """Whether the job is queued again (a retry, after an error or a timeout)."""
-        return self.retry_in is not None and self.kind in (
-            OutcomeKind.retried,
-            OutcomeKind.timed_out,
-        )
-
-
-def error_text(exc: BaseException) -> str:
-    """The traceback of `exc`, shortened, and storable: PostgreSQL text holds neither NUL
-    nor a lone surrogate, so they are escaped."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return storable(text[-MAX_ERROR_CHARS:])
-
-
-def storable(text: str) -> str:
-    """`text` with NUL characters and lone surrogates escaped, so PostgreSQL accepts it."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "WRITES_NOTHING",
+    "ClaimColumns",
+    "ClaimedJob",
+    "Outcome",
+    "OutcomeKind",
+    "decode_args",
+    "error_text",
+    "storable",
+]
 
 
 def decode_args(args_json: str) -> tuple[dict[str, Any], str | None]:
@@ -133,31 +73,11 @@ class ClaimColumns:
         self.task: int = keys.index("task")
 
 
-class ClaimedJob:
+class ClaimedJob(JobAttempt):
     """A job this worker has claimed and not yet finished. Keyed by (id, attempt): a job
     re-claimed by the same worker after a reap is a different `ClaimedJob`."""
 
-    __slots__ = (
-        "_token",
-        "args",
-        "attempt",
-        "claimed_at",
-        "ctx",
-        "deadline",
-        "decode_error",
-        "future",
-        "gave_up_at",
-        "id",
-        "key",
-        "max_attempts",
-        "next_report",
-        "pending",
-        "queue",
-        "reported_started",
-        "started",
-        "task",
-        "task_handle",
-    )
+    __slots__ = ("_token", "claimed_at", "next_report", "reported_started")
 
     def __init__(
         self,
@@ -167,39 +87,23 @@ class ClaimedJob:
         heartbeat: Any = None,
         session_factory: Any = None,
     ) -> None:
-        self.id: int = row[columns.id]
-        self.task: str = row[columns.task]
-        self.attempt: int = row[columns.attempts]
-        self.max_attempts: int | None = row[columns.max_attempts]
-        self.queue: str = row[columns.queue]
         # Decoded here, one job at a time: a row that cannot be decoded fails alone.
-        self.args, self.decode_error = decode_args(row[columns.args_json])
-        self.ctx = JobContext(
-            self.id,
-            self.task,
-            self.queue,
-            self.attempt,
+        args, decode_error = decode_args(row[columns.args_json])
+        ctx = JobContext(
+            row[columns.id],
+            row[columns.task],
+            row[columns.queue],
+            row[columns.attempts],
             heartbeat,
             resources,
             tags=row[columns.tags],
             meta=row[columns.meta_json],
             session_factory=session_factory,
         )
-        self.key = (self.id, self.attempt)
-        """(id, attempt): how the board holds it."""
+        super().__init__(ctx, args, row[columns.max_attempts], decode_error)
         self.claimed_at = time.monotonic()
-        self.deadline: float | None = None
-        self.started = False
         self.reported_started = False
         self._token = [True]
-        self.future: Future[Any] | None = None
-        self.task_handle: asyncio.Task[Any] | None = None
-        """An async handler's task on the worker's loop, once it runs (to cancel it)."""
-        self.pending: Outcome | None = None
-        """The outcome decided when the handler overran its timeout, written once the
-        handler returns: until then the job stays running and keeps its slots."""
-        self.gave_up_at: float | None = None
-        """When the worker gave up on the handler (its deadline, or its cancel seen)."""
         self.next_report = 0.0
         """When the keeper reports the overrunning handler next (0: not reported yet)."""
 
@@ -216,6 +120,3 @@ class ClaimedJob:
     def settled(self) -> bool:
         """Whether someone has taken the job to settle it."""
         return not self._token
-
-    def __repr__(self) -> str:
-        return f"ClaimedJob(id={self.id}, task={self.task!r}, attempt={self.attempt})"
