@@ -34,6 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from .bounds import PRIORITY_MAX as PRIORITY_MAX
 from .bounds import invalid_job
+from .job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from .job.options import OPTION_NAMES, JobOptions, delay_interval, options_from
 from .job.states import FINISHED_SQL, in_sql
 from .job.states import JobStatus as JobStatus
@@ -59,7 +60,6 @@ NOTIFY_CHANNEL = "sqla_queue"
 """The LISTEN/NOTIFY channel; the payload is the queue's name."""
 
 DEFAULT_QUEUE = "default"
-DEFAULT_MAX_ATTEMPTS = 5
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

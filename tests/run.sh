@@ -21,5 +21,6 @@ python3 -m venv .venv
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy --strict sqla_queue
+.venv/bin/lint-imports
 parallel=(-n "${SQLA_QUEUE_TEST_WORKERS:-4}")
 .venv/bin/pytest "${parallel[@]}" ${marker[@]+"${marker[@]}"} ${args[@]+"${args[@]}"}

@@ -21,6 +21,9 @@ from sqlalchemy.sql import ClauseElement
 
 from sqla_queue.bounds import MAX_ATTEMPTS, PRIORITY_MAX, ErrorFactory, check_count, check_duration
 
+DEFAULT_MAX_ATTEMPTS = 5
+"""How many times a job runs at most when neither it nor its task says (first run included)."""
+
 if TYPE_CHECKING:
     from sqla_queue.unique import UniqueOption
 

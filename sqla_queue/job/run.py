@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, TaskNotFoundError
 from sqla_queue.middleware import compose
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
-from sqla_queue.results import encode_result
 from sqla_queue.retry import DEFAULT_RETRY
 
 from .context import JobContext
+from .encoding import encode_result
 from .failures import FailureReporter
+from .options import DEFAULT_MAX_ATTEMPTS
 from .outcome import JobAttempt, Outcome, OutcomeKind, error_text, storable
 
 if TYPE_CHECKING:
