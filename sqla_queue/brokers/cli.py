@@ -1,4 +1,5 @@
-"""The broker side of `sqla-queue relay` and `sqla-queue worker --from` (kept out of cli.py)."""
+"""The broker side of `sqla-queue relay` and `sqla-queue worker --from` (kept out of the CLI
+package): each takes the same config dataclass the Python API does."""
 
 from __future__ import annotations
 
@@ -7,66 +8,48 @@ from sqlalchemy import Engine
 
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.registry import Registry
+from sqla_queue.worker.config import WorkerConfig
 
 from .relay import Relay, RelayConfig, RelayStats
 from .worker import BrokerWorker, BrokerWorkerConfig
 
 
-def run_relay(
-    engine: Engine,
-    broker_url: str,
-    batch: int,
-    poll_interval: float,
-    publish_timeout: float,
-    duplicate_window: float,
-    burst: bool,
-    poll_only: bool,
-) -> RelayStats:
-    config = RelayConfig(
-        broker_url=broker_url,
-        batch=batch,
-        poll_interval=poll_interval,
-        publish_timeout=publish_timeout,
-        duplicate_window=duplicate_window,
-        burst=burst,
-        poll_only=poll_only,
-    )
+def run_relay(engine: Engine, config: RelayConfig) -> RelayStats:
+    """Relay with `config` until stopped (or, with burst, until nothing is due); disposes
+    of `engine`."""
     try:
         return Relay(engine, config).run()
     finally:
         engine.dispose()
 
 
-def run_broker_worker(
-    engine: Engine,
-    registry: Registry,
-    broker_url: str,
-    queues: str | None,
-    concurrency: int,
-    lease: float,
-    poll_interval: float,
-    burst: bool,
-    shutdown_timeout: float,
-    dedup: bool | None,
-) -> None:
-    names = [q.strip() for q in (queues or "").split(",") if q.strip()]
+def broker_worker_config(
+    broker_url: str, worker: WorkerConfig, ack_wait: float, dedup: bool | None
+) -> BrokerWorkerConfig:
+    """The broker worker `sqla-queue worker --from URL` runs: the table worker's settings
+    (one queue, concurrency, poll interval, burst, shutdown timeout) with the broker's own."""
+    names = worker.queues or []
     if len(names) != 1:
         raise ConfigurationError(detail="--from runs one routed queue: pass it as -q NAME")
-    config = BrokerWorkerConfig(
+    return BrokerWorkerConfig(
         broker_url=broker_url,
         queue=names[0],
-        concurrency=concurrency,
-        lease=lease,
-        poll_interval=min(poll_interval, 1.0),
-        burst=burst,
-        shutdown_timeout=shutdown_timeout,
+        concurrency=worker.concurrency,
+        ack_wait=ack_wait,
+        poll_interval=min(worker.poll_interval, 1.0),
+        burst=worker.burst,
+        shutdown_timeout=worker.shutdown_timeout,
         dedup=dedup,
     )
+
+
+def run_broker_worker(engine: Engine, registry: Registry, config: BrokerWorkerConfig) -> None:
+    """Run `config`'s routed queue from its broker; disposes of `engine`."""
     try:
         stats = BrokerWorker(engine, registry, config).run()
     finally:
         engine.dispose()
-    if burst:
+    if config.burst:
         click.echo(
             f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} "
             f"failed, {stats.duplicates} duplicates skipped",
