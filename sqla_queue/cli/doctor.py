@@ -16,13 +16,14 @@ from .base import Command
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option(
-    "--lease",
+    "--stuck-after",
     type=DURATION,
     default="60",
     show_default=True,
     help="Grace for stuck jobs (past their lease, or held by a dead worker): overdue by twice "
     "this is critical (60, 90s, 5m).",
 )
+@base.deprecated_alias("--lease", "--stuck-after", "stuck_after", type=DURATION, default=None)
 @click.option(
     "--backlog-threshold",
     type=DURATION,
@@ -52,7 +53,7 @@ from .base import Command
 def doctor(
     database_url: str | None,
     as_json: bool,
-    lease: float,
+    stuck_after: float,
     backlog_threshold: float,
     long_transaction: float,
     sample: float,
@@ -63,7 +64,7 @@ def doctor(
     from sqla_queue.doctor import DoctorOptions, Severity, diagnose, worst
 
     options = DoctorOptions(
-        lease=lease,
+        stuck_after=stuck_after,
         backlog_threshold=backlog_threshold,
         long_transaction=long_transaction,
         sample=sample,

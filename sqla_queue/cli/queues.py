@@ -9,6 +9,7 @@ from sqlalchemy import Connection
 
 from sqla_queue import admin
 from sqla_queue.bounds import count
+from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.durations import DURATION, RATE
 from sqla_queue.models import JobStatus, Retention
 
@@ -21,25 +22,36 @@ def queues() -> None:
     """Create, list, pause, resume and delete queues."""
 
 
-_ROUTE_HELP = "Send its jobs to a broker: nats:SUBJECT or amqp:EXCHANGE/ROUTING_KEY (see relay)."
-
-
-_CONCURRENCY_HELP = "At most N of its jobs run at once, across all workers."
+_ROUTE_HELP = (
+    "Send its jobs to a broker: "
+    + " or ".join(kind.route_form for kind in BROKER_KINDS.values())
+    + " (see relay)."
+)
+_MAX_RUNNING_HELP = (
+    "At most N of its jobs run at once, across all workers (a worker's own -c/--concurrency "
+    "is its threads)."
+)
 _RATE_HELP = (
     "At most COUNT of its jobs start per window, across all workers: 100/s, 10/min, 20/30s."
 )
 _RESULT_TTL_HELP = "How long kept results stay readable when the queue deletes jobs (default 1d)."
 
 
+_concurrency_alias = base.deprecated_alias(
+    "--concurrency", "--max-running", "max_running", type=count(), default=None
+)
+"""A queue's old --concurrency: the word is a worker's (its threads)."""
+
+
 def _apply_limits(
     conn: Connection,
     name: str,
-    concurrency: int | None,
+    max_running: int | None,
     rate: tuple[int, float] | None,
     result_ttl: float | None,
 ) -> None:
-    if concurrency is not None:
-        admin.set_concurrency(conn, name, concurrency or None)
+    if max_running is not None:
+        admin.set_concurrency(conn, name, max_running or None)
     if rate is not None:
         admin.set_rate(conn, name, rate)
     if result_ttl is not None:
@@ -52,7 +64,7 @@ def _describe(info: admin.QueueInfo) -> str:
     if info.route:
         parts.append(f"route {info.route}")
     if info.concurrency is not None:
-        parts.append(f"concurrency {info.concurrency}")
+        parts.append(f"max-running {info.concurrency}")
     if info.rate is not None:
         parts.append(f"rate {info.rate_text}")
     return ", ".join(parts)
@@ -67,7 +79,8 @@ def _describe(info: admin.QueueInfo) -> str:
     help="What happens to succeeded jobs: delete (the default for a new queue), keep, archive.",
 )
 @click.option("--route", default=None, help=_ROUTE_HELP)
-@click.option("--concurrency", type=count(), default=None, help=_CONCURRENCY_HELP)
+@click.option("--max-running", type=count(), default=None, help=_MAX_RUNNING_HELP)
+@_concurrency_alias
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
 def queues_create(
@@ -75,7 +88,7 @@ def queues_create(
     name: str,
     retention: str | None,
     route: str | None,
-    concurrency: int | None,
+    max_running: int | None,
     rate: tuple[int, float] | None,
     result_ttl: float | None,
 ) -> None:
@@ -86,7 +99,7 @@ def queues_create(
             admin.set_retention(conn, name, retention)
         if route is not None:
             admin.set_route(conn, name, route)
-        _apply_limits(conn, name, concurrency, rate, result_ttl)
+        _apply_limits(conn, name, max_running, rate, result_ttl)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
     state = "created" if created else "exists"
     click.echo(f"queue {name!r} {state} ({_describe(info)})")
@@ -97,8 +110,10 @@ def queues_create(
 @click.option("--retention", type=click.Choice([r.value for r in Retention]), default=None)
 @click.option("--route", default=None, help=_ROUTE_HELP)
 @click.option("--no-route", is_flag=True, help="Back to table workers (clears the route).")
-@click.option("--concurrency", type=count(), default=None, help=_CONCURRENCY_HELP)
-@click.option("--no-concurrency", is_flag=True, help="Lift the concurrency limit.")
+@click.option("--max-running", type=count(), default=None, help=_MAX_RUNNING_HELP)
+@click.option("--no-max-running", is_flag=True, help="Lift the limit on running jobs.")
+@_concurrency_alias
+@base.deprecated_alias("--no-concurrency", "--no-max-running", "no_max_running", is_flag=True)
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--no-rate", is_flag=True, help="Lift the rate limit.")
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
@@ -108,8 +123,8 @@ def queues_set(
     retention: str | None,
     route: str | None,
     no_route: bool,
-    concurrency: int | None,
-    no_concurrency: bool,
+    max_running: int | None,
+    no_max_running: bool,
     rate: tuple[int, float] | None,
     no_rate: bool,
     result_ttl: float | None,
@@ -117,7 +132,7 @@ def queues_set(
     """Change the settings of queue NAME."""
     for given, lifted, option in (
         (route, no_route, "route"),
-        (concurrency, no_concurrency, "concurrency"),
+        (max_running, no_max_running, "max-running"),
         (rate, no_rate, "rate"),
     ):
         if given is not None and lifted:
@@ -127,11 +142,11 @@ def queues_set(
             admin.set_retention(conn, name, retention)
         if route is not None or no_route:
             admin.set_route(conn, name, route)
-        if no_concurrency:
+        if no_max_running:
             admin.set_concurrency(conn, name, None)
         if no_rate:
             admin.set_rate(conn, name, None)
-        _apply_limits(conn, name, concurrency, rate, result_ttl)
+        _apply_limits(conn, name, max_running, rate, result_ttl)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
     click.echo(f"queue {name!r}: {_describe(info)}, route {info.route or '(none)'}")
 
@@ -143,7 +158,7 @@ def queues_list(database_url: str | None) -> None:
         for info in admin.list_queues(conn):
             state = "paused" if info.paused else "active"
             routed = f"\troute={info.route}" if info.route else ""
-            limited = f"\tconcurrency={info.concurrency}" if info.concurrency else ""
+            limited = f"\tmax-running={info.concurrency}" if info.concurrency else ""
             limited += f"\trate={info.rate_text}" if info.rate else ""
             click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
 
