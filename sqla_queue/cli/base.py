@@ -4,6 +4,7 @@ and print."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -116,6 +117,12 @@ def _apply_aliases(ctx: click.Context) -> None:
     for dest, value in ctx.meta.get(_ALIASES, {}).items():
         if ctx.get_parameter_source(dest) not in given:
             ctx.params[dest] = value
+
+
+def config_default(config: type, name: str) -> Any:
+    """The default of a config dataclass' field: a command's defaults are its API's own."""
+    (found,) = [f for f in dataclasses.fields(config) if f.name == name]
+    return found.default
 
 
 def _reject_constant(name: str) -> Any:

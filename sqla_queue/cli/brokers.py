@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import click
 
 from sqla_queue.bounds import MAX_BATCH, count
+from sqla_queue.brokers.relay import RelayConfig
 from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.durations import DURATION
 
@@ -34,16 +35,26 @@ def _broker_url_options(func: F) -> F:
 @click.option(
     "--batch",
     type=count(1, MAX_BATCH),
-    default=500,
+    default=base.config_default(RelayConfig, "batch"),
     show_default=True,
     help="Jobs per transaction.",
 )
-@click.option("--poll-interval", type=DURATION, default=1.0, show_default=True)
-@click.option("--publish-timeout", type=DURATION, default=10.0, show_default=True)
+@click.option(
+    "--poll-interval",
+    type=DURATION,
+    default=base.config_default(RelayConfig, "poll_interval"),
+    show_default=True,
+)
+@click.option(
+    "--publish-timeout",
+    type=DURATION,
+    default=base.config_default(RelayConfig, "publish_timeout"),
+    show_default=True,
+)
 @click.option(
     "--duplicate-window",
     type=DURATION,
-    default=120.0,
+    default=base.config_default(RelayConfig, "duplicate_window"),
     show_default=True,
     help="NATS: seconds a stream the relay creates remembers message ids.",
 )
@@ -63,7 +74,6 @@ def relay(
 ) -> None:
     """Move committed jobs of routed queues to their broker (--nats URL or --amqp URL)."""
     from sqla_queue.brokers.cli import run_relay
-    from sqla_queue.brokers.relay import RelayConfig
 
     given = [url for url in broker_urls.values() if url is not None]
     if len(given) != 1:

@@ -27,22 +27,16 @@ WORKER_APPLICATION_NAME = "sqla-queue worker"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _default(config: Any, name: str) -> Any:
-    """The default of a config dataclass' field: the CLI's defaults are the worker's own."""
-    (found,) = [f for f in dataclasses.fields(config) if f.name == name]
-    return found.default
-
-
 def _worker_default(name: str) -> Any:
     from sqla_queue.worker import WorkerConfig
 
-    return _default(WorkerConfig, name)
+    return base.config_default(WorkerConfig, name)
 
 
 def _broker_default(name: str) -> Any:
     from sqla_queue.brokers.worker import BrokerWorkerConfig
 
-    return _default(BrokerWorkerConfig, name)
+    return base.config_default(BrokerWorkerConfig, name)
 
 
 def _supervised_child_exits(func: F) -> F:
