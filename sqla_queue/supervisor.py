@@ -49,8 +49,11 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
+
+import click
 
 from .errors import AppLoadError, ConfigurationError, SchemaElsewhereError, SchemaMissingError
 from .retry import RetryPolicy
@@ -349,6 +352,68 @@ def exit_for_configuration_error(exc: Exception) -> NoReturn:
     sys.exit(EXIT_CONFIG)
 
 
+PER_PARENT_OPTIONS = frozenset(
+    {"database_url", "processes", "supervised_slot", "log_format", "metrics_port"}
+)
+"""`worker` options the parent of `--processes` does not pass on as given."""
+
+
+def supervise_worker_command(
+    ctx: click.Context, processes: int, log_format: str, env: Mapping[str, str]
+) -> int:
+    """Run `processes` workers as children, each a fresh `python -m sqla_queue worker` with
+    the options of the `worker` command in `ctx`; returns the parent's exit status. The URL
+    travels in `env` (not on a command line, where `ps` shows passwords); child N serves
+    its metrics on --metrics-port + N - 1."""
+    given: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if not isinstance(param, click.Option) or name in PER_PARENT_OPTIONS:
+            continue
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
+            continue  # the child computes the same default
+        given.extend(_option_arguments(param, ctx.params[name]))
+    base = [sys.executable, "-m", "sqla_queue", "worker", *given, "--log-format", log_format]
+    metrics_port = ctx.params["metrics_port"]
+    commands = []
+    for slot in range(1, processes + 1):
+        slot_args = ["--supervised-slot", str(slot)]
+        if metrics_port is not None:
+            slot_args += ["--metrics-port", str(metrics_port + slot - 1)]
+        commands.append([*base, *slot_args])
+    return Supervisor(commands, burst=ctx.params["burst"], env=dict(os.environ, **env)).run()
+
+
+def _option_arguments(option: click.Option, value: Any) -> list[str]:
+    """The command-line arguments that give `option` the parsed `value` again."""
+    if option.is_flag:
+        if option.secondary_opts:
+            return [option.opts[0] if value else option.secondary_opts[0]]
+        return [option.opts[0]] if value else []
+    if value is None:
+        return []
+    if isinstance(value, float):  # positional notation: DURATION refuses 1e-05
+        return [option.opts[0], format(Decimal(repr(value)), "f")]
+    return [option.opts[0], str(value)]
+
+
+def exit_past_stuck_handlers(grace: float = 0.5) -> None:
+    """Exit now if handlers abandoned at the shutdown timeout (or after their own timeout)
+    still hold pool threads: their jobs are already requeued or recorded, and the interpreter
+    would otherwise wait at exit for every one of them to return."""
+    deadline = time.monotonic() + grace
+    stuck = [t for t in threading.enumerate() if t.name.startswith("sqla-queue-job")]
+    for thread in stuck:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = sum(thread.is_alive() for thread in stuck)
+    if left:
+        log.warning("exiting with %d abandoned handler(s) still running", left)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 __all__ = [
     "CONFIGURATION_ERRORS",
     "EXIT_CONFIG",
@@ -358,5 +423,7 @@ __all__ = [
     "child_name",
     "describe_exit",
     "exit_for_configuration_error",
+    "exit_past_stuck_handlers",
+    "supervise_worker_command",
     "watch_parent",
 ]

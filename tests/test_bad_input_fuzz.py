@@ -86,7 +86,7 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
         (["enqueue", "t", "--args", '{"a": -1e999}'], 2, "-1e999 is too large for a JSON number"),
         (["enqueue", "t", "--args", '{"a": NaN}'], 2, "NaN is not JSON"),
         (["enqueue", "t", "--max-attempts", "99999999999"], 2, "from 1 to 1000000, got 9999"),
-        (["queues", "set", "default", "--concurrency", "99999999999"], 2, "from 1 to 2147483647"),
+        (["queues", "set", "default", "--max-running", "99999999999"], 2, "from 1 to 2147483647"),
         (["queues", "set", "default", "--rate", "99999999999/s"], 2, "rate count must be a who"),
         (["queues", "set", "default", "--rate", "1/99999999999999w"], 2, "rate window must be"),
         (["jobs", "retry", "1", "--attempts", "99999999999"], 2, "from 1 to 1000000"),

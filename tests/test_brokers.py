@@ -201,10 +201,10 @@ def test_broker_worker_killed_mid_job_gets_it_delivered_again(
         (job_id,) = enqueue_many(session, [{"task": "hang_first", "queue": "out"}])
     assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
 
-    first = processes(database_url, *from_args(broker, "--lease", "2"))
+    first = processes(database_url, *from_args(broker, "--ack-wait", "2"))
     wait_until(lambda: effects.attempts(job_id) == [1], 60, "the first attempt to start")
     first.kill()
-    second = processes(database_url, *from_args(broker, "--lease", "2", "--burst"))
+    second = processes(database_url, *from_args(broker, "--ack-wait", "2", "--burst"))
     assert second.wait(90) == 0, second.log()
 
     assert effects.attempts(job_id) == [1, 2]

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from apps.support import (
     SQLA_QUEUE_BIN,
@@ -28,6 +29,7 @@ from sqlalchemy import Engine, text
 
 from sqla_queue import admin
 from sqla_queue.cli import main
+from sqla_queue.cli.base import Command
 from sqla_queue.durations import parse_duration
 from sqla_queue.migrate import SCHEMA_REVISION
 
@@ -378,11 +380,34 @@ def test_worker_with_a_bad_setting_says_what_is_wrong(
         ("postgresql://postgres@127.0.0.1:1/db", "cannot use the database"),
     ],
 )
-@pytest.mark.parametrize("command", [["migrate"], ["stats"]], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [["migrate"], ["stats"], ["queues", "list"], ["jobs", "show", "1"], ["doctor"]],
+    ids=lambda c: " ".join(c[:2]),
+)
 def test_bad_database_url_gives_one_line_and_a_non_zero_exit(
     url: str, message: str, command: list[str]
 ) -> None:
     assert_one_line_error(cli(*command, "--database-url", url), message)
+
+
+def _leaf_commands(group: click.Group, path: str = "") -> Iterator[tuple[str, click.Command]]:
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _leaf_commands(command, f"{path}{name} ")
+        else:
+            yield f"{path}{name}", command
+
+
+def test_every_command_takes_the_database_url_first_and_reports_errors_in_one_line() -> None:
+    no_database = {"alembic revision", "alembic version-locations", "embedded url", "embedded stop"}
+    leaves = dict(_leaf_commands(main))
+
+    assert len(leaves) == 24
+    for name, command in leaves.items():
+        assert isinstance(command, Command), name  # whose invoke gives the one-line errors
+        first = command.params[0].name if command.params else None
+        assert (first == "database_url") is (name not in no_database), name
 
 
 def test_worker_with_a_database_that_does_not_exist_exits_with_one_line() -> None:

@@ -334,19 +334,19 @@ def test_admin_refuses_a_bad_limit_and_an_unknown_queue(engine: Engine) -> None:
 
 def test_cli_creates_sets_lists_and_lifts_limits(database_url: str, engine: Engine) -> None:
     created = cli(
-        "queues", "create", "emails", "--concurrency", "5", "--rate", "100/s", url=database_url
+        "queues", "create", "emails", "--max-running", "5", "--rate", "100/s", url=database_url
     )
     assert created.exit_code == 0, created.output
-    assert "concurrency 5, rate 100/s" in created.stdout
+    assert "max-running 5, rate 100/s" in created.stdout
 
     changed = cli(
-        "queues", "set", "emails", "--concurrency", "2", "--rate", "10/min", url=database_url
+        "queues", "set", "emails", "--max-running", "2", "--rate", "10/min", url=database_url
     )
     assert changed.exit_code == 0, changed.output
     listed = cli("queues", "list", url=database_url)
-    assert "emails\tactive\tretention=delete\tconcurrency=2\trate=10/min" in listed.stdout
+    assert "emails\tactive\tretention=delete\tmax-running=2\trate=10/min" in listed.stdout
 
-    lifted = cli("queues", "set", "emails", "--no-concurrency", "--no-rate", url=database_url)
+    lifted = cli("queues", "set", "emails", "--no-max-running", "--no-rate", url=database_url)
     assert lifted.exit_code == 0, lifted.output
     with engine.connect() as conn:
         row = conn.execute(
@@ -356,6 +356,31 @@ def test_cli_creates_sets_lists_and_lifts_limits(database_url: str, engine: Engi
             )
         ).one()
     assert tuple(row) == (None, None, None)
+
+
+def test_cli_takes_a_queues_old_concurrency_spelling_with_a_warning(
+    database_url: str, engine: Engine
+) -> None:
+    created = cli("queues", "create", "emails", "--concurrency", "5", url=database_url)
+    changed = cli("queues", "set", "emails", "--concurrency", "2", url=database_url)
+    assert changed.exit_code == 0, changed.output
+    with engine.connect() as conn:
+        limit = conn.execute(
+            text("SELECT concurrency FROM sqla_queue.queues WHERE name = 'emails'")
+        ).scalar_one()
+    lifted = cli("queues", "set", "emails", "--no-concurrency", url=database_url)
+    both = cli(
+        "queues", "set", "emails", "--concurrency", "3", "--no-max-running", url=database_url
+    )
+
+    assert created.exit_code == 0, created.output
+    assert "max-running 5" in created.stdout
+    assert "--concurrency is deprecated, use --max-running" in created.stderr
+    assert limit == 2
+    assert "--no-concurrency is deprecated, use --no-max-running" in lifted.stderr
+    assert "max-running" not in lifted.stdout
+    assert both.exit_code == 2
+    assert "pass --max-running or --no-max-running, not both" in both.stderr
 
 
 def test_cli_refuses_a_bad_rate_in_one_line(database_url: str) -> None:

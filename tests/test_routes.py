@@ -27,7 +27,8 @@ from sqla_queue import (
     enqueue_many,
     queries,
 )
-from sqla_queue.brokers.routes import parse_route
+from sqla_queue.brokers.routes import BROKER_KINDS, broker_kind, parse_route
+from sqla_queue.brokers.worker import BrokerWorkerConfig
 from sqla_queue.cli import main
 from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
@@ -191,6 +192,34 @@ def test_worker_from_a_broker_needs_a_routed_queue_of_that_broker(
     assert "neither nats:// nor amqp://" in one_line_error(
         cli(*wrong_scheme, "-q", "out", url=database_url)
     )
+
+
+def test_lease_with_from_is_the_old_spelling_of_ack_wait(database_url: str) -> None:
+    base = ["worker", "--app", "apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
+
+    old = cli(*base, "-q", "default", "--lease", "5", url=database_url)
+    new = cli(*base, "-q", "default", "--ack-wait", "5", url=database_url)
+    with pytest.warns(DeprecationWarning, match="ack_wait"):
+        config = BrokerWorkerConfig(broker_url="nats://x:1", queue="out", lease=5.0)
+
+    assert "--lease with --from is deprecated, use --ack-wait" in old.stderr
+    assert "has no route" in old.stderr  # and the command went on with it
+    assert "deprecated" not in new.stderr
+    assert "has no route" in one_line_error(new)
+    assert config.ack_wait == 5.0
+
+
+def test_every_broker_kind_names_its_routes_urls_and_relay_option() -> None:
+    relay_help = cli("relay", "--help").output
+
+    for name, kind in BROKER_KINDS.items():
+        assert parse_route(kind.route_example).kind == name
+        assert broker_kind(kind.example_url) == name
+        assert all(broker_kind(f"{scheme}://host") == name for scheme in kind.schemes)
+        assert f"--{name} TEXT" in relay_help
+        with pytest.raises(ConfigurationError) as refused:
+            parse_route("x:y")
+        assert kind.route_form in str(refused.value)
 
 
 def test_relay_needs_exactly_one_broker(database_url: str) -> None:

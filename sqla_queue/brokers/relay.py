@@ -27,7 +27,7 @@ from sqla_queue.notify import Listener
 from sqla_queue.queries import brokers as queries
 
 from .messages import JobMessage
-from .routes import NATS, Route, broker_kind, parse_route, redact
+from .routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
 from .transport import Publisher
 
 log = logging.getLogger("sqla_queue.brokers.relay")
@@ -87,13 +87,8 @@ class Relay:
         self._stop_requested = False
 
     def _publisher(self) -> Publisher:
-        if self.kind == NATS:
-            from .nats import NatsPublisher
-
-            return NatsPublisher(self.config.broker_url, self.config.duplicate_window)
-        from .amqp import AmqpPublisher
-
-        return AmqpPublisher(self.config.broker_url)
+        publisher = BROKER_KINDS[self.kind].publisher
+        return publisher(self.config.broker_url, self.config.duplicate_window)
 
     def run(self, install_signal_handlers: bool | None = None) -> RelayStats:
         """Relay until SIGTERM/SIGINT, or with burst until nothing is due."""

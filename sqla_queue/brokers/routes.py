@@ -19,17 +19,19 @@ Derived names (created on first use by the relay or a worker, whichever comes fi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from sqla_queue.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from .transport import Publisher, Source
+
+KindName = Literal["nats", "amqp"]
 NATS: Literal["nats"] = "nats"
 AMQP: Literal["amqp"] = "amqp"
-ROUTE_EXAMPLES = (
-    "nats:SUBJECT (e.g. nats:jobs.out) or amqp:EXCHANGE/ROUTING_KEY (e.g. amqp:jobs/out)"
-)
 NATS_CONSUMER = "sqlaq_worker"
 """The durable pull consumer every broker worker of a NATS route shares."""
 MAX_NAME = 200
@@ -42,7 +44,7 @@ _AMQP_NAME = re.compile(r"^[A-Za-z0-9_\-.:]+$")
 class Route:
     """Where a routed queue's jobs go: a NATS subject or an AMQP exchange and routing key."""
 
-    kind: Literal["nats", "amqp"]
+    kind: KindName
     subject: str = ""
     exchange: str = ""
     routing_key: str = ""
@@ -82,22 +84,18 @@ def _bad(value: str, why: str) -> ConfigurationError:
     return ConfigurationError(detail=f"route {value!r} {why}; use {ROUTE_EXAMPLES}")
 
 
-def parse_route(value: str) -> Route:
-    """Parse and check a route; raises `ConfigurationError` naming the problem and the form."""
-    kind, sep, rest = value.partition(":")
-    if not sep or kind not in (NATS, AMQP):
-        raise _bad(value, "does not start with nats: or amqp:")
-    if not rest or len(rest) > MAX_NAME:
-        raise _bad(value, f"needs a destination of 1 to {MAX_NAME} characters after {kind}:")
-    if kind == NATS:
-        tokens = rest.split(".")
-        if not all(_NATS_TOKEN.match(token) for token in tokens):
-            raise _bad(
-                value,
-                "is not a NATS subject to publish to (dot-separated tokens of letters, "
-                "digits, - and _; no wildcards or spaces)",
-            )
-        return Route(kind=NATS, subject=rest)
+def _nats_route(value: str, rest: str) -> Route:
+    tokens = rest.split(".")
+    if not all(_NATS_TOKEN.match(token) for token in tokens):
+        raise _bad(
+            value,
+            "is not a NATS subject to publish to (dot-separated tokens of letters, "
+            "digits, - and _; no wildcards or spaces)",
+        )
+    return Route(kind=NATS, subject=rest)
+
+
+def _amqp_route(value: str, rest: str) -> Route:
     exchange, slash, routing_key = rest.partition("/")
     if not slash or not exchange or not routing_key:
         raise _bad(value, "needs both an exchange and a routing key, as EXCHANGE/ROUTING_KEY")
@@ -108,16 +106,110 @@ def parse_route(value: str) -> Route:
     return Route(kind=AMQP, exchange=exchange, routing_key=routing_key)
 
 
-def broker_kind(url: str) -> Literal["nats", "amqp"]:
-    """`nats` or `amqp` from a broker URL's scheme, or a clear error."""
+def _nats_publisher(url: str, duplicate_window: float) -> Publisher:
+    from .nats import NatsPublisher
+
+    return NatsPublisher(url, duplicate_window)
+
+
+def _amqp_publisher(url: str, duplicate_window: float) -> Publisher:
+    from .amqp import AmqpPublisher
+
+    return AmqpPublisher(url)
+
+
+def _nats_source(url: str, route: Route, ack_wait: float, prefetch: int) -> Source:
+    from .nats import NatsSource
+
+    return NatsSource(url, route, ack_wait=ack_wait)
+
+
+def _amqp_source(url: str, route: Route, ack_wait: float, prefetch: int) -> Source:
+    from .amqp import AmqpSource
+
+    return AmqpSource(url, route, prefetch=prefetch)
+
+
+@dataclass(frozen=True)
+class BrokerKind:
+    """One kind of broker: how its URLs and routes are spelled, and what publishes to it and
+    consumes from it. The relay, the broker worker and the CLI read `BROKER_KINDS`, so a
+    new kind is one entry there (and its module)."""
+
+    name: KindName
+    schemes: tuple[str, ...]
+    """URL schemes that name this kind (`nats://`, `tls://`)."""
+    route_form: str
+    """The route's form, for help and errors: nats:SUBJECT."""
+    route_example: str
+    example_url: str
+    dedup: bool
+    """Whether a broker worker skips job ids already run unless told (--dedup/--no-dedup):
+    on where the broker keeps no single copy per job itself."""
+    parse: Callable[[str, str], Route]
+    """(the whole route, the part after `name:`) -> the checked `Route`."""
+    publisher: Callable[[str, float], Publisher]
+    """(URL, duplicate window) -> the relay's publisher."""
+    source: Callable[[str, Route, float, int], Source]
+    """(URL, route, ack wait, prefetch) -> a broker worker's source."""
+
+
+BROKER_KINDS: dict[str, BrokerKind] = {
+    kind.name: kind
+    for kind in (
+        BrokerKind(
+            name=NATS,
+            schemes=("nats", "tls"),
+            route_form="nats:SUBJECT",
+            route_example="nats:jobs.out",
+            example_url="nats://127.0.0.1:4222",
+            dedup=False,  # JetStream's publish-side de-duplication keeps one copy per job
+            parse=_nats_route,
+            publisher=_nats_publisher,
+            source=_nats_source,
+        ),
+        BrokerKind(
+            name=AMQP,
+            schemes=("amqp", "amqps"),
+            route_form="amqp:EXCHANGE/ROUTING_KEY",
+            route_example="amqp:jobs/out",
+            example_url="amqp://guest:guest@127.0.0.1:5672/",
+            dedup=True,
+            parse=_amqp_route,
+            publisher=_amqp_publisher,
+            source=_amqp_source,
+        ),
+    )
+}
+"""Every broker kind a route may name, by the name its routes start with."""
+
+ROUTE_EXAMPLES = " or ".join(
+    f"{kind.route_form} (e.g. {kind.route_example})" for kind in BROKER_KINDS.values()
+)
+
+
+def parse_route(value: str) -> Route:
+    """Parse and check a route; raises `ConfigurationError` naming the problem and the form."""
+    name, sep, rest = value.partition(":")
+    kind = BROKER_KINDS.get(name) if sep else None
+    if kind is None:
+        starts = " or ".join(f"{known}:" for known in BROKER_KINDS)
+        raise _bad(value, f"does not start with {starts}")
+    if not rest or len(rest) > MAX_NAME:
+        raise _bad(value, f"needs a destination of 1 to {MAX_NAME} characters after {name}:")
+    return kind.parse(value, rest)
+
+
+def broker_kind(url: str) -> KindName:
+    """The kind of broker a URL's scheme names (`nats`, `amqp`), or a clear error."""
     scheme = url.partition("://")[0].lower()
-    if scheme in ("nats", "tls"):
-        return NATS
-    if scheme in ("amqp", "amqps"):
-        return AMQP
+    for kind in BROKER_KINDS.values():
+        if scheme in kind.schemes:
+            return kind.name
+    schemes = " nor ".join(f"{kind.name}://" for kind in BROKER_KINDS.values())
+    examples = " or ".join(kind.example_url for kind in BROKER_KINDS.values())
     raise ConfigurationError(
-        detail=f"broker URL {url!r} is neither nats:// nor amqp://; pass e.g. "
-        "nats://127.0.0.1:4222 or amqp://guest:guest@127.0.0.1:5672/"
+        detail=f"broker URL {url!r} is neither {schemes}; pass e.g. {examples}"
     )
 
 

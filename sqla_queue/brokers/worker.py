@@ -26,8 +26,9 @@ import os
 import signal
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
@@ -40,7 +41,7 @@ from sqla_queue.migrate import check_schema
 from sqla_queue.queries import brokers as queries
 
 from .messages import JobMessage
-from .routes import AMQP, NATS, Route, broker_kind, parse_route, redact
+from .routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
 from .transport import Delivery, Source
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class BrokerWorkerConfig:
     broker_url: str
     queue: str
     concurrency: int = 4
-    lease: float = 60.0
+    ack_wait: float = 60.0
     """NATS ack wait: seconds without an ack or in-progress signal before redelivery."""
     poll_interval: float = 1.0
     burst: bool = False
@@ -78,14 +79,23 @@ class BrokerWorkerConfig:
     record_failed: bool = True
     """Also write dead-lettered jobs into PostgreSQL's jobs table as `failed`."""
     dedup_retention: float = 7 * 86400.0
+    lease: InitVar[float | None] = None
+    """Deprecated spelling of `ack_wait` (a job's lease is another thing)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, lease: float | None) -> None:
+        if lease is not None:
+            warnings.warn(
+                "BrokerWorkerConfig(lease=...) is deprecated: pass ack_wait=...",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.ack_wait = lease
         if self.concurrency < 1:
             raise ConfigurationError(
                 detail=f"concurrency must be at least 1, got {self.concurrency}"
             )
-        if self.lease <= 0:
-            raise ConfigurationError(detail=f"lease must be positive, got {self.lease}")
+        if self.ack_wait <= 0:
+            raise ConfigurationError(detail=f"ack_wait must be positive, got {self.ack_wait}")
 
 
 @dataclass
@@ -115,7 +125,7 @@ class BrokerWorker:
         self.config = config
         self.kind = broker_kind(config.broker_url)
         self.route = self._read_route()
-        self.dedup = config.dedup if config.dedup is not None else self.kind == AMQP
+        self.dedup = config.dedup if config.dedup is not None else BROKER_KINDS[self.kind].dedup
         self.stats = BrokerWorkerStats()
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla-queue-job")
         self._stopping: asyncio.Event | None = None
@@ -151,13 +161,9 @@ class BrokerWorker:
         return route
 
     def _source(self) -> Source:
-        if self.kind == NATS:
-            from .nats import NatsSource
-
-            return NatsSource(self.config.broker_url, self.route, ack_wait=self.config.lease)
-        from .amqp import AmqpSource
-
-        return AmqpSource(self.config.broker_url, self.route, prefetch=self.config.concurrency)
+        config = self.config
+        source = BROKER_KINDS[self.kind].source
+        return source(config.broker_url, self.route, config.ack_wait, config.concurrency)
 
     def run(self, install_signal_handlers: bool | None = None) -> BrokerWorkerStats:
         """Consume until SIGTERM/SIGINT (or, with burst, until nothing is pending)."""
@@ -329,7 +335,7 @@ class BrokerWorker:
         handler = loop.run_in_executor(self._executor, self.runner.run_job, run)
         try:
             while True:
-                done, _ = await asyncio.wait({handler}, timeout=self.config.lease / 3)
+                done, _ = await asyncio.wait({handler}, timeout=self.config.ack_wait / 3)
                 if done:
                     return handler.result()
                 await delivery.keep_alive()

@@ -1,216 +1,48 @@
-"""The essay's failure modes, checked against a live database: `sqla-queue doctor`.
-
-Each check is a function `(connection, options) -> Finding`. A finding has a name, a
-severity (ok, warn, critical), the figure the check saw, and the fix in one sentence.
-
-    findings = diagnose(engine)                  # or a Connection
-    if any(f.severity is Severity.critical for f in findings): ...
-
-Every statement is read-only and comes from `sqla_queue.queries`. With an engine, doctor
-runs in autocommit mode so it never holds the snapshot whose age it reports.
-"""
+"""Doctor's checks: each a function `(connection, options) -> Finding`, read-only, its
+statements from `sqla_queue.queries`."""
 
 from __future__ import annotations
 
-import enum
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Connection
 
-from . import queries
-from .migrate import schema_revision
+from sqla_queue import queries
+from sqla_queue.migrate import schema_revision
 
-
-class Severity(str, enum.Enum):
-    """How bad a finding is. `critical` makes `sqla-queue doctor` exit with status 1."""
-
-    ok = "ok"
-    warn = "warn"
-    critical = "critical"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """What one check saw: its `value` (the figure, for people), `details` (for programs)."""
-
-    name: str
-    severity: Severity
-    value: str
-    fix: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "severity": self.severity.value,
-            "value": self.value,
-            "fix": self.fix,
-            "details": self.details,
-        }
-
-
-@dataclass
-class DoctorOptions:
-    """Thresholds of the checks; each has a `sqla-queue doctor` option or a sane default."""
-
-    lease: float = 60.0
-    """Seconds of grace: a stuck job (past its own lease deadline, or held by a dead
-    worker) overdue by more than twice this is critical, since live workers reap within
-    seconds."""
-    backlog_threshold: float = 300.0
-    """Seconds past its run_at after which a queued job counts as backlog."""
-    long_transaction: float = 60.0
-    """Seconds a transaction may pin the vacuum horizon before a warning (x10: critical)."""
-    sample: float = 1.0
-    """Seconds to watch the cluster's MultiXact counter (0 skips that check)."""
-    multixact_rate: float = 10.0
-    """MultiXacts minted per second in the cluster above which doctor warns."""
-    concurrent_enqueuers: int = 4
-    """Sessions seen enqueuing at once, with the foreign key in place, that warn."""
-    dead_tuples: int = 100_000
-    """Dead tuples in jobs that warn, when they also outnumber the live ones."""
-    show_queries: bool = False
-    """Put other sessions' SQL text (120 characters, literals and all) in the details.
-
-    Off by default: that text can hold secrets (passwords, tokens, personal data) of other
-    applications. Without it the details name only the statement's first keyword."""
-
-
-FIX_UPGRADE = (
-    "Upgrade: Postgres 17 made the SLRU cache sizes configurable (multixact_member_buffers, "
-    "multixact_offset_buffers) and split their locks into banks, which moves the "
-    "single-lock cliff a long way out."
+from .findings import (
+    EXPECTED_AUTOVACUUM,
+    FIX_AUTOVACUUM,
+    FIX_AUTOVACUUM_OFF,
+    FIX_BACKLOG,
+    FIX_BLOCKED_LOOP,
+    FIX_FAILED,
+    FIX_FOREIGN_KEY,
+    FIX_FREEZE,
+    FIX_HORIZON,
+    FIX_LONG_TRANSACTION,
+    FIX_MULTIXACTS,
+    FIX_ORPHANS,
+    FIX_OVERRUN,
+    FIX_SCHEMA,
+    FIX_STUCK,
+    FIX_SUBTRANSACTIONS,
+    FIX_TABLE_SIZE,
+    FIX_UNKNOWN,
+    FIX_UPGRADE,
+    MULTIXACT_CRITICAL_AGE,
+    Check,
+    DoctorOptions,
+    Finding,
+    Severity,
+    ago,
+    by_duration,
+    format_bytes,
+    seconds_of,
 )
-FIX_MULTIXACTS = (
-    "Remove subtransactions from the claim path (no savepoint such as begin_nested around "
-    "the worker's updates) and drop the foreign key from jobs to hot parent rows "
-    "(`sqla-queue migrate --drop-queue-fk`)."
-)
-FIX_FREEZE = (
-    "Heavy MultiXact minting forces more frequent freezing: stop the minting (savepoints, "
-    "the queue foreign key) and let VACUUM (FREEZE) of the table catch up."
-)
-FIX_LONG_TRANSACTION = (
-    "Commit the claim and process outside the transaction: a long-running transaction pins "
-    "old row versions across the entire database, so vacuum cannot remove the dead "
-    "versions of finished jobs."
-)
-FIX_HORIZON = (
-    "Commit or roll back old prepared transactions (COMMIT PREPARED / ROLLBACK PREPARED) and "
-    "drop replication slots nobody consumes: both pin old row versions like a long transaction."
-)
-FIX_SUBTRANSACTIONS = (
-    "Remove subtransactions from the claim path: find the savepoint your framework adds "
-    "(SQLAlchemy's begin_nested, Django's nested atomic, Rails requires_new) and turn it "
-    "off for the worker."
-)
-FIX_FOREIGN_KEY = (
-    "Drop the foreign key from jobs to hot parent rows (`sqla-queue migrate --drop-queue-fk`): "
-    "a constraint is cheap to check once and expensive when a thousand inserts a second all "
-    "pin the same parent."
-)
-FIX_ORPHANS = (
-    "Without the foreign key nothing stops a typo in a queue name: create the missing queues "
-    "(`sqla-queue queues create NAME`) or cancel their jobs."
-)
-FIX_TABLE_SIZE = (
-    "Keep the table small: delete finished jobs or move them to an archive table (queue "
-    "retention delete or archive, or `sqla-queue prune`), so the partial index and vacuum "
-    "have little to do."
-)
-FIX_AUTOVACUUM = (
-    "Give the table its own autovacuum settings (autovacuum_vacuum_scale_factor = 0 with a "
-    "fixed threshold, as `sqla-queue migrate` sets them) so it is vacuumed on a schedule the "
-    "rest of the database does not dictate."
-)
-FIX_AUTOVACUUM_OFF = (
-    "Turn autovacuum back on (autovacuum = on; RESET (autovacuum_enabled) on the table): "
-    "without it nothing removes the dead versions of finished jobs and the table bloats."
-)
-FIX_BLOCKED_LOOP = (
-    "An async handler is calling blocking code (time.sleep, a sync client, heavy CPU), so the "
-    "worker's event loop cannot run its other async jobs, and after half a lease their leases "
-    "lapse and they are reaped. Await instead (asyncio.sleep, an async client), move the "
-    "blocking call to a thread (await asyncio.to_thread(...)), or make the task a sync one. "
-    "The worker's log names the jobs that were running."
-)
-FIX_OVERRUN = (
-    "A sync handler cannot be interrupted: past its timeout, or once its job is cancelled, "
-    "it runs on until it returns, and keeps its slot of the worker and of its queue's "
-    "concurrency until then (a worker whose every slot is held so claims nothing). Make the "
-    "handler return: give its blocking calls their own timeouts, and check ctx.cancelled in "
-    "long loops. Restarting the worker ends the thread (its job is written as decided)."
-)
-FIX_STUCK = (
-    "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
-    "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
-    "jobs of workers that stopped heartbeating."
-)
-FIX_BACKLOG = (
-    "Run more workers for these queues, or claim more per poll (--batch, --concurrency): "
-    "poll less, claim more."
-)
-FIX_FAILED = (
-    "Jobs are rows: read last_error of the failed jobs, fix the handler, then requeue them "
-    "or remove them (`sqla-queue prune --status failed`)."
-)
-FIX_UNKNOWN = (
-    "Workers took these jobs and had no handler for their task (a new release's task on an "
-    "old worker, or a worker serving every queue): they put them back without using an "
-    "attempt, later each time (up to every 5 minutes). Deploy a worker whose registry has "
-    "the task (`--app`), or delete the jobs if the task is gone for good."
-)
-FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
-
-EXPECTED_AUTOVACUUM = {
-    "autovacuum_vacuum_scale_factor": "0",
-    "autovacuum_vacuum_threshold": "1000",
-    "autovacuum_vacuum_insert_scale_factor": "0",
-    "autovacuum_vacuum_insert_threshold": "1000",
-}
-"""The storage parameters our migration gives the jobs table, as doctor expects them."""
-
-MULTIXACT_CRITICAL_AGE = 1_000_000_000
-"""Half of the 2^31 MultiXact ids after which PostgreSQL stops to prevent wraparound."""
-
-Check = Callable[[Connection, DoctorOptions], Finding]
-
-
-def _bytes(count: float | None) -> str:
-    value = float(count or 0)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"
-
-
-def _seconds(value: Any) -> float | None:
-    """A number of seconds from the database (Decimal from EXTRACT) as a JSON-able float."""
-    return None if value is None else float(value)
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
-
-
-def _by_duration(seconds: float, options: DoctorOptions) -> Severity:
-    if seconds >= 10 * options.long_transaction:
-        return Severity.critical
-    if seconds >= options.long_transaction:
-        return Severity.warn
-    return Severity.ok
 
 
 def _settings(conn: Connection) -> dict[str, str]:
@@ -387,7 +219,11 @@ def check_oldest_transaction(conn: Connection, options: DoctorOptions) -> Findin
     seconds = float(row[5] or 0)
     text, details = _holder(row, int(row[3]), seconds, options)
     return Finding(
-        "oldest_transaction", _by_duration(seconds, options), text, FIX_LONG_TRANSACTION, details
+        "oldest_transaction",
+        by_duration(seconds, options),
+        text,
+        FIX_LONG_TRANSACTION,
+        details,
     )
 
 
@@ -401,7 +237,7 @@ def check_oldest_xmin(conn: Connection, options: DoctorOptions) -> Finding:
     text, details = _holder(row, int(row[4]), seconds, options)
     return Finding(
         "oldest_xmin",
-        _by_duration(seconds, options),
+        by_duration(seconds, options),
         f"backend_xmin of {text}",
         FIX_LONG_TRANSACTION,
         details,
@@ -425,7 +261,7 @@ def check_vacuum_horizon(conn: Connection, options: DoctorOptions) -> Finding:
     parts = [f"prepared {p['gid']!r} {p['seconds']:.0f} s" for p in prepared]
     parts += [f"slot {s['slot']!r} xmin age {s['xmin_age']}" for s in slots]
     oldest = max((p["seconds"] for p in prepared), default=0.0)
-    severity = Severity.warn if slots else _by_duration(oldest, options)
+    severity = Severity.warn if slots else by_duration(oldest, options)
     return Finding(
         "vacuum_horizon",
         severity,
@@ -484,13 +320,13 @@ def check_tables(conn: Connection, options: DoctorOptions) -> Finding:
             "heap_bytes": int(heap),
             "index_bytes": int(indexes),
             "total_bytes": int(total),
-            "last_autovacuum_seconds_ago": _seconds(autovacuumed),
-            "last_vacuum_seconds_ago": _seconds(vacuumed),
+            "last_autovacuum_seconds_ago": seconds_of(autovacuumed),
+            "last_vacuum_seconds_ago": seconds_of(vacuumed),
         }
     parts = [
-        f"{name}: {_bytes(t['total_bytes'])} (heap {_bytes(t['heap_bytes'])}, indexes "
-        f"{_bytes(t['index_bytes'])}), {t['live_tuples']} live / {t['dead_tuples']} dead, "
-        f"autovacuumed {_ago(t['last_autovacuum_seconds_ago'])}"
+        f"{name}: {format_bytes(t['total_bytes'])} (heap {format_bytes(t['heap_bytes'])}, indexes "
+        f"{format_bytes(t['index_bytes'])}), {t['live_tuples']} live / {t['dead_tuples']} dead, "
+        f"autovacuumed {ago(t['last_autovacuum_seconds_ago'])}"
         for name, t in tables.items()
     ]
     jobs = tables.get("jobs", {"live_tuples": 0, "dead_tuples": 0})
@@ -547,12 +383,12 @@ def check_stuck_jobs(conn: Connection, options: DoctorOptions) -> Finding:
         return Finding("stuck_jobs", Severity.ok, value, FIX_STUCK, {"count": 0})
     oldest = float(oldest)
     # Live workers reap every few seconds: a job overdue for long means none is reaping.
-    severity = Severity.critical if oldest >= 2 * options.lease else Severity.warn
+    severity = Severity.critical if oldest >= 2 * options.stuck_after else Severity.warn
     value = (
         f"{count} running job(s) past their lease or held by a dead worker "
         f"(oldest {oldest:.0f} s overdue)"
     )
-    details = {"count": int(count), "oldest_seconds": oldest, "lease": options.lease}
+    details = {"count": int(count), "oldest_seconds": oldest, "stuck_after": options.stuck_after}
     return Finding("stuck_jobs", severity, value, FIX_STUCK, details)
 
 
@@ -630,14 +466,14 @@ def check_backlog(conn: Connection, options: DoctorOptions) -> Finding:
 def check_failed_jobs(conn: Connection, options: DoctorOptions) -> Finding:
     """Jobs that failed for good, per queue."""
     failed: dict[str, dict[str, Any]] = {
-        str(queue): {"count": int(count), "latest_seconds_ago": _seconds(latest)}
+        str(queue): {"count": int(count), "latest_seconds_ago": seconds_of(latest)}
         for queue, count, latest in conn.execute(queries.failed_job_counts())
     }
     if not failed:
         return Finding("failed_jobs", Severity.ok, "no failed job", FIX_FAILED, failed)
     total = sum(q["count"] for q in failed.values())
     shown = ", ".join(
-        f"{name}: {q['count']} (latest {_ago(q['latest_seconds_ago'])})"
+        f"{name}: {q['count']} (latest {ago(q['latest_seconds_ago'])})"
         for name, q in failed.items()
     )
     return Finding("failed_jobs", Severity.warn, f"{total} failed: {shown}", FIX_FAILED, failed)
@@ -646,7 +482,7 @@ def check_failed_jobs(conn: Connection, options: DoctorOptions) -> Finding:
 def check_unknown_tasks(conn: Connection, options: DoctorOptions) -> Finding:
     """Queued jobs put back by workers that have no handler for their task."""
     waiting: dict[str, dict[str, Any]] = {
-        str(task): {"count": int(count), "oldest_seconds": _seconds(oldest)}
+        str(task): {"count": int(count), "oldest_seconds": seconds_of(oldest)}
         for task, count, oldest in conn.execute(queries.unknown_task_counts())
     }
     if not waiting:
@@ -655,7 +491,7 @@ def check_unknown_tasks(conn: Connection, options: DoctorOptions) -> Finding:
         )
     shown = ", ".join(
         f"{q['count']} jobs of task {task!r} waiting for a worker that knows it "
-        f"(enqueued {_ago(q['oldest_seconds'])})"
+        f"(enqueued {ago(q['oldest_seconds'])})"
         for task, q in waiting.items()
     )
     return Finding("unknown_tasks", Severity.warn, shown, FIX_UNKNOWN, waiting)
@@ -684,43 +520,3 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_unknown_tasks,
 )
 """Checks of our own tables; skipped when the schema is missing."""
-
-
-def _run_check(conn: Connection, check: Check, options: DoctorOptions) -> Finding:
-    name = check.__name__.removeprefix("check_")
-    try:
-        if not getattr(conn.connection.dbapi_connection, "autocommit", False):
-            # A failed check must not abort the caller's transaction (read-only: no xid).
-            with conn.begin_nested():
-                return check(conn, options)
-        return check(conn, options)
-    except DBAPIError as exc:
-        message = str(exc.orig or exc).strip().splitlines()[0]
-        fix = "Run doctor as a role that can read pg_stat_activity (pg_read_all_stats)."
-        return Finding(name, Severity.warn, f"could not check: {message}", fix)
-
-
-def diagnose(bind: Engine | Connection, options: DoctorOptions | None = None) -> list[Finding]:
-    """Run every check against `bind`; return the findings in a stable order."""
-    options = options or DoctorOptions()
-    if isinstance(bind, Engine):
-        with bind.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            return diagnose(conn, options)
-    schema = _run_check(bind, check_schema, options)
-    checks = SERVER_CHECKS + (QUEUE_CHECKS if schema.severity is Severity.ok else ())
-    return [schema, *(_run_check(bind, check, options) for check in checks)]
-
-
-def worst(findings: Sequence[Finding]) -> Severity:
-    """The most severe severity among `findings` (ok when there are none)."""
-    order = [Severity.ok, Severity.warn, Severity.critical]
-    return max((f.severity for f in findings), key=order.index, default=Severity.ok)
-
-
-__all__ = [
-    "DoctorOptions",
-    "Finding",
-    "Severity",
-    "diagnose",
-    "worst",
-]

@@ -1,0 +1,226 @@
+"""What every `sqla-queue` command shares: the database option and the friendly errors,
+applied once by `Command` and `Group`, and the helpers commands use to reach the database
+and print."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from alembic.util import CommandError as AlembicCommandError
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from sqla_queue.database import URL_ENV_VAR, create_queue_engine, resolve_url
+from sqla_queue.errors import SqlaQueueError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)
+
+
+def _group_database_url(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """A URL given on the command wins; else one given to `sqla-queue` itself; else the env."""
+    source = ctx.get_parameter_source(param.name or "")
+    given_to_group = (ctx.find_root().obj or {}).get("database_url")
+    if given_to_group and source is not click.core.ParameterSource.COMMANDLINE:
+        return given_to_group
+    return value
+
+
+def database_url_option() -> click.Option:
+    """The `--database-url` every command that uses the database takes."""
+    return click.Option(
+        ["--database-url"],
+        envvar=URL_ENV_VAR,
+        show_envvar=True,
+        callback=_group_database_url,
+        help="PostgreSQL URL (also accepted before the command: sqla-queue --database-url URL "
+        "stats). Without one, an embedded server is started (sqla-queue[embedded]).",
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def friendly_errors() -> Iterator[None]:
+    """Turn our errors and connection failures into one line on stderr and exit status 1."""
+    try:
+        yield
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OperationalError as exc:
+        raise click.ClickException(f"cannot use the database: {one_line(exc)}") from None
+    except DBAPIError as exc:
+        raise click.ClickException(f"database error: {one_line(exc)}") from None
+    except AlembicCommandError as exc:
+        raise click.ClickException(f"migration failed: {one_line(exc)}") from None
+
+
+class Command(click.Command):
+    """A `sqla-queue` command: takes `--database-url` first (unless `database=False`) and
+    reports our errors and database failures as one line (see `friendly_errors`)."""
+
+    def __init__(self, *args: Any, database: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if database:
+            self.params.insert(0, database_url_option())
+
+    def invoke(self, ctx: click.Context) -> Any:
+        _apply_aliases(ctx)
+        with friendly_errors():
+            return super().invoke(ctx)
+
+
+class Group(click.Group):
+    """A command group whose commands are `Command`s and whose subgroups are `Group`s."""
+
+    command_class = Command
+    group_class = type
+
+
+_ALIASES = "sqla_queue.deprecated_aliases"
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """One warning line on stderr for an old spelling still accepted (for one release)."""
+    click.echo(
+        f"warning: {old} is deprecated, use {new} (the old spelling goes in the next release)",
+        err=True,
+    )
+
+
+def deprecated_alias(old: str, new: str, dest: str, **attrs: Any) -> Callable[[F], F]:
+    """A hidden option `old` that gives its value to the parameter `dest` (spelled `new`)
+    unless that one is given too, with a warning line on stderr (see `Command.invoke`)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None or (attrs.get("is_flag") and not value):
+            return
+        warn_deprecated(old, new)
+        ctx.meta.setdefault(_ALIASES, {})[dest] = value
+
+    return click.option(old, expose_value=False, hidden=True, callback=remember, **attrs)
+
+
+def _apply_aliases(ctx: click.Context) -> None:
+    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    for dest, value in ctx.meta.get(_ALIASES, {}).items():
+        if ctx.get_parameter_source(dest) not in given:
+            ctx.params[dest] = value
+
+
+def config_default(config: type, name: str) -> Any:
+    """The default of a config dataclass' field: a command's defaults are its API's own."""
+    (found,) = [f for f in dataclasses.fields(config) if f.name == name]
+    return found.default
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (PostgreSQL's jsonb cannot store it)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf, which jsonb cannot store either
+        raise ValueError(f"{text} is too large for a JSON number PostgreSQL's jsonb stores")
+    return value
+
+
+def json_option(text: str, option: str) -> Any:
+    """`text` as JSON, or a usage error naming `option` (NaN, Infinity and 1e999 refused)."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", param_hint=option) from None
+
+
+def engine(database_url: str | None, application_name: str | None = None, **kwargs: Any) -> Engine:
+    url = resolved_url(database_url)
+    # Names the sessions in pg_stat_activity; an application_name in the URL wins.
+    if application_name and "application_name" not in make_url(url).query:
+        kwargs["connect_args"] = {"application_name": application_name}
+    return create_queue_engine(url, **kwargs)
+
+
+def resolved_url(database_url: str | None) -> str:
+    url, source = resolve_url(database_url)
+    if source == "embedded":
+        from sqla_queue.database import embedded_url
+
+        click.echo(
+            f"using the embedded PostgreSQL at {embedded_url()} "
+            f"(pass --database-url or set {URL_ENV_VAR} to use your own)",
+            err=True,
+        )
+    return url
+
+
+@contextmanager
+def transaction(database_url: str | None, check: bool = True) -> Iterator[Connection]:
+    queue_engine = engine(database_url)
+    try:
+        with queue_engine.begin() as conn:
+            if check:
+                from sqla_queue.migrate import check_schema
+
+                check_schema(conn)
+            yield conn
+    finally:
+        queue_engine.dispose()
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    from sqla_queue.logs import configure_logging as configure
+
+    configure(level, log_format)
+
+
+def log_format_option(func: F) -> F:
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default=None,
+        envvar="SQLA_QUEUE_LOG_FORMAT",
+        show_envvar=True,
+        help="Log records as human-readable text (default) or one JSON object per line.",
+    )(func)
+
+
+def app_registry(app_path: str) -> Any:
+    """The registry `--app pkg.module:name` names, found from the current folder as well."""
+    import sys
+
+    from sqla_queue.registry import load_registry
+
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, "")
+    return load_registry(app_path)
+
+
+def print_table(table: Any) -> None:
+    """A rich table on stdout: fitted to a terminal; piped, never cut short (a task name
+    of any length stays on its line, for `| grep`)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=PIPED_WIDTH)
+    console.print(table)
+
+
+PIPED_WIDTH = 100_000
+"""Columns of a table printed to a pipe: wider than any row, so none is wrapped or cut."""
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2))

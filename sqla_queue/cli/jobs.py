@@ -1,0 +1,268 @@
+"""`sqla-queue enqueue` and `sqla-queue jobs`: one job in, single jobs looked at and acted on."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from sqla_queue import admin
+from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
+from sqla_queue.durations import DURATION
+from sqla_queue.models import PRIORITY_MAX, JobStatus
+
+from . import base
+from .base import Command, Group
+
+
+@click.command(cls=Command)
+@click.argument("task")
+@click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
+@click.option("--queue", default=None)
+@click.option(
+    "--priority", type=count(0, PRIORITY_MAX), default=0, show_default=True, help="0 runs first."
+)
+@click.option("--delay", type=DURATION, default=None, help="Time until the job is due (60, 5m).")
+@click.option("--max-attempts", type=count(1, MAX_ATTEMPTS), default=None)
+@click.option("--tag", "tags", multiple=True, help="A tag to find the job by (repeatable).")
+@click.option("--meta", "meta_json", default=None, help="The job's meta as a JSON object.")
+def enqueue(
+    database_url: str | None,
+    task: str,
+    args_json: str,
+    queue: str | None,
+    priority: int,
+    delay: float | None,
+    max_attempts: int | None,
+    tags: tuple[str, ...],
+    meta_json: str | None,
+) -> None:
+    """Enqueue one job of TASK and print its id."""
+    from sqlalchemy.orm import Session
+
+    from sqla_queue.enqueue import enqueue as enqueue_job
+
+    args = base.json_option(args_json, "--args")
+    meta = None if meta_json is None else base.json_option(meta_json, "--meta")
+    with base.transaction(database_url) as conn:
+        session = Session(bind=conn)
+        job = enqueue_job(
+            session,
+            task,
+            args,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+            tags=list(tags),
+            meta=meta,
+        )
+        session.flush()
+        click.echo(job.id)
+
+
+@click.group(cls=Group)
+def jobs() -> None:
+    """Act on single jobs."""
+
+
+@jobs.command("cancel")
+@click.argument("job_ids", nargs=-1, type=JOB_ID, required=True)
+def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
+    """Cancel queued or running jobs by id; a running handler sees ctx.cancelled.
+
+    Exit status 1 if any id names no job or a job that had already finished (done or
+    failed); a job that was already cancelled is reported as such and is not an error."""
+    with base.transaction(database_url) as conn:
+        cancelled = admin.cancel_jobs(conn, job_ids)
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in cancelled])
+    why = "it already finished"
+    if _report_each(job_ids, cancelled, others, "cancelled", why, already=JobStatus.cancelled):
+        sys.exit(1)
+
+
+@jobs.command("list")
+@click.option("--queue", default=None, help="Only jobs of this queue.")
+@click.option("--task", default=None, help="Only jobs of this task (its registered name).")
+@click.option(
+    "--status", type=click.Choice([s.value for s in JobStatus]), default=None, help="Only these."
+)
+@click.option(
+    "--limit",
+    type=count(1, admin.MAX_LIST_LIMIT),
+    default=50,
+    show_default=True,
+    help="Most jobs shown.",
+)
+@click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all of them).")
+@click.option("--before", type=JOB_ID, default=None, help="Ids below this only.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
+def jobs_list(
+    database_url: str | None,
+    queue: str | None,
+    task: str | None,
+    status: str | None,
+    tags: tuple[str, ...],
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """List jobs newest first; page on with --before <the last id shown>."""
+    with base.transaction(database_url) as conn:
+        found = admin.list_jobs(
+            conn,
+            queue=queue,
+            task=task,
+            status=status,
+            tag=tags or None,
+            limit=limit,
+            before=before,
+        )
+    if as_json:
+        base.echo_json([job.as_dict() for job in found])
+        return
+    from rich.table import Table
+
+    table = Table("id", "task", "queue", "status", "attempts", "run_at", "tags")
+    for job in found:
+        attempts = f"{job.attempts}/{job.max_attempts or '-'}"
+        table.add_row(
+            str(job.id),
+            job.task,
+            job.queue,
+            job.status,
+            attempts,
+            str(job.run_at),
+            ",".join(job.tags),
+        )
+    base.print_table(table)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=JOB_ID)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
+    """Show one job: args, attempts, the last error with its traceback, timings."""
+    with base.transaction(database_url) as conn:
+        job = admin.get_job(conn, job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} ({GONE})")
+    if as_json:
+        base.echo_json(job.as_dict())
+        return
+    for key, value in job.as_dict().items():
+        if key in ("args", "meta", "last_error"):
+            continue
+        click.echo(f"{key}: {'' if value is None else value}")
+    click.echo(f"args: {json.dumps(job.args)}")
+    click.echo(f"meta: {json.dumps(job.meta)}")
+    if job.last_error:
+        click.echo("last_error:")
+        click.echo(job.last_error)
+
+
+@jobs.command("retry")
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
+@click.option("--failed", "all_failed", is_flag=True, help="Retry every failed job.")
+@click.option("--queue", default=None, help="With --failed: only this queue's.")
+@click.option(
+    "--attempts",
+    type=count(1, MAX_ATTEMPTS),
+    default=None,
+    help="Attempts each job gets again (default: its own max_attempts).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {id: previous status} as JSON.")
+def jobs_retry(
+    database_url: str | None,
+    job_ids: tuple[int, ...],
+    all_failed: bool,
+    queue: str | None,
+    attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Put failed or cancelled jobs (by id, or all failed with --failed) back to queued.
+
+    A unique job whose key another job holds stays where it is, and is named with that job.
+    Exit status 1 if an id names no job or one that is not failed or cancelled, or if a job
+    was left alone for its unique key."""
+    if bool(job_ids) == all_failed:
+        raise click.UsageError("pass job ids or --failed, not both (and not neither)")
+    if queue is not None and not all_failed:
+        raise click.UsageError("--queue goes with --failed; ids name their jobs already")
+    with base.transaction(database_url) as conn:
+        retried = admin.retry_jobs(
+            conn,
+            list(job_ids) if job_ids else None,
+            all_failed=all_failed,
+            queue=queue,
+            attempts=attempts,
+        )
+        skipped = retried.skipped
+        others = admin.job_statuses(
+            conn, [i for i in job_ids if i not in retried and i not in skipped]
+        )
+    if as_json:
+        base.echo_json({str(job_id): status for job_id, status in retried.items()})
+    elif all_failed:
+        click.echo(f"retried {len(retried)} failed job(s)")
+    for job_id, held in sorted(skipped.items()):
+        click.echo(f"job {job_id}: not retried, {held.reason} ({held.status})", err=as_json)
+    named = tuple(i for i in job_ids if i not in skipped)
+    refused = _report_each(
+        named,
+        retried,
+        others,
+        "retried",
+        "it is not failed or cancelled, or its handler still runs",
+        err=as_json,
+    )
+    if refused or skipped:
+        sys.exit(1)
+
+
+def _report_each(
+    job_ids: tuple[int, ...],
+    done: dict[int, str],
+    others: dict[int, str],
+    verb: str,
+    why: str,
+    err: bool = False,
+    already: JobStatus | None = None,
+) -> bool:
+    """One line per id (on stderr when stdout carries JSON); True if any id was refused.
+    A job `already` in the state asked for is reported as such, and is not refused."""
+    refused = False
+    for job_id in job_ids:
+        if job_id in done:
+            click.echo(f"job {job_id}: {verb} (was {done[job_id]})", err=err)
+        elif already is not None and others.get(job_id) == already.value:
+            click.echo(f"job {job_id}: already {verb}", err=err)
+        elif job_id in others:
+            refused = True
+            click.echo(f"job {job_id}: not {verb}, {why} ({others[job_id]})", err=err)
+        else:
+            refused = True
+            click.echo(f"job {job_id}: not {verb}, no such job ({GONE})", err=err)
+    return refused
+
+
+GONE = "never enqueued, or deleted once finished by its queue's retention or by prune"
+"""Why an id names no job."""
+
+
+@jobs.command("delete")
+@click.argument("job_ids", nargs=-1, type=JOB_ID, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {id: status it had} as JSON.")
+def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
+    """Delete jobs by id (also archived ones); a running job is refused: cancel it first.
+
+    Exit status 1 if an id names no job or a running one."""
+    with base.transaction(database_url) as conn:
+        deleted = admin.delete_jobs(conn, job_ids)
+        others = admin.job_statuses(conn, [i for i in job_ids if i not in deleted])
+    if as_json:
+        base.echo_json({str(job_id): status for job_id, status in deleted.items()})
+    why = "it is running (cancel it first), or cancelled while its handler still runs"
+    if _report_each(job_ids, deleted, others, "deleted", why, err=as_json):
+        sys.exit(1)

@@ -1,0 +1,232 @@
+"""`sqla-queue queues`, `stats` and `prune`: queues, their settings and their finished jobs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from sqlalchemy import Connection
+
+from sqla_queue import admin
+from sqla_queue.bounds import count
+from sqla_queue.brokers.routes import BROKER_KINDS
+from sqla_queue.durations import DURATION, RATE
+from sqla_queue.models import JobStatus, Retention
+
+from . import base
+from .base import Command, Group
+
+
+@click.group(cls=Group)
+def queues() -> None:
+    """Create, list, pause, resume and delete queues."""
+
+
+_ROUTE_HELP = (
+    "Send its jobs to a broker: "
+    + " or ".join(kind.route_form for kind in BROKER_KINDS.values())
+    + " (see relay)."
+)
+_MAX_RUNNING_HELP = (
+    "At most N of its jobs run at once, across all workers (a worker's own -c/--concurrency "
+    "is its threads)."
+)
+_RATE_HELP = (
+    "At most COUNT of its jobs start per window, across all workers: 100/s, 10/min, 20/30s."
+)
+_RESULT_TTL_HELP = "How long kept results stay readable when the queue deletes jobs (default 1d)."
+
+
+_concurrency_alias = base.deprecated_alias(
+    "--concurrency", "--max-running", "max_running", type=count(), default=None
+)
+"""A queue's old --concurrency: the word is a worker's (its threads)."""
+
+
+def _apply_limits(
+    conn: Connection,
+    name: str,
+    max_running: int | None,
+    rate: tuple[int, float] | None,
+    result_ttl: float | None,
+) -> None:
+    if max_running is not None:
+        admin.set_concurrency(conn, name, max_running or None)
+    if rate is not None:
+        admin.set_rate(conn, name, rate)
+    if result_ttl is not None:
+        admin.set_result_ttl(conn, name, result_ttl)
+
+
+def _describe(info: admin.QueueInfo) -> str:
+    """A queue's settings, as `queues create`, `set` and `list` print them."""
+    parts = [f"retention {info.retention}"]
+    if info.route:
+        parts.append(f"route {info.route}")
+    if info.concurrency is not None:
+        parts.append(f"max-running {info.concurrency}")
+    if info.rate is not None:
+        parts.append(f"rate {info.rate_text}")
+    return ", ".join(parts)
+
+
+@queues.command("create")
+@click.argument("name")
+@click.option(
+    "--retention",
+    type=click.Choice([r.value for r in Retention]),
+    default=None,
+    help="What happens to succeeded jobs: delete (the default for a new queue), keep, archive.",
+)
+@click.option("--route", default=None, help=_ROUTE_HELP)
+@click.option("--max-running", type=count(), default=None, help=_MAX_RUNNING_HELP)
+@_concurrency_alias
+@click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
+@click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
+def queues_create(
+    database_url: str | None,
+    name: str,
+    retention: str | None,
+    route: str | None,
+    max_running: int | None,
+    rate: tuple[int, float] | None,
+    result_ttl: float | None,
+) -> None:
+    """Create queue NAME; if it exists, change only the settings given."""
+    with base.transaction(database_url) as conn:
+        created = admin.create_queue(conn, name, retention or Retention.delete.value)
+        if not created and retention is not None:
+            admin.set_retention(conn, name, retention)
+        if route is not None:
+            admin.set_route(conn, name, route)
+        _apply_limits(conn, name, max_running, rate, result_ttl)
+        (info,) = [q for q in admin.list_queues(conn) if q.name == name]
+    state = "created" if created else "exists"
+    click.echo(f"queue {name!r} {state} ({_describe(info)})")
+
+
+@queues.command("set")
+@click.argument("name")
+@click.option("--retention", type=click.Choice([r.value for r in Retention]), default=None)
+@click.option("--route", default=None, help=_ROUTE_HELP)
+@click.option("--no-route", is_flag=True, help="Back to table workers (clears the route).")
+@click.option("--max-running", type=count(), default=None, help=_MAX_RUNNING_HELP)
+@click.option("--no-max-running", is_flag=True, help="Lift the limit on running jobs.")
+@_concurrency_alias
+@base.deprecated_alias("--no-concurrency", "--no-max-running", "no_max_running", is_flag=True)
+@click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
+@click.option("--no-rate", is_flag=True, help="Lift the rate limit.")
+@click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
+def queues_set(
+    database_url: str | None,
+    name: str,
+    retention: str | None,
+    route: str | None,
+    no_route: bool,
+    max_running: int | None,
+    no_max_running: bool,
+    rate: tuple[int, float] | None,
+    no_rate: bool,
+    result_ttl: float | None,
+) -> None:
+    """Change the settings of queue NAME."""
+    for given, lifted, option in (
+        (route, no_route, "route"),
+        (max_running, no_max_running, "max-running"),
+        (rate, no_rate, "rate"),
+    ):
+        if given is not None and lifted:
+            raise click.UsageError(f"pass --{option} or --no-{option}, not both")
+    with base.transaction(database_url) as conn:
+        if retention is not None:
+            admin.set_retention(conn, name, retention)
+        if route is not None or no_route:
+            admin.set_route(conn, name, route)
+        if no_max_running:
+            admin.set_concurrency(conn, name, None)
+        if no_rate:
+            admin.set_rate(conn, name, None)
+        _apply_limits(conn, name, max_running, rate, result_ttl)
+        (info,) = [q for q in admin.list_queues(conn) if q.name == name]
+    click.echo(f"queue {name!r}: {_describe(info)}, route {info.route or '(none)'}")
+
+
+@queues.command("list")
+def queues_list(database_url: str | None) -> None:
+    """List queues with their settings."""
+    with base.transaction(database_url) as conn:
+        for info in admin.list_queues(conn):
+            state = "paused" if info.paused else "active"
+            routed = f"\troute={info.route}" if info.route else ""
+            limited = f"\tmax-running={info.concurrency}" if info.concurrency else ""
+            limited += f"\trate={info.rate_text}" if info.rate else ""
+            click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
+
+
+@queues.command("pause")
+@click.argument("name")
+def queues_pause(database_url: str | None, name: str) -> None:
+    """Stop workers claiming from NAME (running jobs finish)."""
+    with base.transaction(database_url) as conn:
+        admin.set_paused(conn, name, True)
+    click.echo(f"queue {name!r} paused")
+
+
+@queues.command("resume")
+@click.argument("name")
+def queues_resume(database_url: str | None, name: str) -> None:
+    """Let workers claim from NAME again."""
+    with base.transaction(database_url) as conn:
+        admin.set_paused(conn, name, False)
+    click.echo(f"queue {name!r} resumed")
+
+
+@queues.command("delete")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Also delete the queue's jobs.")
+def queues_delete(database_url: str | None, name: str, force: bool) -> None:
+    """Delete queue NAME (refused while it has unfinished jobs, unless --force)."""
+    with base.transaction(database_url) as conn:
+        deleted = admin.delete_queue(conn, name, force)
+    click.echo(f"queue {name!r} deleted ({deleted} job(s) deleted with it)")
+
+
+@click.command(cls=Command)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def stats(database_url: str | None, as_json: bool) -> None:
+    """Jobs per queue and status, and the oldest due job's age."""
+    with base.transaction(database_url) as conn:
+        rows = admin.stats(conn)
+    if as_json:
+        click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("queue", *(s.value for s in JobStatus), "oldest due (s)")
+    for row in rows:
+        label = row.queue + (" (paused)" if row.paused else "")
+        age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
+        table.add_row(label, *(str(row.counts.get(s.value, 0)) for s in JobStatus), age)
+    base.print_table(table)
+
+
+@click.command(cls=Command)
+@click.option(
+    "--older-than",
+    type=DURATION,
+    required=True,
+    help="Age of finished jobs to delete: 3600, 90s, 12h, 7d.",
+)
+@click.option(
+    "--status",
+    "statuses",
+    default="done",
+    show_default=True,
+    help=f"Comma-separated statuses to prune ({', '.join(s for s in JobStatus if s.finished)}).",
+)
+@click.option("--archive", is_flag=True, help="Also prune the archive table.")
+def prune(database_url: str | None, older_than: float, statuses: str, archive: bool) -> None:
+    """Delete finished jobs older than --older-than."""
+    with base.transaction(database_url) as conn:
+        count = admin.prune(conn, older_than, [s.strip() for s in statuses.split(",")], archive)
+    click.echo(f"pruned {count} job(s)")

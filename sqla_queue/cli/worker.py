@@ -1,0 +1,251 @@
+"""`sqla-queue worker`: run jobs from the table, or from a broker with --from."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from sqla_queue.bounds import MAX_BATCH, MAX_PROCESSES, MAX_WORKER_CONCURRENCY, PORT, count
+from sqla_queue.brokers.routes import BROKER_KINDS
+from sqla_queue.database import URL_ENV_VAR
+from sqla_queue.durations import DURATION
+from sqla_queue.supervisor import exit_past_stuck_handlers
+
+from . import base
+from .base import Command
+
+log = logging.getLogger("sqla_queue.cli")
+
+WORKER_APPLICATION_NAME = "sqla-queue worker"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _worker_default(name: str) -> Any:
+    from sqla_queue.worker import WorkerConfig
+
+    return base.config_default(WorkerConfig, name)
+
+
+def _broker_default(name: str) -> Any:
+    from sqla_queue.brokers.worker import BrokerWorkerConfig
+
+    return base.config_default(BrokerWorkerConfig, name)
+
+
+def _supervised_child_exits(func: F) -> F:
+    """A worker started by `--processes` exits with a status of its own for a configuration
+    error, so that its parent does not restart it again and again."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("supervised_slot") is None:
+            return func(*args, **kwargs)
+        from sqla_queue.supervisor import CONFIGURATION_ERRORS, exit_for_configuration_error
+
+        try:
+            return func(*args, **kwargs)
+        except CONFIGURATION_ERRORS as exc:
+            exit_for_configuration_error(exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.command(cls=Command)
+@click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
+@click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
+@click.option(
+    "-c",
+    "--concurrency",
+    type=count(1, MAX_WORKER_CONCURRENCY),
+    default=_worker_default("concurrency"),
+    show_default=True,
+)
+@click.option(
+    "--batch",
+    type=count(1, MAX_BATCH),
+    default=_worker_default("batch"),
+    show_default=True,
+    help="Jobs per claim at most.",
+)
+@click.option(
+    "--lease",
+    type=DURATION,
+    default=_worker_default("lease"),
+    show_default=True,
+    help="A job may go this long without a heartbeat before it is reaped (at least 1 s).",
+)
+@click.option(
+    "--poll-interval",
+    type=DURATION,
+    default=_worker_default("poll_interval"),
+    show_default=True,
+    help="The longest wait between polls when no NOTIFY arrives.",
+)
+@click.option("--burst", is_flag=True, help="Exit when no job is due.")
+@click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
+@click.option(
+    "--shutdown-timeout",
+    type=DURATION,
+    default=_worker_default("shutdown_timeout"),
+    show_default=True,
+    help="How long running handlers may finish after SIGTERM.",
+)
+@click.option(
+    "--give-up-after",
+    type=DURATION,
+    default=None,
+    help="How long to wait for an unreachable database before exiting with an error "
+    "(default: forever; 30 s with --burst).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
+@base.log_format_option
+@click.option(
+    "--metrics-port",
+    type=PORT,
+    default=None,
+    help="Serve Prometheus metrics on this port (needs sqla-queue[metrics]).",
+)
+@click.option(
+    "--from",
+    "broker_url",
+    default=None,
+    help="Run the routed queue -q from its broker: "
+    + " or ".join(kind.example_url for kind in BROKER_KINDS.values())
+    + ".",
+)
+@click.option(
+    "--ack-wait",
+    type=DURATION,
+    default=_broker_default("ack_wait"),
+    show_default=True,
+    help="With --from: how long the broker waits for a job's ack before it delivers the job "
+    "again (NATS; the worker signals progress meanwhile).",
+)
+@click.option(
+    "--dedup/--no-dedup",
+    default=None,
+    help="With --from: skip job ids already run (default: "
+    + ", ".join(f"{'on' if k.dedup else 'off'} for {k.name}" for k in BROKER_KINDS.values())
+    + ").",
+)
+@click.option(
+    "--processes",
+    type=count(1, MAX_PROCESSES, what="a number of processes"),
+    default=1,
+    show_default=True,
+    help="Worker processes under one supervising parent that restarts crashed ones "
+    "(1: this process is the worker).",
+)
+@click.option("--supervised-slot", type=count(1, MAX_PROCESSES), default=None, hidden=True)
+@click.pass_context
+@_supervised_child_exits
+def worker(
+    ctx: click.Context,
+    database_url: str | None,
+    app_path: str,
+    queues: str | None,
+    concurrency: int,
+    batch: int,
+    lease: float,
+    poll_interval: float,
+    burst: bool,
+    poll_only: bool,
+    shutdown_timeout: float,
+    give_up_after: float | None,
+    log_level: str,
+    log_format: str | None,
+    metrics_port: int | None,
+    broker_url: str | None,
+    ack_wait: float,
+    dedup: bool | None,
+    processes: int,
+    supervised_slot: int | None,
+) -> None:
+    """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
+    until nothing is due. With --processes N, run N such workers under one parent."""
+    from sqla_queue.worker import Worker, WorkerConfig
+
+    log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
+    base.configure_logging(log_level, log_format)
+    config = WorkerConfig(
+        queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
+        concurrency=concurrency,
+        batch=batch,
+        lease=lease,
+        poll_interval=poll_interval,
+        burst=burst,
+        poll_only=poll_only,
+        shutdown_timeout=shutdown_timeout,
+        give_up_after=give_up_after,
+    )
+    if metrics_port is not None and metrics_port + processes - 1 > 65535:
+        raise click.BadParameter(
+            f"with --processes {processes} the workers serve metrics on ports {metrics_port} "
+            f"to {metrics_port + processes - 1}; the last must be at most 65535",
+            param_hint="'--metrics-port'",
+        )
+    if processes > 1:
+        from sqla_queue.supervisor import supervise_worker_command
+
+        env = {URL_ENV_VAR: base.resolved_url(database_url)}
+        sys.exit(supervise_worker_command(ctx, processes, log_format, env))
+    if supervised_slot is not None:
+        from sqla_queue.supervisor import child_name, watch_parent
+
+        watch_parent()
+        config.worker_id = f"{config.worker_id}:{child_name(supervised_slot)}"
+    registry = base.app_registry(app_path)
+    if log_format == "json":
+        from sqla_queue.logs import log_jobs
+
+        log_jobs(registry)
+    if metrics_port is not None:
+        from sqla_queue import metrics
+
+        metrics.instrument(registry)
+        metrics.serve(metrics_port)
+    if broker_url is not None:
+        from .broker_runs import broker_worker_config, run_broker_worker
+
+        ack_wait = _ack_wait(ctx, ack_wait, lease)
+        broker_config = broker_worker_config(broker_url, config, ack_wait=ack_wait, dedup=dedup)
+        run_broker_worker(base.engine(database_url), registry, broker_config)
+        exit_past_stuck_handlers()
+        return
+    engine = base.engine(
+        database_url, application_name=WORKER_APPLICATION_NAME, pool_size=3, max_overflow=4
+    )
+    try:
+        stats = Worker(engine, registry, config).run()
+    finally:
+        engine.dispose()
+    if burst:
+        done = f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed"
+        if log_format == "json":  # stderr stays one JSON object per line
+            log.warning(done, extra=dataclasses.asdict(stats))
+        else:
+            click.echo(done, err=True)
+    exit_past_stuck_handlers()
+
+
+def _ack_wait(ctx: click.Context, ack_wait: float, lease: float) -> float:
+    """--ack-wait; or --lease given with --from, its old spelling (with a warning)."""
+    given = ctx.get_parameter_source
+    if given("lease") is click.core.ParameterSource.DEFAULT:
+        return ack_wait
+    if given("ack_wait") is not click.core.ParameterSource.DEFAULT:
+        return ack_wait
+    base.warn_deprecated("--lease with --from", "--ack-wait")
+    return lease

@@ -1,0 +1,216 @@
+"""What doctor reports: a finding's severity, its figure and its fix, the thresholds that
+decide them (`DoctorOptions`), and how figures are worded."""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is. `critical` makes `sqla-queue doctor` exit with status 1."""
+
+    ok = "ok"
+    warn = "warn"
+    critical = "critical"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one check saw: its `value` (the figure, for people), `details` (for programs)."""
+
+    name: str
+    severity: Severity
+    value: str
+    fix: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "severity": self.severity.value,
+            "value": self.value,
+            "fix": self.fix,
+            "details": self.details,
+        }
+
+
+@dataclass
+class DoctorOptions:
+    """Thresholds of the checks; each has a `sqla-queue doctor` option or a sane default."""
+
+    stuck_after: float = 60.0
+    """Seconds of grace: a stuck job (past its own lease deadline, or held by a dead
+    worker) overdue by more than twice this is critical, since live workers reap within
+    seconds."""
+    backlog_threshold: float = 300.0
+    """Seconds past its run_at after which a queued job counts as backlog."""
+    long_transaction: float = 60.0
+    """Seconds a transaction may pin the vacuum horizon before a warning (x10: critical)."""
+    sample: float = 1.0
+    """Seconds to watch the cluster's MultiXact counter (0 skips that check)."""
+    multixact_rate: float = 10.0
+    """MultiXacts minted per second in the cluster above which doctor warns."""
+    concurrent_enqueuers: int = 4
+    """Sessions seen enqueuing at once, with the foreign key in place, that warn."""
+    dead_tuples: int = 100_000
+    """Dead tuples in jobs that warn, when they also outnumber the live ones."""
+    show_queries: bool = False
+    """Put other sessions' SQL text (120 characters, literals and all) in the details.
+
+    Off by default: that text can hold secrets (passwords, tokens, personal data) of other
+    applications. Without it the details name only the statement's first keyword."""
+    lease: InitVar[float | None] = None
+    """Deprecated spelling of `stuck_after` (a job's lease is another thing)."""
+
+    def __post_init__(self, lease: float | None) -> None:
+        if lease is not None:
+            warnings.warn(
+                "DoctorOptions(lease=...) is deprecated: pass stuck_after=...",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.stuck_after = lease
+
+
+FIX_UPGRADE = (
+    "Upgrade: Postgres 17 made the SLRU cache sizes configurable (multixact_member_buffers, "
+    "multixact_offset_buffers) and split their locks into banks, which moves the "
+    "single-lock cliff a long way out."
+)
+FIX_MULTIXACTS = (
+    "Remove subtransactions from the claim path (no savepoint such as begin_nested around "
+    "the worker's updates) and drop the foreign key from jobs to hot parent rows "
+    "(`sqla-queue migrate --drop-queue-fk`)."
+)
+FIX_FREEZE = (
+    "Heavy MultiXact minting forces more frequent freezing: stop the minting (savepoints, "
+    "the queue foreign key) and let VACUUM (FREEZE) of the table catch up."
+)
+FIX_LONG_TRANSACTION = (
+    "Commit the claim and process outside the transaction: a long-running transaction pins "
+    "old row versions across the entire database, so vacuum cannot remove the dead "
+    "versions of finished jobs."
+)
+FIX_HORIZON = (
+    "Commit or roll back old prepared transactions (COMMIT PREPARED / ROLLBACK PREPARED) and "
+    "drop replication slots nobody consumes: both pin old row versions like a long transaction."
+)
+FIX_SUBTRANSACTIONS = (
+    "Remove subtransactions from the claim path: find the savepoint your framework adds "
+    "(SQLAlchemy's begin_nested, Django's nested atomic, Rails requires_new) and turn it "
+    "off for the worker."
+)
+FIX_FOREIGN_KEY = (
+    "Drop the foreign key from jobs to hot parent rows (`sqla-queue migrate --drop-queue-fk`): "
+    "a constraint is cheap to check once and expensive when a thousand inserts a second all "
+    "pin the same parent."
+)
+FIX_ORPHANS = (
+    "Without the foreign key nothing stops a typo in a queue name: create the missing queues "
+    "(`sqla-queue queues create NAME`) or cancel their jobs."
+)
+FIX_TABLE_SIZE = (
+    "Keep the table small: delete finished jobs or move them to an archive table (queue "
+    "retention delete or archive, or `sqla-queue prune`), so the partial index and vacuum "
+    "have little to do."
+)
+FIX_AUTOVACUUM = (
+    "Give the table its own autovacuum settings (autovacuum_vacuum_scale_factor = 0 with a "
+    "fixed threshold, as `sqla-queue migrate` sets them) so it is vacuumed on a schedule the "
+    "rest of the database does not dictate."
+)
+FIX_AUTOVACUUM_OFF = (
+    "Turn autovacuum back on (autovacuum = on; RESET (autovacuum_enabled) on the table): "
+    "without it nothing removes the dead versions of finished jobs and the table bloats."
+)
+FIX_BLOCKED_LOOP = (
+    "An async handler is calling blocking code (time.sleep, a sync client, heavy CPU), so the "
+    "worker's event loop cannot run its other async jobs, and after half a lease their leases "
+    "lapse and they are reaped. Await instead (asyncio.sleep, an async client), move the "
+    "blocking call to a thread (await asyncio.to_thread(...)), or make the task a sync one. "
+    "The worker's log names the jobs that were running."
+)
+FIX_OVERRUN = (
+    "A sync handler cannot be interrupted: past its timeout, or once its job is cancelled, "
+    "it runs on until it returns, and keeps its slot of the worker and of its queue's "
+    "concurrency until then (a worker whose every slot is held so claims nothing). Make the "
+    "handler return: give its blocking calls their own timeouts, and check ctx.cancelled in "
+    "long loops. Restarting the worker ends the thread (its job is written as decided)."
+)
+FIX_STUCK = (
+    "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
+    "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
+    "jobs of workers that stopped heartbeating."
+)
+FIX_BACKLOG = (
+    "Run more workers for these queues, or claim more per poll (--batch, --concurrency): "
+    "poll less, claim more."
+)
+FIX_FAILED = (
+    "Jobs are rows: read last_error of the failed jobs, fix the handler, then requeue them "
+    "or remove them (`sqla-queue prune --status failed`)."
+)
+FIX_UNKNOWN = (
+    "Workers took these jobs and had no handler for their task (a new release's task on an "
+    "old worker, or a worker serving every queue): they put them back without using an "
+    "attempt, later each time (up to every 5 minutes). Deploy a worker whose registry has "
+    "the task (`--app`), or delete the jobs if the task is gone for good."
+)
+FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
+
+EXPECTED_AUTOVACUUM = {
+    "autovacuum_vacuum_scale_factor": "0",
+    "autovacuum_vacuum_threshold": "1000",
+    "autovacuum_vacuum_insert_scale_factor": "0",
+    "autovacuum_vacuum_insert_threshold": "1000",
+}
+"""The storage parameters our migration gives the jobs table, as doctor expects them."""
+
+MULTIXACT_CRITICAL_AGE = 1_000_000_000
+"""Half of the 2^31 MultiXact ids after which PostgreSQL stops to prevent wraparound."""
+
+Check = Callable[[Connection, DoctorOptions], Finding]
+
+
+def format_bytes(count: float | None) -> str:
+    value = float(count or 0)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+def seconds_of(value: Any) -> float | None:
+    """A number of seconds from the database (Decimal from EXTRACT) as a JSON-able float."""
+    return None if value is None else float(value)
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def by_duration(seconds: float, options: DoctorOptions) -> Severity:
+    if seconds >= 10 * options.long_transaction:
+        return Severity.critical
+    if seconds >= options.long_transaction:
+        return Severity.warn
+    return Severity.ok
+
+
+def worst(findings: Sequence[Finding]) -> Severity:
+    """The most severe severity among `findings` (ok when there are none)."""
+    order = [Severity.ok, Severity.warn, Severity.critical]
+    return max((f.severity for f in findings), key=order.index, default=Severity.ok)
