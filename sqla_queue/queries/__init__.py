@@ -1,6 +1,7 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
-Split by subject, one module each: `jobs` (the job lifecycle), `queues` (administration),
+Split by subject, one module each: `claim` (the claim statement, to audit alone), `inserts`
+(enqueue), `jobs` (the job lifecycle after the claim), `queues` (administration),
 `admin` (finding, retrying and deleting jobs), `periodic` (the slots periodic jobs were
 enqueued for), `workers` (live worker registrations),
 `catalog` (PostgreSQL catalogs: schema revision,
@@ -45,6 +46,7 @@ from .catalog import (
     unknown_task_counts,
     version_table_exists,
 )
+from .claim import claim_jobs, complete_and_claim
 from .common import (
     CLAIMED_COLUMNS,
     FINISHED_STATUSES,
@@ -61,8 +63,6 @@ from .jobs import (
     PENDING_RESULT,
     RESULTS_CHANNEL,
     cancel_jobs,
-    claim_jobs,
-    complete_and_claim,
     complete_archive,
     complete_delete,
     complete_jobs,

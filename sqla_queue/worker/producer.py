@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from sqla_queue import queries
-from sqla_queue.queries.jobs import TaskSettings
+from sqla_queue.queries.claim import TaskSettings
 
 from .board import WAKE_MORE_AFTER, JobBoard
 from .completer import FLUSH_DELAY, Completer
