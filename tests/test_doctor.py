@@ -46,6 +46,7 @@ EVERY_CHECK = {
     "queue_foreign_key",
     "tables",
     "autovacuum_settings",
+    "claim_plan",
     "stuck_jobs",
     "workers",
     "backlog",

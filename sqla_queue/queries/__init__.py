@@ -1,7 +1,8 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
 Split by subject, one module each: `claim` (the claim statement, to audit alone), `inserts`
-(enqueue), `jobs` (the job lifecycle after the claim), `queues` (administration),
+(enqueue), `jobs` (the job lifecycle after the claim), `claim_plan` (the claim's plan and the
+jobs table's statistics), `queues` (administration),
 `admin` (finding, retrying and deleting jobs), `periodic` (the slots periodic jobs were
 enqueued for), `workers` (live worker registrations),
 `catalog` (PostgreSQL catalogs: schema revision,
@@ -47,6 +48,13 @@ from .catalog import (
     version_table_exists,
 )
 from .claim import claim_jobs, complete_and_claim
+from .claim_plan import (
+    FIX_CLAIM_PLAN,
+    claim_plan,
+    claim_plan_health,
+    reads_claim_index_in_order,
+    refresh_jobs_statistics,
+)
 from .common import (
     CLAIMED_COLUMNS,
     FINISHED_STATUSES,
@@ -138,6 +146,7 @@ __all__ = [
     "CREATE_STAGED_JOBS",
     "DOCTOR_SETTINGS",
     "FINISHED_STATUSES",
+    "FIX_CLAIM_PLAN",
     "INSERT_STAGED_JOBS",
     "LISTED_COLUMNS",
     "LISTEN",
@@ -149,6 +158,8 @@ __all__ = [
     "cancel_jobs",
     "claim_jobs",
     "claim_periodic_slots",
+    "claim_plan",
+    "claim_plan_health",
     "complete_and_claim",
     "complete_archive",
     "complete_delete",
@@ -202,9 +213,11 @@ __all__ = [
     "queue_foreign_keys",
     "queue_settings",
     "queue_stats",
+    "reads_claim_index_in_order",
     "reap_stale_jobs",
     "recent_enqueuers",
     "record_periodic_jobs",
+    "refresh_jobs_statistics",
     "release_jobs",
     "replication_slot_horizons",
     "reserve_job_id_array",

@@ -227,6 +227,11 @@ def claim_jobs(
             exists(select(allowed.c.name)),
         )
     conditions = [_due(c), served]
+    # A LIMIT the planner cannot read (a subquery) makes it plan for a tenth of the rows it
+    # expects: the claim index read in order wins whatever the statistics say. With the
+    # number in sight and a never-analyzed table (32 due rows expected of 100,000), it
+    # chose a bitmap scan of every due job and a sort on disk instead: 74 ms a claim.
+    unseen_limit = select(limit).scalar_subquery()
 
     def columns(t: Any) -> tuple[Any, ...]:
         return (t.c.id, t.c.task, t.c.max_attempts, t.c.queue, t.c.priority, t.c.run_at)
@@ -237,7 +242,7 @@ def claim_jobs(
             select(*selected)
             .where(*conditions)
             .order_by(c.c.priority, c.c.run_at, c.c.id)
-            .limit(limit)
+            .limit(unseen_limit)
             .with_for_update(skip_locked=True)
         )
 

@@ -35,6 +35,9 @@ from .keeper import Keeper
 
 log = logging.getLogger("sqla_queue.worker")
 
+STATISTICS_CHECK_EVERY = 30.0
+"""Seconds between looks at the jobs table's planner statistics while claims come back full."""
+
 
 class Producer:
     """Claims jobs and keeps the dispatcher's other duties (flushes, timeouts, burst exit)."""
@@ -83,6 +86,7 @@ class Producer:
         self._static = static
         self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
+        self._statistics_checked = float("-inf")
 
     def on_notify(self) -> None:
         self.notified = True
@@ -95,6 +99,7 @@ class Producer:
         queue_empty = False
         next_poll = 0.0
         flush_after = 0.0
+        self._check_statistics()  # before the first claim: it is planned with them
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
@@ -121,6 +126,8 @@ class Producer:
                         idle_backoff = min(idle_backoff * 2, cfg.poll_interval)
                     else:
                         idle_backoff = 0.05
+                        if time.monotonic() - self._statistics_checked > STATISTICS_CHECK_EVERY:
+                            self._check_statistics()  # a backlog: a burst may have come
                     continue
                 if board.outcomes and (
                     len(board.outcomes) >= board.flush_size
@@ -153,6 +160,15 @@ class Producer:
                 self.wake.clear()
         except Stopped:
             return
+
+    def _check_statistics(self) -> None:
+        """ANALYZE the jobs table if its statistics are missing or far off (one worker does)."""
+        try:
+            if queries.refresh_jobs_statistics(self.db.engine):
+                log.info("analyzed %s: its planner statistics were missing or stale", "jobs")
+        except DBAPIError as exc:
+            log.warning("could not refresh the jobs table's statistics (%s)", describe(exc))
+        self._statistics_checked = time.monotonic()
 
     def _keeper_behind(self) -> bool:
         behind = self.keeper.behind()
