@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
@@ -39,37 +40,46 @@ STATISTICS_CHECK_EVERY = 30.0
 """Seconds between looks at the jobs table's planner statistics while claims come back full."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProducerSettings:
+    """What a `Producer` is built with: the worker's config and the parts it drives."""
+
+    config: WorkerConfig
+    db: DatabaseLink
+    """The dispatcher's connection: claims and folded successes go through it."""
+    board: JobBoard
+    executor: Executor
+    completer: Completer
+    keeper: Keeper
+    stats: WorkerStats
+    wake: threading.Event
+    """Set to wake the dispatch loop (a notification, room on the board, an outcome)."""
+    stopping: threading.Event
+    make_job: Callable[[Any, ClaimColumns], ClaimedJob]
+    """Builds a job from a claimed row."""
+    on_finished: Callable[[Outcome], None]
+    on_claimed: Callable[[ClaimedJob], None] | None = None
+    """Called with each claimed job before it goes on the board (the job_claimed hook)."""
+
+
 class Producer:
     """Claims jobs and keeps the dispatcher's other duties (flushes, timeouts, burst exit)."""
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        db: DatabaseLink,
-        board: JobBoard,
-        executor: Executor,
-        completer: Completer,
-        keeper: Keeper,
-        stats: WorkerStats,
-        wake: threading.Event,
-        stopping: threading.Event,
-        make_job: Callable[[Any, ClaimColumns], ClaimedJob],
-        on_claimed: Callable[[ClaimedJob], None] | None,
-        on_finished: Callable[[Outcome], None],
-    ) -> None:
+    def __init__(self, settings: ProducerSettings) -> None:
+        config, keeper = settings.config, settings.keeper
         self.config = config
-        self.db = db
-        self.board = board
-        self.executor = executor
-        self.completer = completer
+        self.db = settings.db
+        self.board = settings.board
+        self.executor = settings.executor
+        self.completer = settings.completer
         self.keeper = keeper
-        self.stats = stats
-        self.wake = wake
-        self.stopping = stopping
+        self.stats = settings.stats
+        self.wake = settings.wake
+        self.stopping = settings.stopping
         self.notified = False
-        self._make_job = make_job
-        self._on_claimed = on_claimed
-        self._on_finished = on_finished
+        self._make_job = settings.make_job
+        self._on_claimed = settings.on_claimed
+        self._on_finished = settings.on_finished
         static: dict[str, Any] = {"worker_id": config.worker_id, "lease": config.lease}
         self._settings: TaskSettings = {
             "task_leases": keeper.task_leases,
