@@ -1,8 +1,8 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
 Split by subject, one module each: `claim` (the claim statement, to audit alone), `inserts`
-(enqueue), `jobs` (the job lifecycle after the claim), `claim_plan` (the claim's plan and the
-jobs table's statistics), `queues` (administration),
+(enqueue), `jobs` (the job lifecycle after the claim), `channels` (NOTIFY and LISTEN),
+`claim_plan` (the claim's plan and the jobs table's statistics), `queues` (administration),
 `admin` (finding, retrying and deleting jobs), `periodic` (the slots periodic jobs were
 enqueued for), `workers` (live worker registrations),
 `catalog` (PostgreSQL catalogs: schema revision,
@@ -47,6 +47,14 @@ from .catalog import (
     unknown_task_counts,
     version_table_exists,
 )
+from .channels import (
+    CANCEL_CHANNEL,
+    LISTEN,
+    LISTEN_RESULTS,
+    RESULTS_CHANNEL,
+    notify_cancelled,
+    notify_queues,
+)
 from .claim import claim_jobs, complete_and_claim
 from .claim_plan import (
     FIX_CLAIM_PLAN,
@@ -59,23 +67,29 @@ from .common import (
     CLAIMED_COLUMNS,
     FINISHED_STATUSES,
 )
-from .jobs import (
-    CANCEL_CHANNEL,
+from .inserts import (
     COPY_JOB_COLUMNS,
     COPY_JOBS,
     COPY_STAGED_JOBS,
     CREATE_STAGED_JOBS,
     INSERT_STAGED_JOBS,
-    LISTEN,
-    LISTEN_RESULTS,
+    copy_jobs,
+    insert_job_and_notify,
+    insert_jobs,
+    insert_unique_jobs,
+    may_reserve_job_ids,
+    may_stage_jobs,
+    reserve_job_id_array,
+    reserve_job_ids,
+    unique_holders,
+)
+from .jobs import (
     PENDING_RESULT,
-    RESULTS_CHANNEL,
     cancel_jobs,
     complete_archive,
     complete_delete,
     complete_jobs,
     complete_keep,
-    copy_jobs,
     defer_jobs,
     expire_results,
     fail_jobs,
@@ -83,26 +97,16 @@ from .jobs import (
     free_unheld_cancelled_jobs,
     heartbeat_jobs,
     held_jobs,
-    insert_job_and_notify,
-    insert_jobs,
-    insert_unique_jobs,
     job_by_id,
     job_outcome,
     job_status,
     make_scheduled_due,
-    may_reserve_job_ids,
-    may_stage_jobs,
-    notify_cancelled,
-    notify_queues,
     reap_stale_jobs,
     release_jobs,
-    reserve_job_id_array,
-    reserve_job_ids,
     retry_jobs,
     snooze_jobs,
     store_results,
     stuck_condition,
-    unique_holders,
 )
 from .periodic import (
     claim_periodic_slots,

@@ -1,5 +1,5 @@
-"""The job lifecycle after the claim: finish, retry, heartbeat, reap, cancel, notify. The claim
-is in `claim`, enqueue's inserts in `inserts`; both are re-exported here, as before."""
+"""The job lifecycle after the claim: finish, retry, heartbeat, reap, cancel. The claim is in
+`claim`, enqueue's inserts in `inserts`, the NOTIFY channels in `channels`."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from sqla_queue.models import (
     Retention,
 )
 
+from .channels import RESULTS_CHANNEL
 from .claim import (
     _ONE,
     _SECOND,
@@ -56,15 +57,6 @@ from .claim import (
     _limited,
     _max_attempts,
     _text,
-)
-from .claim import (
-    TaskSettings as TaskSettings,
-)
-from .claim import (
-    claim_jobs as claim_jobs,
-)
-from .claim import (
-    complete_and_claim as complete_and_claim,
 )
 from .common import (
     _claimed_batch,
@@ -75,54 +67,6 @@ from .common import (
     jobs,
     queues,
     workers,
-)
-from .inserts import (
-    COPY_JOB_COLUMNS as COPY_JOB_COLUMNS,
-)
-from .inserts import (
-    COPY_JOBS as COPY_JOBS,
-)
-from .inserts import (
-    COPY_STAGED_JOBS as COPY_STAGED_JOBS,
-)
-from .inserts import (
-    CREATE_STAGED_JOBS as CREATE_STAGED_JOBS,
-)
-from .inserts import (
-    INSERT_STAGED_JOBS as INSERT_STAGED_JOBS,
-)
-from .inserts import (
-    STAGED_JOB_COLUMNS as STAGED_JOB_COLUMNS,
-)
-from .inserts import (
-    STAGED_JOBS as STAGED_JOBS,
-)
-from .inserts import (
-    copy_jobs as copy_jobs,
-)
-from .inserts import (
-    insert_job_and_notify as insert_job_and_notify,
-)
-from .inserts import (
-    insert_jobs as insert_jobs,
-)
-from .inserts import (
-    insert_unique_jobs as insert_unique_jobs,
-)
-from .inserts import (
-    may_reserve_job_ids as may_reserve_job_ids,
-)
-from .inserts import (
-    may_stage_jobs as may_stage_jobs,
-)
-from .inserts import (
-    reserve_job_id_array as reserve_job_id_array,
-)
-from .inserts import (
-    reserve_job_ids as reserve_job_ids,
-)
-from .inserts import (
-    unique_holders as unique_holders,
 )
 
 # -- finish ----------------------------------------------------------------------------------
@@ -170,11 +114,6 @@ def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
         for name in names
     ]
     return names, values
-
-
-RESULTS_CHANNEL = f"{NOTIFY_CHANNEL}_results"
-"""The channel on which finishing statements name (by id) the jobs that reached a final
-state with something to tell a waiter: a kept result, or a failure (`sqla_queue.wait_for`)."""
 
 
 def _results_batch() -> TableValuedAlias:
@@ -668,12 +607,6 @@ def reap_stale_jobs() -> Update:
 # -- notify ----------------------------------------------------------------------------------
 
 
-def notify_queues() -> Select[Any]:
-    """`pg_notify` once per queue in `:queues`; delivered by PostgreSQL only on commit."""
-    names = func.unnest(bindparam("queues", type_=ARRAY(Text))).table_valued("name")
-    return select(func.pg_notify(NOTIFY_CHANNEL, names.c.name)).select_from(names)
-
-
 def cancel_jobs() -> Update:
     """Cancel jobs `:job_ids` that are queued or running; returns (id, previous status).
 
@@ -748,21 +681,6 @@ def expire_results() -> Delete:
 def job_by_id() -> Select[Any]:
     """One job's row by `:job_id`."""
     return select(jobs).where(jobs.c.id == bindparam("job_id", type_=BigInteger))
-
-
-CANCEL_CHANNEL = f"{NOTIFY_CHANNEL}_cancel"
-"""The channel on which a cancel names the running jobs it cancelled (comma-separated ids)."""
-
-LISTEN = f'LISTEN "{NOTIFY_CHANNEL}"; LISTEN "{CANCEL_CHANNEL}"'
-"""Not expressible in Core: the one plain-text statement, sent by the listener connection."""
-
-LISTEN_RESULTS = f'LISTEN "{RESULTS_CHANNEL}"'
-"""Not expressible in Core: what `sqla_queue.wait_for`'s listener connection sends."""
-
-
-def notify_cancelled() -> Select[Any]:
-    """`pg_notify(CANCEL_CHANNEL, :job_ids)`: running jobs that were cancelled, on commit."""
-    return select(func.pg_notify(CANCEL_CHANNEL, bindparam("job_ids", type_=Text)))
 
 
 def make_scheduled_due(queue_names: Sequence[str] | None) -> Update:
