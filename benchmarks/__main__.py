@@ -44,6 +44,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, help="seconds per measured repetition")
     p.add_argument("--repeat", type=int, help="measured repetitions (default 3)")
     p.add_argument("--skip-ceiling", action="store_true", help="do not run the pgbench ceiling")
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="ANALYZE each backlog between its insert and its drain (the old way; default cold)",
+    )
     p.add_argument("--drain-jobs", type=int, help="jobs pre-inserted per drain repetition")
     p.add_argument("--health-jobs", type=int, help="jobs processed for the table-size check")
     p.add_argument("--multixact-jobs", type=int, help="jobs per MultiXact measurement")
@@ -105,6 +110,7 @@ def plan_from(args: argparse.Namespace) -> scenarios.Plan:
         plan.warmup = min(plan.warmup, args.seconds)
         plan.latency_load_probes = min(plan.latency_load_probes, max(20, int(args.seconds * 50)))
     plan.skip_ceiling = args.skip_ceiling
+    plan.warm = args.warm
     if plan.repeat < 1:
         raise SystemExit("--repeat must be at least 1")
     return plan
@@ -179,6 +185,7 @@ def measure(
         "meta": {
             "started_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "quick": args.quick,
+            "warm": args.warm,
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "sqlalchemy": sqlalchemy.__version__,

@@ -7,7 +7,9 @@ new) against one private cluster, so each pair of runs sees the same machine:
         [--batch N] [--concurrency N] [--jobs N] [--server-data DATADIR]
 
 ADMIN_URL defaults to a private cluster at 127.0.0.1:55432. Each run creates its own
-database, drains 20,000 no-op jobs (c=4, batch 50, burst, poll-only; `--batch`,
+database, enqueues 20,000 no-op jobs (`enqueue_many`, 1,000 per transaction) and drains them
+at once, cold, as an application does after a burst: no ANALYZE in between (`--warm`
+ANALYZEs the table first, the old way) (c=4, batch 50, burst, poll-only; `--batch`,
 `--concurrency` and `--jobs` change them), then, unless `--drain-only`, times 1,500
 one-job transactions and one 20,000-row enqueue_many, appends a JSON line to OUTFILE and
 drops its database. The drain line also carries the process's CPU seconds per job
@@ -37,6 +39,16 @@ parser.add_argument(
     "admin_url", nargs="?", default="postgresql+psycopg://postgres@127.0.0.1:55432/postgres"
 )
 parser.add_argument("--drain-only", action="store_true")
+parser.add_argument(
+    "--warm", action="store_true", help="ANALYZE the jobs table between enqueue and drain"
+)
+parser.add_argument(
+    "--no-autoanalyze",
+    action="store_true",
+    help="keep autovacuum's ANALYZE off the jobs table (its analyze threshold, a table setting;"
+    " its VACUUM stays): a burst drained before autovacuum's next visit (naptime 60 s) meets"
+    " the never-analyzed table throughout",
+)
 parser.add_argument("--batch", type=int, default=50)
 parser.add_argument("--concurrency", type=int, default=4)
 parser.add_argument("--jobs", type=int, default=20000)
@@ -79,6 +91,11 @@ url = admin.url.set(database=db).render_as_string(hide_password=False)
 engine = create_engine(url)
 try:
     upgrade(engine)
+    if opts.no_autoanalyze:
+        with engine.begin() as c:
+            c.execute(
+                text("ALTER TABLE sqla_queue.jobs SET (autovacuum_analyze_threshold = 2000000000)")
+            )
     registry = Registry()
 
     @registry.task(name="noop")
@@ -86,13 +103,20 @@ try:
         return None
 
     N = opts.jobs
-    with Session(engine) as s, s.begin():
-        enqueue_many(s, [{"task": "noop", "args": {"n": i}} for i in range(N)])
-    with engine.begin() as c:
-        c.execute(text("ANALYZE sqla_queue.jobs"))
+    for start in range(0, N, 1000):
+        with Session(engine) as s, s.begin():
+            rows = range(start, min(start + 1000, N))
+            enqueue_many(s, [{"task": "noop", "args": {"n": i}} for i in rows])
+    if opts.warm:
+        with engine.begin() as c:
+            c.execute(text("ANALYZE sqla_queue.jobs"))
     config = WorkerConfig(
         concurrency=opts.concurrency, batch=opts.batch, burst=True, poll_only=True
     )
+    with engine.connect() as c:
+        reltuples = c.execute(
+            text("SELECT reltuples FROM pg_class WHERE oid = 'sqla_queue.jobs'::regclass")
+        ).scalar()
     cpu0 = time.process_time()
     server0 = server_cpu()
     t0 = time.perf_counter()
@@ -104,12 +128,21 @@ try:
         left = c.execute(
             text("SELECT count(*) FROM sqla_queue.jobs WHERE status in ('queued','running')")
         ).scalar()
+        analyzed = c.execute(
+            text(
+                "SELECT autoanalyze_count + analyze_count FROM pg_stat_user_tables"
+                " WHERE relid = 'sqla_queue.jobs'::regclass"
+            )
+        ).scalar()
     assert left == 0, left
     line = {
         "label": opts.label,
         "batch": opts.batch,
         "concurrency": opts.concurrency,
         "jobs": N,
+        "warm": opts.warm,
+        "reltuples_at_start": reltuples,
+        "analyzed": analyzed,
         "drain": drain,
         "drain_cpu_us": drain_cpu_us,
         "server_cpu_us": server_cpu_us,

@@ -232,9 +232,11 @@ class PeerDatabase:
     def reset(self) -> None:
         self.sql(f"TRUNCATE {self.peer.table} CASCADE")
 
-    def insert_backlog(self, count: int) -> None:
+    def insert_backlog(self, count: int, analyze: bool = False) -> None:
+        """`count` waiting jobs; VACUUM ANALYZEd with `analyze` (cold by default, as ours)."""
         self.sql(self.peer.backlog, (count,))
-        self.sql(f"VACUUM ANALYZE {self.peer.table}")
+        if analyze:
+            self.sql(f"VACUUM ANALYZE {self.peer.table}")
 
 
 def worker_command(name: str, dsn: str, concurrency: int, batch: int) -> list[str]:

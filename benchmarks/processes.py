@@ -65,10 +65,11 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
         proc.wait()
 
 
-def _drain_once(db: BenchDatabase, jobs: int) -> float:
-    """Insert `jobs` (planner statistics taken first); jobs/s from their commit to empty."""
+def _drain_once(db: BenchDatabase, jobs: int, warm: bool = False) -> float:
+    """Insert `jobs` (planner statistics taken first if `warm`; cold by default); jobs/s
+    from their commit to empty."""
     db.reset_jobs()
-    db.insert_noop_jobs(jobs, analyze=True)
+    db.insert_noop_jobs(jobs, analyze=warm)
     started = time.monotonic()
     if not db.wait_until_empty(timeout=600):
         raise RuntimeError(f"{db.count_jobs()} of {jobs} jobs were left after 600 s")
@@ -88,12 +89,13 @@ def drain_summary(
     batch: int = 50,
     concurrency: int = 4,
     repeat: int = 3,
+    warm: bool = False,
 ) -> dict[str, Any]:
     """Median, spread and samples (jobs/s) of `repeat` drains of `jobs` no-op jobs by
     `sqla-queue worker --processes {processes} --batch {batch} -c {concurrency}`."""
     with supervised_workers(db, processes, batch, concurrency):
-        _drain_once(db, max(1_000, jobs // 5))  # warm-up: caches, plans, pools
-        rates = [_drain_once(db, jobs) for _ in range(repeat)]
+        _drain_once(db, max(1_000, jobs // 5), warm)  # warm-up: caches, plans, pools
+        rates = [_drain_once(db, jobs, warm) for _ in range(repeat)]
     db.reset_jobs()
     result = summary(rates)
     result.update(jobs=jobs, processes=processes, batch=batch, concurrency=concurrency)
@@ -108,13 +110,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4, help="-c of each process")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warm", action="store_true", help="ANALYZE each backlog first")
     args = parser.parse_args(argv)
     db = BenchDatabase(args.database_url)
     db.create()
     try:
         for processes in args.processes:
             row = drain_summary(
-                db, args.jobs, processes, args.batch, args.concurrency, repeat=args.repeat
+                db,
+                args.jobs,
+                processes,
+                args.batch,
+                args.concurrency,
+                repeat=args.repeat,
+                warm=args.warm,
             )
             print(
                 f"drain --processes {processes} -c {args.concurrency} --batch {args.batch}: "

@@ -105,8 +105,9 @@ Noticed, not changed: the claim binds `status = 'queued'` as a parameter, so a g
 plan could not use the partial claim indexes (89 ms instead of 0.1 ms per claim on 100,000
 queued jobs under `plan_cache_mode = force_generic_plan`); PostgreSQL keeps choosing custom
 plans because the generic one costs far more, but rendering the status as a literal would
-remove the risk. The harness pauses the queue and ANALYZEs a freshly filled table before
-the worker claims from it, as pgbench's ceiling script does.
+remove the risk. The harness drains each backlog cold, with whatever planner statistics
+the table has (no ANALYZE between insert and drain, as an application's burst meets the
+queue); `--warm` pauses the queue and ANALYZEs each freshly filled table first, the old way.
 """
 
 HOW_TO_RUN = """\
@@ -537,8 +538,9 @@ def peers_section(results: dict[str, Any]) -> list[str]:
         f"repetitions, each a fresh backlog and worker). {large:,} waiting: inserted once, "
         "then completions "
         "counted in consecutive windows while the backlog is still deep. Backlogs are "
-        "inserted with one SQL statement into each system's table (then VACUUM ANALYZE). "
-        f"Bulk enqueue: {bulk.get('batch', 0):,} rows per transaction through each library's "
+        "inserted with one SQL statement into each system's table"
+        + (" (then VACUUM ANALYZE: --warm). " if results["meta"].get("warm") else " (cold). ")
+        + f"Bulk enqueue: {bulk.get('batch', 0):,} rows per transaction through each library's "
         "bulk API (sqla-queue `enqueue_many`, pgqueuer `Queries.enqueue` with lists, "
         "procrastinate `batch_defer_async`).",
     ]
@@ -871,6 +873,12 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         f"- Python {meta['python']}, SQLAlchemy {meta['sqlalchemy']}, psycopg {meta['psycopg']}",
         f"- run: {'--quick, ' if meta['quick'] else ''}{plan['seconds']} s per repetition, "
         f"{plan['repeat']} repetitions after a warm-up, {meta['duration_s'] / 60:.1f} min in all",
+        "- backlogs: "
+        + (
+            "warm (`--warm`: each ANALYZEd between its insert and its drain)"
+            if meta.get("warm")
+            else "cold (no ANALYZE between a backlog's insert and its drain)"
+        ),
         "",
         "## The ceiling",
         "",

@@ -77,6 +77,9 @@ class Plan:
     warmup: float = 1.0
     ceiling_seconds: int = 5
     skip_ceiling: bool = False
+    warm: bool = False
+    """ANALYZE each backlog between its insert and its drain (the old way, `--warm`). Cold by
+    default: an application's burst is drained with whatever statistics the table has."""
     drain_jobs: int = 100_000
     concurrencies: tuple[int, ...] = (1, 4, 16, 64)
     batches: tuple[int, ...] = (1, 10, 50)
@@ -321,10 +324,13 @@ def _peer_bulk(db: BenchDatabase, plan: Plan, name: str) -> dict[str, Any]:
 # -- 4. drain --------------------------------------------------------------------------------
 
 
-def _drain_once(db: BenchDatabase, jobs: int, window: float) -> tuple[float, int]:
-    """Pre-insert `jobs`; once the worker has started on them, count completions in `window`."""
+def _drain_once(
+    db: BenchDatabase, jobs: int, window: float, warm: bool = False
+) -> tuple[float, int]:
+    """Pre-insert `jobs` (ANALYZEd first if `warm`); once the worker has started on them,
+    count completions in `window`."""
     db.reset_jobs()
-    db.insert_noop_jobs(jobs, analyze=True)
+    db.insert_noop_jobs(jobs, analyze=warm)
     deadline = time.monotonic() + 10
     while (left := db.count_jobs()) == jobs and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -346,9 +352,9 @@ def drain_config(
     rates: list[float] = []
     try:
         with worker_process(db, concurrency, batch):
-            warm, _ = _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds))
+            warm, _ = _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds), plan.warm)
             for _ in range(plan.repeat):
-                rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds)
+                rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds, plan.warm)
                 rates.append(rate)
     finally:
         db.set_retention("delete")
@@ -388,9 +394,9 @@ def processes(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     concurrency = plan.processes_concurrency
     rates: list[float] = []
     with supervised_workers(db, plan.processes, 50, concurrency):
-        _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds))
+        _drain_once(db, plan.drain_jobs, min(plan.warmup, plan.seconds), plan.warm)
         for _ in range(plan.repeat):
-            rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds)
+            rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds, plan.warm)
             rates.append(rate)
     db.reset_jobs()
     result = summary(rates)
@@ -407,31 +413,33 @@ class _Ours:
 
     name = "sqla_queue"
 
-    def __init__(self, db: BenchDatabase) -> None:
+    def __init__(self, db: BenchDatabase, warm: bool = False) -> None:
         self.db = db
+        self.warm = warm
 
     def pending(self) -> int:
         return self.db.count_jobs()
 
     def fill(self, count: int) -> None:
         self.db.reset_jobs()
-        self.db.insert_noop_jobs(count, analyze=True)
+        self.db.insert_noop_jobs(count, analyze=self.warm)
 
     def start(self, concurrency: int, batch: int) -> subprocess.Popen[str]:
         return spawn("worker", self.db.url, concurrency, batch)
 
 
 class _Peer:
-    def __init__(self, pdb: peers.PeerDatabase) -> None:
+    def __init__(self, pdb: peers.PeerDatabase, warm: bool = False) -> None:
         self.pdb = pdb
         self.name = pdb.peer.name
+        self.warm = warm
 
     def pending(self) -> int:
         return self.pdb.pending()
 
     def fill(self, count: int) -> None:
         self.pdb.reset()
-        self.pdb.insert_backlog(count)
+        self.pdb.insert_backlog(count, analyze=self.warm)
 
     def start(self, concurrency: int, batch: int) -> subprocess.Popen[str]:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -554,7 +562,7 @@ class _ClaimProbe(threading.Thread):
 
 def _deep_ours(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     """Our large-backlog drain, run for `deep_seconds` with the claim probe alongside."""
-    ours = _Ours(db)
+    ours = _Ours(db, plan.warm)
     filled = time.monotonic()
     ours.fill(plan.backlog_large)
     fill_s = time.monotonic() - filled
@@ -606,13 +614,13 @@ def backlog(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
         "batch": plan.backlog_batch,
         "systems": {},
     }
-    mine: dict[str, Any] = {"small": _small_backlog(_Ours(db), plan, say)}
+    mine: dict[str, Any] = {"small": _small_backlog(_Ours(db, plan.warm), plan, say)}
     mine.update(_deep_ours(db, plan, say))
     result["systems"]["sqla_queue"] = mine
     for name in plan.peers:
         try:
             with peer_database(db, name) as pdb:
-                runs = _backlog_runs(_Peer(pdb), plan, say)
+                runs = _backlog_runs(_Peer(pdb, plan.warm), plan, say)
                 runs["version"] = peers.version(name)
                 runs["batch_note"] = pdb.peer.batch_note
                 runs["finish_note"] = pdb.peer.finish_note

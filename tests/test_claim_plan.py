@@ -8,7 +8,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue_many, queries
+from sqla_queue import Registry, enqueue_many, queries
+from sqla_queue.doctor import Severity, diagnose
+from sqla_queue.worker import Worker, WorkerConfig
 
 
 def _literal(value: object) -> str:
@@ -49,3 +51,74 @@ def test_generic_plan_of_the_claim_uses_a_partial_index(
     # the locking subquery: the candidates CTE, up to the next CTE of the statement
     candidates = plan.split("CTE candidates")[1].split("\n  CTE ")[0]
     assert "using ix_jobs_claim" in candidates, plan
+
+
+def _insert_cold(engine: Engine, count: int) -> None:
+    """`count` due no-op jobs in a table PostgreSQL has never analyzed (as after a burst)."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE sqla_queue.jobs SET (autovacuum_enabled = off)"))
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.jobs (task, args) "
+                "SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, :n) g"
+            ),
+            {"n": count},
+        )
+
+
+def _reltuples(engine: Engine) -> float:
+    with engine.connect() as conn:
+        return float(
+            conn.execute(
+                text("SELECT reltuples FROM pg_class WHERE oid = 'sqla_queue.jobs'::regclass")
+            ).scalar_one()
+        )
+
+
+def test_claim_of_any_queue_reads_the_claim_index_in_order_on_a_never_analyzed_table(
+    engine: Engine,
+) -> None:
+    _insert_cold(engine, 100_000)
+    assert _reltuples(engine) < 0  # never analyzed: the planner guesses a few dozen due rows
+    with engine.connect() as conn:
+        plan = queries.claim_plan(conn, None, 50)
+    assert queries.reads_claim_index_in_order(plan), plan
+    assert "Sort Key: c.priority" not in plan, plan
+
+
+def test_worker_restores_fresh_statistics_before_its_first_claim(engine: Engine) -> None:
+    """The claim of listed queues still sorts on a never-analyzed table: the worker
+    ANALYZEs it first, once, and its claim then reads the claim index in order."""
+    _insert_cold(engine, 100_000)
+    with engine.connect() as conn:
+        assert not queries.reads_claim_index_in_order(queries.claim_plan(conn, ["default"]))
+    registry = Registry()
+    seen: list[float] = []
+    worker: Worker
+
+    @registry.task(name="noop")
+    def noop(**_: object) -> None:
+        # the first job was claimed by a plan made with what the table's statistics are now
+        seen.append(_reltuples(engine))
+        worker.stop()
+
+    config = WorkerConfig(queues=["default"], burst=True, poll_only=True, batch=1, concurrency=1)
+    worker = Worker(engine, registry, config)
+    worker.run(install_signal_handlers=False)
+    assert len(seen) == 1, seen
+    assert seen[0] >= 100_000 * 0.9, seen
+    with engine.connect() as conn:
+        assert queries.reads_claim_index_in_order(queries.claim_plan(conn, ["default"]))
+    # fresh now: another worker's look runs no second ANALYZE
+    assert queries.refresh_jobs_statistics(engine) is False
+
+
+def test_doctor_warns_when_the_claim_sorts_every_due_job(engine: Engine) -> None:
+    _insert_cold(engine, 100_000)
+    (finding,) = [f for f in diagnose(engine) if f.name == "claim_plan"]
+    assert finding.severity is Severity.warn, finding
+    assert "listed queues" in finding.value
+    assert "ANALYZE" in finding.fix
+    assert queries.refresh_jobs_statistics(engine) is True
+    (finding,) = [f for f in diagnose(engine) if f.name == "claim_plan"]
+    assert finding.severity is Severity.ok, finding

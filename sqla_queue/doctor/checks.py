@@ -497,6 +497,13 @@ def check_unknown_tasks(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("unknown_tasks", Severity.warn, shown, FIX_UNKNOWN, waiting)
 
 
+def check_claim_plan(conn: Connection, options: DoctorOptions) -> Finding:
+    """The worker's claim reads the claim index in order (its plan, by EXPLAIN)."""
+    ordered, message, details = queries.claim_plan_health(conn)
+    severity = Severity.ok if ordered else Severity.warn
+    return Finding("claim_plan", severity, message, queries.FIX_CLAIM_PLAN, details)
+
+
 SERVER_CHECKS: tuple[Check, ...] = (
     check_server_version,
     check_multixact_waits,
@@ -513,6 +520,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_queue_foreign_key,
     check_tables,
     check_autovacuum_settings,
+    check_claim_plan,
     check_stuck_jobs,
     check_workers,
     check_backlog,

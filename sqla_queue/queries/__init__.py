@@ -1,6 +1,8 @@
 """Every statement the worker, the CLI and the enqueue hook send, as SQLAlchemy Core.
 
-Split by subject, one module each: `jobs` (the job lifecycle), `queues` (administration),
+Split by subject, one module each: `claim` (the claim statement, to audit alone), `inserts`
+(enqueue), `jobs` (the job lifecycle after the claim), `channels` (NOTIFY and LISTEN),
+`claim_plan` (the claim's plan and the jobs table's statistics), `queues` (administration),
 `admin` (finding, retrying and deleting jobs), `periodic` (the slots periodic jobs were
 enqueued for), `workers` (live worker registrations),
 `catalog` (PostgreSQL catalogs: schema revision,
@@ -45,29 +47,49 @@ from .catalog import (
     unknown_task_counts,
     version_table_exists,
 )
+from .channels import (
+    CANCEL_CHANNEL,
+    LISTEN,
+    LISTEN_RESULTS,
+    RESULTS_CHANNEL,
+    notify_cancelled,
+    notify_queues,
+)
+from .claim import claim_jobs, complete_and_claim
+from .claim_plan import (
+    FIX_CLAIM_PLAN,
+    claim_plan,
+    claim_plan_health,
+    reads_claim_index_in_order,
+    refresh_jobs_statistics,
+)
 from .common import (
     CLAIMED_COLUMNS,
     FINISHED_STATUSES,
 )
-from .jobs import (
-    CANCEL_CHANNEL,
+from .inserts import (
     COPY_JOB_COLUMNS,
     COPY_JOBS,
     COPY_STAGED_JOBS,
     CREATE_STAGED_JOBS,
     INSERT_STAGED_JOBS,
-    LISTEN,
-    LISTEN_RESULTS,
+    copy_jobs,
+    insert_job_and_notify,
+    insert_jobs,
+    insert_unique_jobs,
+    may_reserve_job_ids,
+    may_stage_jobs,
+    reserve_job_id_array,
+    reserve_job_ids,
+    unique_holders,
+)
+from .jobs import (
     PENDING_RESULT,
-    RESULTS_CHANNEL,
     cancel_jobs,
-    claim_jobs,
-    complete_and_claim,
     complete_archive,
     complete_delete,
     complete_jobs,
     complete_keep,
-    copy_jobs,
     defer_jobs,
     expire_results,
     fail_jobs,
@@ -75,26 +97,16 @@ from .jobs import (
     free_unheld_cancelled_jobs,
     heartbeat_jobs,
     held_jobs,
-    insert_job_and_notify,
-    insert_jobs,
-    insert_unique_jobs,
     job_by_id,
     job_outcome,
     job_status,
     make_scheduled_due,
-    may_reserve_job_ids,
-    may_stage_jobs,
-    notify_cancelled,
-    notify_queues,
     reap_stale_jobs,
     release_jobs,
-    reserve_job_id_array,
-    reserve_job_ids,
     retry_jobs,
     snooze_jobs,
     store_results,
     stuck_condition,
-    unique_holders,
 )
 from .periodic import (
     claim_periodic_slots,
@@ -138,6 +150,7 @@ __all__ = [
     "CREATE_STAGED_JOBS",
     "DOCTOR_SETTINGS",
     "FINISHED_STATUSES",
+    "FIX_CLAIM_PLAN",
     "INSERT_STAGED_JOBS",
     "LISTED_COLUMNS",
     "LISTEN",
@@ -149,6 +162,8 @@ __all__ = [
     "cancel_jobs",
     "claim_jobs",
     "claim_periodic_slots",
+    "claim_plan",
+    "claim_plan_health",
     "complete_and_claim",
     "complete_archive",
     "complete_delete",
@@ -202,9 +217,11 @@ __all__ = [
     "queue_foreign_keys",
     "queue_settings",
     "queue_stats",
+    "reads_claim_index_in_order",
     "reap_stale_jobs",
     "recent_enqueuers",
     "record_periodic_jobs",
+    "refresh_jobs_statistics",
     "release_jobs",
     "replication_slot_horizons",
     "reserve_job_id_array",

@@ -46,7 +46,7 @@ from .connection import DatabaseLink, FailureLog, backoff_delays, describe
 from .executor import Executor
 from .jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
 from .keeper import Keeper
-from .producer import Producer
+from .producer import Producer, ProducerSettings
 from .shutdown import Shutdown, exit_now
 
 log = logging.getLogger("sqla_queue.worker")
@@ -95,18 +95,22 @@ class Worker:
             self.engine, cfg, registry, self.board, self.executor, self.stats, self._on_notify
         )
         self.producer = Producer(
-            cfg,
-            self.db,
-            self.board,
-            self.executor,
-            self.completer,
-            self.keeper,
-            self.stats,
-            self._wake,
-            self._stopping,
-            self._make_job,
-            (lambda job: hooks.emit(hooks.job_claimed, job.ctx)) if hooks.job_claimed else None,
-            self._finished,
+            ProducerSettings(
+                config=cfg,
+                db=self.db,
+                board=self.board,
+                executor=self.executor,
+                completer=self.completer,
+                keeper=self.keeper,
+                stats=self.stats,
+                wake=self._wake,
+                stopping=self._stopping,
+                make_job=self._make_job,
+                on_claimed=(lambda job: hooks.emit(hooks.job_claimed, job.ctx))
+                if hooks.job_claimed
+                else None,
+                on_finished=self._finished,
+            )
         )
         self.shutdown = Shutdown(
             cfg, self.db, self.board, self.completer, self.stats, self._wake, self._finished

@@ -11,12 +11,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
 from sqla_queue import queries
-from sqla_queue.queries.jobs import TaskSettings
+from sqla_queue.queries.claim import TaskSettings
 
 from .board import WAKE_MORE_AFTER, JobBoard
 from .completer import FLUSH_DELAY, Completer
@@ -35,38 +36,50 @@ from .keeper import Keeper
 
 log = logging.getLogger("sqla_queue.worker")
 
+STATISTICS_CHECK_EVERY = 30.0
+"""Seconds between looks at the jobs table's planner statistics while claims come back full."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerSettings:
+    """What a `Producer` is built with: the worker's config and the parts it drives."""
+
+    config: WorkerConfig
+    db: DatabaseLink
+    """The dispatcher's connection: claims and folded successes go through it."""
+    board: JobBoard
+    executor: Executor
+    completer: Completer
+    keeper: Keeper
+    stats: WorkerStats
+    wake: threading.Event
+    """Set to wake the dispatch loop (a notification, room on the board, an outcome)."""
+    stopping: threading.Event
+    make_job: Callable[[Any, ClaimColumns], ClaimedJob]
+    """Builds a job from a claimed row."""
+    on_finished: Callable[[Outcome], None]
+    on_claimed: Callable[[ClaimedJob], None] | None = None
+    """Called with each claimed job before it goes on the board (the job_claimed hook)."""
+
 
 class Producer:
     """Claims jobs and keeps the dispatcher's other duties (flushes, timeouts, burst exit)."""
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        db: DatabaseLink,
-        board: JobBoard,
-        executor: Executor,
-        completer: Completer,
-        keeper: Keeper,
-        stats: WorkerStats,
-        wake: threading.Event,
-        stopping: threading.Event,
-        make_job: Callable[[Any, ClaimColumns], ClaimedJob],
-        on_claimed: Callable[[ClaimedJob], None] | None,
-        on_finished: Callable[[Outcome], None],
-    ) -> None:
+    def __init__(self, settings: ProducerSettings) -> None:
+        config, keeper = settings.config, settings.keeper
         self.config = config
-        self.db = db
-        self.board = board
-        self.executor = executor
-        self.completer = completer
+        self.db = settings.db
+        self.board = settings.board
+        self.executor = settings.executor
+        self.completer = settings.completer
         self.keeper = keeper
-        self.stats = stats
-        self.wake = wake
-        self.stopping = stopping
+        self.stats = settings.stats
+        self.wake = settings.wake
+        self.stopping = settings.stopping
         self.notified = False
-        self._make_job = make_job
-        self._on_claimed = on_claimed
-        self._on_finished = on_finished
+        self._make_job = settings.make_job
+        self._on_claimed = settings.on_claimed
+        self._on_finished = settings.on_finished
         static: dict[str, Any] = {"worker_id": config.worker_id, "lease": config.lease}
         self._settings: TaskSettings = {
             "task_leases": keeper.task_leases,
@@ -83,6 +96,7 @@ class Producer:
         self._static = static
         self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
+        self._statistics_checked = float("-inf")
 
     def on_notify(self) -> None:
         self.notified = True
@@ -95,6 +109,7 @@ class Producer:
         queue_empty = False
         next_poll = 0.0
         flush_after = 0.0
+        self._check_statistics()  # before the first claim: it is planned with them
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
@@ -121,6 +136,8 @@ class Producer:
                         idle_backoff = min(idle_backoff * 2, cfg.poll_interval)
                     else:
                         idle_backoff = 0.05
+                        if time.monotonic() - self._statistics_checked > STATISTICS_CHECK_EVERY:
+                            self._check_statistics()  # a backlog: a burst may have come
                     continue
                 if board.outcomes and (
                     len(board.outcomes) >= board.flush_size
@@ -153,6 +170,15 @@ class Producer:
                 self.wake.clear()
         except Stopped:
             return
+
+    def _check_statistics(self) -> None:
+        """ANALYZE the jobs table if its statistics are missing or far off (one worker does)."""
+        try:
+            if queries.refresh_jobs_statistics(self.db.engine):
+                log.info("analyzed %s: its planner statistics were missing or stale", "jobs")
+        except DBAPIError as exc:
+            log.warning("could not refresh the jobs table's statistics (%s)", describe(exc))
+        self._statistics_checked = time.monotonic()
 
     def _keeper_behind(self) -> bool:
         behind = self.keeper.behind()

@@ -1,0 +1,170 @@
+"""The claim's plan and the jobs table's planner statistics.
+
+The worker's claim (`claim.claim_jobs`) is planned once and kept (a prepared statement's
+generic plan). On a table PostgreSQL has never analyzed it expects a few dozen due rows
+whatever the backlog; `claim_jobs` is written so that even then the claim index is read in
+order, and a worker still refreshes statistics it finds missing or far off
+(`statistics_stale`), under one advisory lock, outside any claim. `doctor` EXPLAINs the claim
+and warns when its plan is not the index-ordered one (`reads_claim_index_in_order`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import Connection, Dialect, Engine, Float, Select, cast, column, func, select, table
+
+from sqla_queue.models import SCHEMA
+
+from .claim import claim_jobs
+from .common import jobs
+
+STATISTICS_LOCK = (1936813153, 1)
+"""The session advisory lock (`'sqla'` as an int4, 1) one worker holds while it ANALYZEs."""
+
+ANALYZE_JOBS = f"ANALYZE {jobs.fullname}"
+"""Not expressible in Core: the ANALYZE a worker runs when `statistics_stale` says so."""
+
+STALE_CHANGES = 1_000
+"""Rows changed since the last ANALYZE that make statistics stale, at the least; above that,
+more changes than the table had rows then (the estimate is off by more than 2x)."""
+
+_classes = table("pg_class", column("oid"), column("reltuples"), schema="pg_catalog")
+_stats = table(
+    "pg_stat_user_tables",
+    column("relid"),
+    column("schemaname"),
+    column("relname"),
+    column("n_mod_since_analyze"),
+    schema="pg_catalog",
+)
+
+
+def jobs_statistics() -> Select[Any]:
+    """(reltuples, rows changed since the last ANALYZE) of the jobs table; reltuples is -1
+    on a table never analyzed (nor vacuumed)."""
+    return (
+        select(cast(_classes.c.reltuples, Float), func.coalesce(_stats.c.n_mod_since_analyze, 0))
+        .select_from(_stats.join(_classes, _classes.c.oid == _stats.c.relid))
+        .where(_stats.c.schemaname == SCHEMA, _stats.c.relname == jobs.name)
+    )
+
+
+def statistics_stale(reltuples: float, changed: int) -> bool:
+    """Whether the planner's statistics of the jobs table are missing or far off."""
+    return reltuples < 0 or changed > max(STALE_CHANGES, reltuples)
+
+
+def claim_explain_sql(
+    dialect: Dialect, queue_names: list[str] | None, batch: int
+) -> tuple[str, str]:
+    """`PREPARE` and `EXPLAIN EXECUTE` texts of the worker's claim (no limited queue, the
+    batch in its text, as the worker sends it), for a generic plan's EXPLAIN."""
+    statement = claim_jobs(queue_names, False, batch, {"task_leases": {}, "task_max_attempts": {}})
+    compiled = statement.compile(dialect=dialect)
+    names: list[str] = []
+
+    def positional(match: re.Match[str]) -> str:
+        names.append(match.group(1))
+        return f"${len(names)}"
+
+    body = re.sub(r"%\((\w+)\)s", positional, compiled.string).replace("%%", "%")
+    values = {"worker_id": "'doctor'", "lease": "60", "queues": _text_array(queue_names)}
+    arguments = ", ".join(values[name] for name in names)
+    return (
+        f"PREPARE sqla_queue_claim_plan AS {body}",
+        f"EXPLAIN EXECUTE sqla_queue_claim_plan({arguments})",
+    )
+
+
+def _text_array(names: list[str] | None) -> str:
+    quoted = ", ".join("'" + name.replace("'", "''") + "'" for name in names or [])
+    return f"ARRAY[{quoted}]::text[]"
+
+
+def claim_plan(conn: Connection, queue_names: list[str] | None = None, batch: int = 50) -> str:
+    """The generic plan of the worker's claim on `conn`, as EXPLAIN prints it (EXPLAIN
+    without ANALYZE: nothing runs, nothing is claimed)."""
+    prepare, explain = claim_explain_sql(conn.dialect, queue_names, batch)
+    conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+    try:
+        conn.exec_driver_sql(prepare.replace("%", "%%"))
+        try:
+            return "\n".join(str(row[0]) for row in conn.exec_driver_sql(explain))
+        finally:
+            conn.exec_driver_sql("DEALLOCATE sqla_queue_claim_plan")
+    finally:
+        conn.exec_driver_sql("RESET plan_cache_mode")
+
+
+def reads_claim_index_in_order(plan: str) -> bool:
+    """Whether the plan's locking scan (the candidates CTE) reads a claim index in order:
+    an index scan of `ix_jobs_claim*` with no sort and no bitmap scan under the lock."""
+    candidates = plan.split("CTE candidates")[-1].split("\n  CTE ")[0]
+    locking = candidates.split("LockRows", 1)[-1]
+    ordered = re.search(r"Index (Only )?Scan using ix_jobs_claim", locking) is not None
+    return ordered and "Sort" not in locking and "Bitmap" not in locking
+
+
+def refresh_jobs_statistics(engine: Engine) -> bool:
+    """ANALYZE the jobs table if its statistics are missing or far off (`statistics_stale`);
+    return whether this call ran it.
+
+    On a connection of its own in autocommit, never inside a claim: one worker at a time
+    holds `STATISTICS_LOCK` and checks again once it has it, so the others, which wait for
+    the lock, find fresh statistics and run nothing. The ANALYZE invalidates the plans the
+    workers keep, so their next claim is planned again.
+    """
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if not _stale(conn):
+            return False
+        conn.execute(select(func.pg_advisory_lock(*STATISTICS_LOCK)))
+        try:
+            if not _stale(conn):
+                return False
+            conn.exec_driver_sql(ANALYZE_JOBS)
+            return True
+        finally:
+            conn.execute(select(func.pg_advisory_unlock(*STATISTICS_LOCK)))
+
+
+def _stale(conn: Connection) -> bool:
+    row = conn.execute(jobs_statistics()).first()
+    return row is not None and statistics_stale(float(row[0]), int(row[1]))
+
+
+FIX_CLAIM_PLAN = (
+    f"Run {ANALYZE_JOBS} (a worker does when it sees the statistics missing or far off); "
+    "keep autovacuum on, whose analyze the migration's settings start every 1,000 changes."
+)
+"""What doctor advises when the claim's plan is not the index-ordered one."""
+
+
+def claim_plan_health(conn: Connection) -> tuple[bool, str, dict[str, Any]]:
+    """Whether both forms of the worker's claim (any queue, and a list of queues: `-q`) read
+    the claim index in order as generic plans; a line saying so, and the figures."""
+    row = conn.execute(jobs_statistics()).first()
+    reltuples, changed = (float(row[0]), int(row[1])) if row is not None else (-1.0, 0)
+    ordered = {
+        form: reads_claim_index_in_order(claim_plan(conn, names))
+        for form, names in (("any queue", None), ("listed queues", ["default"]))
+    }
+    details: dict[str, Any] = {
+        "index_ordered": ordered,
+        "reltuples": reltuples,
+        "changed_since_analyze": changed,
+    }
+    statistics = (
+        "the jobs table was never analyzed"
+        if reltuples < 0
+        else f"{changed} rows changed since the last ANALYZE of {reltuples:.0f}"
+    )
+    if all(ordered.values()):
+        return True, f"reads the claim index in order ({statistics})", details
+    sorted_forms = " and ".join(form for form, good in ordered.items() if not good)
+    message = (
+        f"the claim of {sorted_forms} sorts every due job instead of reading the claim "
+        f"index in order ({statistics}): its cost grows with the backlog"
+    )
+    return False, message, details
