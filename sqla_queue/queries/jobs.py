@@ -41,6 +41,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableValuedAlias
 
 from sqla_queue.bounds import INT4_MAX
+from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     NOTIFY_CHANNEL,
@@ -224,12 +225,6 @@ def complete_jobs() -> Select[Any]:
     ).scalar_subquery()
     # the WHERE only makes the notifications run (a CTE nobody reads would not)
     return select(finished).where(notified >= 0).add_cte(archived)
-
-
-PENDING_RESULT = '{"sqla_queue_result": "pending"}'
-"""The `result` a job's own `ctx.session()` commit keeps when its task keeps results: the
-handler has not returned yet. `store_results` replaces it with the return value once it
-does; `wait_for` keeps waiting while it is there."""
 
 
 def store_results() -> Select[Any]:
