@@ -47,6 +47,12 @@ class WorkerConfig:
     give_up_after: float | None = None
     """Seconds to wait for an unreachable database before giving up with an error; None
     waits forever (a `burst` worker gives up after 30 s unless told otherwise)."""
+    synchronous_commit: bool = False
+    """Whether the worker's own claim and finish statements wait for their commit to reach
+    disk. Off (the default), a server crash can lose the last fraction of a second of
+    claims and finishes: those jobs run again, as the queue's at-least-once already allows,
+    and no committed job is lost (docs/durability.md). Enqueues, `ctx.session()` and the
+    application's own connections always commit as the server is configured."""
     resources: Mapping[str, Any] = field(default_factory=dict)
     """Handed to every job as `ctx.resources`, over the registry's own of the same name."""
     worker_id: str = field(
@@ -56,6 +62,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         check_count("concurrency", self.concurrency, 1, MAX_WORKER_CONCURRENCY)
         check_count("batch", self.batch, 1, MAX_BATCH)
+        if not isinstance(self.synchronous_commit, bool):
+            raise ConfigurationError(
+                detail=f"synchronous_commit must be True or False, got {self.synchronous_commit!r}"
+            )
         for name in ("lease", "poll_interval", "shutdown_timeout", "heartbeat", "dead_after"):
             setattr(self, name, check_duration(name, getattr(self, name)))  # a timedelta too
         if self.give_up_after is not None:
