@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from . import queries
 from .migrate import schema_revision
+from .queries import vacuum
 
 
 class Severity(str, enum.Enum):
@@ -122,6 +123,11 @@ FIX_TABLE_SIZE = (
     "Keep the table small: delete finished jobs or move them to an archive table (queue "
     "retention delete or archive, or `sqla-queue prune`), so the partial index and vacuum "
     "have little to do."
+)
+FIX_VACUUM = (
+    "Let the workers vacuum the jobs table (WorkerConfig.vacuum_threshold, on by default) as "
+    "a role that may (the table's owner), or run VACUUM sqla_queue.jobs; look for a long "
+    "transaction holding the vacuum horizon back (the oldest_xmin check)."
 )
 FIX_AUTOVACUUM = (
     "Give the table its own autovacuum settings (autovacuum_vacuum_scale_factor = 0 with a "
@@ -501,6 +507,13 @@ def check_tables(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("tables", severity, "; ".join(parts), FIX_TABLE_SIZE, tables)
 
 
+def check_jobs_vacuum(conn: Connection, options: DoctorOptions) -> Finding:
+    """The jobs table's dead rows and last vacuum: whether vacuum keeps up with the rate."""
+    behind, value, details = vacuum.jobs_vacuum_report(conn)
+    severity = Severity.warn if behind else Severity.ok
+    return Finding("jobs_vacuum", severity, value, FIX_VACUUM, details)
+
+
 def check_autovacuum_settings(conn: Connection, options: DoctorOptions) -> Finding:
     """The jobs table keeps the autovacuum storage parameters our migration set."""
     reloptions: list[str] = []
@@ -677,6 +690,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_queue_foreign_key,
     check_tables,
     check_autovacuum_settings,
+    check_jobs_vacuum,
     check_stuck_jobs,
     check_workers,
     check_backlog,

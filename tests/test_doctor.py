@@ -46,6 +46,7 @@ EVERY_CHECK = {
     "queue_foreign_key",
     "tables",
     "autovacuum_settings",
+    "jobs_vacuum",
     "stuck_jobs",
     "workers",
     "backlog",
