@@ -5,7 +5,8 @@
   process (`--concurrency`, `--batch`); this process enqueues `--rate` jobs a second (one
   transaction every 20 ms) and prints, per 10 s window, the jobs completed and their ratio
   to the offered rate, the jobs table's dead rows, and how often it was vacuumed and
-  autovacuumed so far. The goal: no window below 0.9x the offered rate.
+  autovacuumed so far, and what the claim's scan costs at that moment (`CLAIM_PROBE`).
+  The goal: no window below 0.9x the offered rate.
 - drain --database-url URL [--jobs N] [--synchronous-commit on|off]: empty the jobs table,
   insert N no-op jobs and ANALYZE them (warm: this measures the commits, not the claim's
   plan), then time one burst worker draining them; prints {"seconds", "jobs_per_s"}. Run it
@@ -37,6 +38,13 @@ from .tasks import registry
 
 TICK = 0.02
 """Seconds between two enqueue transactions of the rate run."""
+
+CLAIM_PROBE = (
+    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM sqla_queue.jobs "
+    "WHERE status = 'queued' ORDER BY priority, run_at, id LIMIT 50"
+)
+"""The claim's scan without its locks: its buffers and time grow with the dead rows the
+claim index still points at (each window reports them)."""
 
 STATS = (
     "SELECT n_dead_tup, vacuum_count, autovacuum_count FROM pg_stat_user_tables "
@@ -97,6 +105,8 @@ def sustained_rate(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 enqueued = producer.enqueued
                 backlog = int(conn.execute(unfinished).fetchone()[0])  # type: ignore[index]
                 dead, vacuums, autovacuums = conn.execute(STATS).fetchone() or (0, 0, 0)
+                probe = conn.execute(CLAIM_PROBE).fetchone()[0][0]  # type: ignore[index]
+                plan = probe["Plan"]
                 done = enqueued - backlog
                 window = {
                     "window": k,
@@ -107,6 +117,8 @@ def sustained_rate(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                     "dead_rows": int(dead),
                     "vacuums": int(vacuums),
                     "autovacuums": int(autovacuums),
+                    "probe_buffers": plan["Shared Hit Blocks"] + plan["Shared Read Blocks"],
+                    "probe_ms": round(probe["Execution Time"], 3),
                 }
                 done_before = done
                 windows.append(window)
