@@ -47,6 +47,14 @@ def test_dead_rows_past_the_threshold_are_vacuumed(engine: Engine) -> None:
     assert after["vacuum"] is not None  # pg_stat_user_tables.last_vacuum was set
     assert after["dead"] < 1500
     assert vacuum.vacuums == 1
+    with engine.connect() as conn:  # analysed too: the claim's plan sees the table as it is
+        analysed = conn.execute(
+            text(
+                "SELECT last_analyze FROM pg_stat_user_tables "
+                "WHERE schemaname = 'sqla_queue' AND relname = 'jobs'"
+            )
+        ).scalar()
+    assert analysed is not None
 
 
 def test_dead_rows_below_the_threshold_are_left_alone(engine: Engine) -> None:

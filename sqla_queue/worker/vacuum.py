@@ -4,7 +4,8 @@ autovacuum daemon wakes (every `autovacuum_naptime`, a minute by default).
 Every claim and finish leaves a dead row version; the claim index points at them until a
 VACUUM removes them, and every poll steps over them meanwhile, so polls slow down as the
 rate goes up. The keeper reads the table's dead rows (`pg_stat_user_tables`) each worker
-heartbeat; past `vacuum_threshold` plus a tenth of its live rows it starts one VACUUM on
+heartbeat; past `vacuum_threshold` plus a tenth of its live rows it starts one VACUUM
+(with ANALYZE, so the claim's plan sees the table as it is) on
 a thread and connection of its own (autocommit: no transaction held around it). One
 worker at a time: the one that takes the advisory lock `queries.try_vacuum_lock`, which
 looks at the count again first (another worker may just have vacuumed). A role that may
