@@ -43,6 +43,7 @@ EVERY_CHECK = {
     "queue_foreign_key",
     "tables",
     "autovacuum_settings",
+    "jobs_vacuum",
     "claim_plan",
     "stuck_jobs",
     "workers",

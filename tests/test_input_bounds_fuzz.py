@@ -289,6 +289,7 @@ WORKER_FIELDS = [
     "heartbeat",
     "dead_after",
     "give_up_after",
+    "vacuum_threshold",
 ]
 
 

@@ -148,6 +148,12 @@ def _supervised_child_exits(func: F) -> F:
     help="Worker processes under one supervising parent that restarts crashed ones "
     "(1: this process is the worker).",
 )
+@click.option(
+    "--synchronous-commit/--no-synchronous-commit",
+    default=_worker_default("synchronous_commit"),
+    help="Whether the worker's own claims and finishes wait for the disk (default: no; "
+    "a server crash then runs their jobs again, none is lost: docs/durability.md).",
+)
 @click.option("--supervised-slot", type=count(1, MAX_PROCESSES), default=None, hidden=True)
 @click.pass_context
 @_supervised_child_exits
@@ -171,6 +177,7 @@ def worker(
     ack_wait: float,
     dedup: bool | None,
     processes: int,
+    synchronous_commit: bool,
     supervised_slot: int | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
@@ -189,6 +196,7 @@ def worker(
         poll_only=poll_only,
         shutdown_timeout=shutdown_timeout,
         give_up_after=give_up_after,
+        synchronous_commit=synchronous_commit,
     )
     if metrics_port is not None and metrics_port + processes - 1 > 65535:
         raise click.BadParameter(

@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 
 from sqla_queue import queries
 from sqla_queue.migrate import schema_revision
+from sqla_queue.queries import vacuum
 
 from .findings import (
     EXPECTED_AUTOVACUUM,
@@ -33,6 +34,7 @@ from .findings import (
     FIX_TABLE_SIZE,
     FIX_UNKNOWN,
     FIX_UPGRADE,
+    FIX_VACUUM,
     MULTIXACT_CRITICAL_AGE,
     Check,
     DoctorOptions,
@@ -337,6 +339,13 @@ def check_tables(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("tables", severity, "; ".join(parts), FIX_TABLE_SIZE, tables)
 
 
+def check_jobs_vacuum(conn: Connection, options: DoctorOptions) -> Finding:
+    """The jobs table's dead rows and last vacuum: whether vacuum keeps up with the rate."""
+    behind, value, details = vacuum.jobs_vacuum_report(conn)
+    severity = Severity.warn if behind else Severity.ok
+    return Finding("jobs_vacuum", severity, value, FIX_VACUUM, details)
+
+
 def check_autovacuum_settings(conn: Connection, options: DoctorOptions) -> Finding:
     """The jobs table keeps the autovacuum storage parameters our migration set."""
     reloptions: list[str] = []
@@ -520,6 +529,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_queue_foreign_key,
     check_tables,
     check_autovacuum_settings,
+    check_jobs_vacuum,
     check_claim_plan,
     check_stuck_jobs,
     check_workers,

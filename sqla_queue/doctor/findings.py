@@ -120,6 +120,11 @@ FIX_TABLE_SIZE = (
     "retention delete or archive, or `sqla-queue prune`), so the partial index and vacuum "
     "have little to do."
 )
+FIX_VACUUM = (
+    "Let the workers vacuum the jobs table (WorkerConfig.vacuum_threshold, on by default) as "
+    "a role that may (the table's owner), or run VACUUM sqla_queue.jobs; look for a long "
+    "transaction holding the vacuum horizon back (the oldest_xmin check)."
+)
 FIX_AUTOVACUUM = (
     "Give the table its own autovacuum settings (autovacuum_vacuum_scale_factor = 0 with a "
     "fixed threshold, as `sqla-queue migrate` sets them) so it is vacuumed on a schedule the "

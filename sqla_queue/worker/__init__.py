@@ -86,7 +86,9 @@ class Worker:
         self.resources = resources_of(registry, cfg.resources)
         hooks = registry.hooks
         self.board = JobBoard(cfg.concurrency, cfg.batch, self._wake.set)
-        self.db = DatabaseLink(self.engine, self._stopping, cfg.give_up_after, FailureLog())
+        self.db = DatabaseLink(
+            self.engine, self._stopping, cfg.give_up_after, FailureLog(), cfg.synchronous_commit
+        )
         self.executor = Executor(
             registry, self.board, self.engine, self._finished, worker_id=cfg.worker_id
         )

@@ -47,6 +47,15 @@ class WorkerConfig:
     give_up_after: float | None = None
     """Seconds to wait for an unreachable database before giving up with an error; None
     waits forever (a `burst` worker gives up after 30 s unless told otherwise)."""
+    synchronous_commit: bool = False
+    """Whether the worker's own claim and finish statements wait for their commit to reach
+    disk. Off (the default), a server crash can lose the last fraction of a second of
+    claims and finishes: those jobs run again, as the queue's at-least-once already allows,
+    and no committed job is lost (docs/durability.md). Enqueues, `ctx.session()` and the
+    application's own connections always commit as the server is configured."""
+    vacuum_threshold: int | None = 1000
+    """Dead rows in the jobs table (beyond a tenth of its live rows) at which a worker runs
+    VACUUM on it itself, one worker at a time; None leaves the table to autovacuum."""
     resources: Mapping[str, Any] = field(default_factory=dict)
     """Handed to every job as `ctx.resources`, over the registry's own of the same name."""
     worker_id: str = field(
@@ -56,6 +65,12 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         check_count("concurrency", self.concurrency, 1, MAX_WORKER_CONCURRENCY)
         check_count("batch", self.batch, 1, MAX_BATCH)
+        if not isinstance(self.synchronous_commit, bool):
+            raise ConfigurationError(
+                detail=f"synchronous_commit must be True or False, got {self.synchronous_commit!r}"
+            )
+        if self.vacuum_threshold is not None:
+            check_count("vacuum_threshold", self.vacuum_threshold, 0)
         for name in ("lease", "poll_interval", "shutdown_timeout", "heartbeat", "dead_after"):
             setattr(self, name, check_duration(name, getattr(self, name)))  # a timedelta too
         if self.give_up_after is not None:

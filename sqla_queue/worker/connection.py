@@ -196,7 +196,8 @@ class DriverStatement:
             result = conn.exec_driver_sql(self.sql, params, execution_options=options)
             return DriverRows(list(result.keys()), result.all())
         dialect = conn.dialect
-        driver = conn.connection.driver_connection
+        # the psycopg connection (driver_connection is None once detached from the pool)
+        driver: Any = conn.connection.dbapi_connection
         assert driver is not None  # a checked-out connection has its driver's
         try:
             with driver.cursor() as cursor:
@@ -240,7 +241,13 @@ class Stopped(Exception):
 
 
 class DatabaseLink:
-    """One autocommit connection for the dispatcher thread, reopened whenever it is lost."""
+    """One autocommit connection for the dispatcher thread, reopened whenever it is lost.
+
+    With `synchronous_commit=False` its session commits without waiting for the disk
+    (`SET synchronous_commit = off`): it carries only the worker's own claims and finishes.
+    The connection is then detached from the engine's pool, so the setting never reaches a
+    pooled connection that `ctx.session()` or the application checks out later.
+    """
 
     def __init__(
         self,
@@ -248,19 +255,32 @@ class DatabaseLink:
         stopping: threading.Event,
         give_up_after: float | None,
         failures: FailureLog,
+        synchronous_commit: bool = True,
     ) -> None:
         self.engine = engine
         self._stopping = stopping
         self._give_up_after = give_up_after
         self.failures = failures
+        self.synchronous_commit = synchronous_commit
         self.conn: Connection | None = None
+
+    def _open(self) -> Connection:
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if not self.synchronous_commit:
+            conn.detach()  # closed, not pooled, when the link lets it go
+            try:
+                conn.exec_driver_sql("SET synchronous_commit = off")
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     def connect(self) -> Connection | None:
         """Open the connection, waiting out the database; None if stopping meanwhile."""
         delays = backoff_delays()
         while not self._stopping.is_set():
             try:
-                self.conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                self.conn = self._open()
             except OperationalError as exc:
                 message = describe(exc)
                 if any(fatal in message for fatal in FATAL_CONNECT_ERRORS):

@@ -7,6 +7,7 @@ One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it)
 - extends the lease of every held job every quarter of its lease, and reports which
   jobs have started (the reaper refunds the attempt of one that had not);
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline;
+- starts a VACUUM of the jobs table when its dead rows pass `vacuum_threshold` (`vacuum`);
 - watches the event loop: an async handler that blocks it is reported (in the log, and in
   the worker's registration for `doctor`), and once the loop has been stuck for half a
   lease its jobs' leases are no longer extended.
@@ -34,6 +35,7 @@ from .config import WorkerConfig, WorkerStats
 from .connection import FailureLog, describe, failure_kind
 from .executor import Executor
 from .jobs import ClaimedJob
+from .vacuum import SelfVacuum
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -68,6 +70,7 @@ class Keeper:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.failures = FailureLog()
+        self.vacuum = SelfVacuum(engine, config.vacuum_threshold, FailureLog())
         self.task_leases: dict[str, float] = {}
         for name in registry:
             lease = registry[name].lease
@@ -112,6 +115,7 @@ class Keeper:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(5)
+        self.vacuum.stop(1.0)
 
     def behind(self) -> bool:
         """Whether job heartbeats have failed for half the shortest lease: claim no more."""
@@ -133,6 +137,7 @@ class Keeper:
                     if now >= next_worker_beat:
                         next_worker_beat = now + self.config.heartbeat
                         self.limits = bool(conn.execute(beat_worker, self._registration).scalar())
+                        self.vacuum.check(conn)
                     jobs = self.board.snapshot()
                     if now >= next_job_beat:
                         next_job_beat = now + self.beat_jobs_every

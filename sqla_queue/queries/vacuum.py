@@ -1,0 +1,125 @@
+"""The jobs table's own vacuum: how many dead rows it has, and the lock that lets one
+worker at a time run VACUUM on it (`sqla_queue.worker.vacuum`); `doctor` reads the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Select,
+    TextClause,
+    cast,
+    column,
+    exists,
+    func,
+    select,
+    table,
+    text,
+)
+
+from sqla_queue.models import SCHEMA
+
+from .catalog import _table_stats as _stats
+
+VACUUM_LOCK_SPACE = 1936813174
+"""The advisory lock namespace of the self-vacuum ('sqlv' as an int4)."""
+VACUUM_LOCK_KEY = 1
+"""The key, in that namespace, of the jobs table's vacuum."""
+
+_locks = table(
+    "pg_locks",
+    column("locktype"),
+    column("database"),
+    column("classid"),
+    column("objid"),
+    column("objsubid"),
+    column("granted"),
+    schema="pg_catalog",
+)
+
+
+def _seconds_since(moment: Any) -> Any:
+    return func.extract("epoch", func.now() - moment)
+
+
+def jobs_vacuum_state() -> Select[Any]:
+    """One row for the jobs table: `live` and `dead` rows as the statistics collector
+    counts them, seconds since its last `vacuum` (by anybody: a worker, a user) and last
+    `autovacuum` (NULL when never), and whether a worker is `vacuuming` it now."""
+    vacuuming = exists().where(
+        _locks.c.locktype == "advisory",
+        _locks.c.database
+        == select(column("oid"))
+        .select_from(table("pg_database", column("oid"), column("datname")))
+        .where(column("datname") == func.current_database())
+        .scalar_subquery(),
+        cast(_locks.c.classid, BigInteger) == VACUUM_LOCK_SPACE,
+        cast(_locks.c.objid, BigInteger) == VACUUM_LOCK_KEY,
+        _locks.c.objsubid == 2,  # the two-int4 form of an advisory lock key
+        _locks.c.granted,
+    )
+    return select(
+        _stats.c.n_live_tup.label("live"),
+        _stats.c.n_dead_tup.label("dead"),
+        _seconds_since(_stats.c.last_vacuum).label("vacuum"),
+        _seconds_since(_stats.c.last_autovacuum).label("autovacuum"),
+        vacuuming.label("vacuuming"),
+    ).where(_stats.c.schemaname == SCHEMA, _stats.c.relname == "jobs")
+
+
+def try_vacuum_lock() -> Select[Any]:
+    """Take the self-vacuum's session advisory lock if nobody holds it: true if taken."""
+    return select(func.pg_try_advisory_lock(VACUUM_LOCK_SPACE, VACUUM_LOCK_KEY))
+
+
+def vacuum_unlock() -> Select[Any]:
+    """Release the self-vacuum's lock taken by `try_vacuum_lock` on this session."""
+    return select(func.pg_advisory_unlock(VACUUM_LOCK_SPACE, VACUUM_LOCK_KEY))
+
+
+def vacuum_jobs() -> TextClause:
+    """VACUUM and ANALYZE the jobs table (outside any transaction: on an autocommit
+    connection). ANALYZE too: a VACUUM alone sets the table's row estimate to its few live
+    rows and leaves its columns unanalysed, and the claim's cached plan then reads every
+    queued row of a growing backlog (measured: 0.1x the offered rate until autovacuum's
+    ANALYZE). It skips the table at once, with a warning of SQLSTATE 55P03, while another VACUUM or
+    autovacuum holds it, instead of waiting behind it."""
+    return text(f"VACUUM (ANALYZE, SKIP_LOCKED) {SCHEMA}.jobs")
+
+
+BEHIND_DEAD_ROWS = 10_000
+"""Dead rows (beyond a fifth of the live ones) past which `doctor` says vacuum is behind."""
+
+
+def jobs_vacuum_report(conn: Connection) -> tuple[bool, str, dict[str, Any]]:
+    """For `doctor`: whether vacuum is behind on the jobs table, a line saying how it
+    stands (dead and live rows, the last vacuum of each kind, a worker's VACUUM running),
+    and the figures."""
+    row = conn.execute(jobs_vacuum_state()).mappings().first()
+    if row is None:
+        return False, "no statistics for the jobs table yet", {}
+    live, dead = int(row["live"]), int(row["dead"])
+    vacuumed, autovacuumed = _float(row["vacuum"]), _float(row["autovacuum"])
+    line = (
+        f"{dead} dead / {live} live rows; vacuumed {_ago(vacuumed)}, autovacuumed "
+        f"{_ago(autovacuumed)}" + ("; a worker is vacuuming it now" if row["vacuuming"] else "")
+    )
+    details = {
+        "live_tuples": live,
+        "dead_tuples": dead,
+        "last_vacuum_seconds_ago": vacuumed,
+        "last_autovacuum_seconds_ago": autovacuumed,
+        "worker_vacuuming": bool(row["vacuuming"]),
+    }
+    behind = dead > BEHIND_DEAD_ROWS + 0.2 * live
+    return behind, line, details
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else round(float(value), 1)
+
+
+def _ago(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.0f} s ago"
