@@ -1,11 +1,11 @@
-"""Edge cases of enqueue and administration: session binds, autoflush, privileges, reruns."""
+"""Enqueue in the session an application has: per-mapper binds, a pending flush, a role
+without the sequence privilege, an empty queue name, a delay that is not a duration."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -13,20 +13,12 @@ from sqlalchemy.orm import Session
 from sqla_queue import (
     InvalidJobError,
     Job,
-    JobStatus,
     Queue,
     QueueBase,
     enqueue,
     enqueue_many,
-    queries,
 )
-from sqla_queue.admin import create_queue, delete_queue
-from sqla_queue.cli import main
 from sqla_queue.enqueue import COPY_MIN_ROWS
-
-
-def run_cli(url: str, *args: str) -> Result:
-    return CliRunner().invoke(main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url})
 
 
 def count_jobs(engine: Engine) -> int:
@@ -82,61 +74,3 @@ def test_a_delay_that_is_not_a_finite_duration_is_refused(engine: Engine, delay:
     with Session(engine) as session, pytest.raises(InvalidJobError) as refused:
         enqueue(session, "t", delay=delay)
     assert "delay must be a number of seconds from 0 to 3155760000 s" in str(refused.value)
-
-
-def test_deleting_a_queue_without_force_only_deletes_finished_jobs(engine: Engine) -> None:
-    with Session(engine) as session, session.begin():
-        create_queue(session, "history", retention="keep")
-        session.add(Job(task="t", queue="history"))
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET status = 'done', finished_at = now()"))
-    with Session(engine) as session, session.begin():
-        session.add(Job(task="t", queue="history"))
-    with engine.begin() as conn:
-        # What delete_queue runs: a queued job that arrived after its count must survive.
-        deleted = conn.execute(
-            queries.delete_jobs_of_queue(finished_only=True), {"queue_name": "history"}
-        ).rowcount
-        left = conn.execute(text("SELECT status FROM sqla_queue.jobs")).scalars().all()
-    assert deleted == 1
-    assert left == [JobStatus.queued.value]
-
-
-def test_deleting_a_queue_with_only_finished_jobs_removes_them_with_it(engine: Engine) -> None:
-    with Session(engine) as session, session.begin():
-        create_queue(session, "old", retention="keep")
-        session.add(Job(task="t", queue="old"))
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET status = 'failed', finished_at = now()"))
-    with Session(engine) as session, session.begin():
-        assert delete_queue(session, "old") == 1
-        assert session.get(Queue, "old") is None
-
-
-def test_rerunning_queues_create_keeps_the_retention(database_url: str) -> None:
-    assert (
-        run_cli(database_url, "queues", "create", "audit", "--retention", "archive").exit_code == 0
-    )
-    again = run_cli(database_url, "queues", "create", "audit")
-    assert again.exit_code == 0, again.output
-    assert "exists (retention archive)" in again.output
-    changed = run_cli(database_url, "queues", "create", "audit", "--retention", "keep")
-    assert "exists (retention keep)" in changed.output
-
-
-@pytest.mark.parametrize(
-    ("args", "fragment"),
-    [
-        (("enqueue", "t", "--args", '{"x": NaN}'), "NaN is not JSON"),
-        (("enqueue", "t", "--delay", "99999999999999999999"), "from 0 to 3155760000 s"),
-        (("enqueue", "t", "--delay", "1e20"), "'1e20' is not a duration"),
-        (("migrate", "--revision", "bogus"), "migration failed"),
-    ],
-)
-def test_cli_bad_values_are_one_line_errors(
-    database_url: str, args: tuple[str, ...], fragment: str
-) -> None:
-    result = run_cli(database_url, *args)
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
-    assert fragment in result.output
