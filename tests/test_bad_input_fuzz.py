@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from apps.support import invoke_cli as cli
 from fault_kit import PrivateCluster, WorkerProcess, run_cli, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +21,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from sqla_queue import InvalidJobError, JobContext, Registry, enqueue, limits
-from sqla_queue.cli import main
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
 
@@ -42,11 +41,6 @@ def bystanders(engine: Engine) -> Snapshot:
     before = snapshot()
     assert len(before) == 3
     return snapshot
-
-
-def cli(url: str, *args: str) -> Any:
-    """`sqla-queue ARGS` in this process (CliRunner), against the test's database."""
-    return CliRunner().invoke(main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url})
 
 
 LONG = "x" * 10_000

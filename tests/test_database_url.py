@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
+from sqlalchemy.engine import make_url
 
-from sqla_queue import ConfigurationError
+from sqla_queue import (
+    ConfigurationError,
+)
+from sqla_queue.cli import main
 from sqla_queue.database import normalize_url
 
 
@@ -21,3 +26,16 @@ def test_a_password_with_an_unencoded_at_sign_is_named_as_the_likely_cause() -> 
 def test_an_encoded_password_is_kept_as_it_is() -> None:
     url = normalize_url("postgresql://app:p%40ss%3Aw0rd@db.internal:5432/app")
     assert url == "postgresql+psycopg://app:p%40ss%3Aw0rd@db.internal:5432/app"
+
+
+@pytest.mark.parametrize("port", ["abc", "99999"])
+def test_a_bad_port_in_the_url_is_a_one_line_error(database_url: str, port: str) -> None:
+    url = make_url(database_url).set(password="s3cret-pw").render_as_string(False)
+    bad = url.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+    assert bad != url
+    result = CliRunner().invoke(main, ["stats", "--database-url", bad])
+    assert result.exit_code == 1
+    assert "port" in result.output
+    assert "Traceback" not in result.output
+    assert "s3cret-pw" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

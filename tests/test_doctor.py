@@ -22,7 +22,9 @@ from multixact_support import (
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue
+from sqla_queue import (
+    enqueue,
+)
 from sqla_queue.admin import create_queue, set_paused
 from sqla_queue.cli import main
 from sqla_queue.doctor import DoctorOptions, Finding, Severity, diagnose
@@ -296,3 +298,32 @@ def test_json_output_is_valid_with_every_kind_of_figure(engine: Engine, private_
     assert found["tables"]["details"]["jobs"]["last_vacuum_seconds_ago"] >= 0
     assert found["failed_jobs"]["details"]["default"]["latest_seconds_ago"] >= 60
     assert found["backlog"]["severity"] == "warn"
+
+
+def test_doctor_json_hides_other_sessions_sql_unless_asked(database_url: str) -> None:
+    other = create_engine(database_url)
+    try:
+        with other.connect() as conn:
+            conn.execute(text("SELECT pg_current_xact_id()"))
+            conn.execute(text("SELECT 'hunter2-secret-token' AS password"))
+            args = ["doctor", "--json", "--sample", "0", "--database-url", database_url]
+            default = CliRunner().invoke(main, args)
+            opted_in = CliRunner().invoke(main, [*args, "--show-queries"])
+            conn.rollback()
+    finally:
+        other.dispose()
+    assert default.exit_code == 0, default.output
+    assert "hunter2-secret-token" not in default.output
+    found = {f["name"]: f for f in json.loads(default.output)}
+    assert found["oldest_transaction"]["details"]["command"] == "SELECT"
+    assert found["oldest_transaction"]["details"]["query"] is None
+    assert "hunter2-secret-token" in opted_in.output
+
+
+def test_doctor_names_no_command_for_text_that_does_not_start_with_one() -> None:
+    from sqla_queue.doctor import _command
+
+    assert _command("  update sqla_queue.jobs SET x = 'secret'") == "UPDATE"
+    assert _command("hunter2 oops") is None
+    assert _command("/* secret */ SELECT 1") is None
+    assert _command(None) is None

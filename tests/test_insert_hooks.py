@@ -17,6 +17,8 @@ from sqla_queue import (
     Job,
     NewJob,
     Registry,
+    UnknownQueueError,
+    UnknownTaskError,
     enqueue,
     enqueue_many,
     enqueue_many_async,
@@ -221,3 +223,50 @@ def test_refusal_reads_as_the_docs_quote_it(engine: Engine) -> None:
     quoted = str(raised.value).replace(hook, "shop.tasks.")
     guide = " ".join((REPO_ROOT / "docs" / "tasks.md").read_text().split())
     assert f"`InvalidJobError: {quoted}`" in guide
+
+
+@pytest.fixture
+def strict_default() -> Iterator[Registry]:
+    registry = Registry()
+    registry.task(name="known", queue="default")(lambda **kwargs: None)
+
+    @registry.on_insert
+    def stamp_or_refuse(job: NewJob) -> None:
+        if job.args.get("refuse"):
+            raise ValueError("refused by policy")
+        job.args = {**job.args, "stamped": True}
+
+    set_default_registry(registry)
+    yield registry
+    set_default_registry(None)
+
+
+def test_a_merged_job_passes_the_insert_hooks(engine: Engine, strict_default: Registry) -> None:
+    with Session(engine) as session, session.begin():
+        merged = session.merge(Job(task="known", args={"n": 1}))
+        session.flush()
+        assert merged.args == {"n": 1, "stamped": True}
+    with Session(engine) as session:
+        session.merge(Job(task="known", args={"refuse": True}))
+        with pytest.raises(InvalidJobError, match="refused by policy"):
+            session.flush()
+        session.merge(Job(task="knwon", args={}))
+        with pytest.raises(UnknownTaskError, match="did you mean 'known'"):
+            session.flush()
+        session.commit()
+    assert [job.args for job in jobs_by_id(engine).values()] == [{"n": 1, "stamped": True}]
+
+
+def test_a_job_whose_flush_failed_is_not_hooked_twice(
+    engine: Engine, strict_default: Registry
+) -> None:
+    with Session(engine) as session:
+        job = Job(task="known", args={}, queue="missing")
+        session.add(job)
+        with pytest.raises(UnknownQueueError):
+            session.flush()
+        session.rollback()
+        job.queue = "default"
+        session.add(job)
+        session.commit()
+    assert [job.args for job in jobs_by_id(engine).values()] == [{"stamped": True}]

@@ -5,10 +5,13 @@ reported."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
@@ -18,6 +21,7 @@ from sqlalchemy import Engine, text
 from sqla_queue import Registry, RetryPolicy, admin
 from sqla_queue.doctor import DoctorOptions, Finding, Severity, diagnose
 from sqla_queue.metrics import instrument
+from sqla_queue.testing import run_until_empty
 
 
 class Executing:
@@ -277,3 +281,98 @@ def test_a_handler_that_does_not_return_is_reported_by_doctor_metrics_and_the_lo
     (job,) = jobs_by_id(engine, [job_id]).values()
     assert (job.status, job.attempts) == ("queued", 1)
     assert "ran longer than its timeout of 0.2 s" in (job.last_error or "")
+
+
+def test_a_sync_handler_that_returns_an_awaitable_is_awaited(engine: Engine) -> None:
+    """Defect 6: a sync decorator around an `async def` handler."""
+    done: list[str] = []
+
+    async def real(n: int) -> None:
+        await asyncio.sleep(0.01)
+        done.append(f"awaited {n}")
+
+    def plain_wrapper(n: int) -> Any:  # hides the coroutine function: only the result says
+        return real(n)
+
+    @functools.wraps(real)
+    def wrapped(n: int) -> Any:
+        return real(n)
+
+    registry = Registry()
+    plain = registry.task(name="plain")(plain_wrapper)
+    registry.task(name="wrapped")(wrapped)
+    enqueue_jobs(engine, "plain", 1, args={"n": 1})
+    enqueue_jobs(engine, "wrapped", 1, args={"n": 2})
+    run_until_empty(engine, registry)
+    assert sorted(done) == ["awaited 1", "awaited 2"]
+    assert registry["wrapped"].is_async  # detected at registration through functools.wraps
+    assert not plain.is_async
+
+
+def test_an_async_handlers_own_timeout_error_is_its_own(engine: Engine) -> None:
+    """Defect 12: not reported as 'ran longer than its timeout of None s'."""
+    registry = Registry()
+
+    @registry.task(name="own_timeout", max_attempts=1)
+    async def own_timeout() -> None:
+        raise asyncio.TimeoutError("the API did not answer")
+
+    (job_id,) = enqueue_jobs(engine, "own_timeout", 1)
+    run_until_empty(engine, registry)
+    error = jobs_by_id(engine)[job_id].last_error or ""
+    assert "TimeoutError: the API did not answer" in error
+    assert "ran longer than its timeout" not in error
+
+
+def test_an_async_handler_that_blocks_the_loop_still_times_out_and_is_reported(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect 12: blocking code in an async handler escapes neither its timeout nor the log.
+    (Issue 20: its job keeps its slot, running, until the handler returns; then it fails.)"""
+    registry = Registry()
+
+    @registry.task(name="blocks", timeout=0.5, max_attempts=1)
+    async def blocks() -> None:
+        time.sleep(4)  # noqa: ASYNC251 -- blocking the event loop is the point
+
+    (job_id,) = enqueue_jobs(engine, "blocks", 1)
+    caplog.set_level(logging.WARNING, "sqla_queue")
+    started = time.monotonic()
+    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=2):
+        wait_for(lambda: "timed out after 0.5s" in caplog.text, timeout=10)
+        timed_out_after = time.monotonic() - started
+        wait_for(lambda: "the event loop has not run" in caplog.text, timeout=10)
+        assert count_where(engine, "status = 'running'") == 1  # its handler still blocks
+        wait_for(lambda: count_where(engine, "status = 'failed'") == 1, timeout=10)
+        failed_after = time.monotonic() - started
+    assert timed_out_after < 3.5  # told at its 0.5 s timeout
+    assert failed_after >= 4  # written once the handler returned
+    assert "ran longer than its timeout of 0.5 s" in (jobs_by_id(engine)[job_id].last_error or "")
+
+
+def test_a_blocked_event_loop_is_reported_by_doctor_until_it_runs_again(engine: Engine) -> None:
+    """Defect 12: the worker records a blocked event loop in its registration; doctor
+    names the worker (and clears it once the loop runs again)."""
+    registry = Registry()
+    release = threading.Event()
+
+    @registry.task(name="blocks", max_attempts=1)
+    async def blocks() -> None:
+        release.wait(20)  # blocking the event loop is the point
+
+    def workers_finding() -> Finding:
+        (finding,) = [f for f in diagnose(engine, DoctorOptions(sample=0)) if f.name == "workers"]
+        return finding
+
+    enqueue_jobs(engine, "blocks", 1)
+    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=2):
+        blocked = wait_for(
+            lambda: (f := workers_finding()).severity is Severity.warn and f, timeout=10
+        )
+        assert "event loop blocked in 1:" in blocked.value
+        assert "asyncio.to_thread" in blocked.fix
+        (worker,) = blocked.details["workers"]
+        assert worker["loop_blocked_seconds"] >= 1.0
+        release.set()
+        wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0)
+        wait_for(lambda: workers_finding().severity is Severity.ok, timeout=10)

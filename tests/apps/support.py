@@ -11,10 +11,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner, Result
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Job, Registry, enqueue_many, queries
+from sqla_queue.cli import main
 from sqla_queue.database import normalize_url
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
@@ -78,6 +80,11 @@ def task_log(engine: Engine) -> list[tuple[int, int]]:
     with engine.connect() as conn:
         rows = conn.execute(text("SELECT job_id, attempt FROM public.task_log ORDER BY at"))
         return [(job_id, attempt) for job_id, attempt in rows]
+
+
+def invoke_cli(url: str, *args: str) -> Result:
+    """`sqla-queue ARGS` in this process (CliRunner), against the test's database."""
+    return CliRunner().invoke(main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url})
 
 
 def enqueue_jobs(engine: Engine, task: str, count: int, **fields: Any) -> list[int]:

@@ -23,18 +23,15 @@ from sqlalchemy.orm import Session
 from sqla_queue import (
     InvalidJobError,
     Job,
-    NewJob,
     Registry,
     SchemaMissingError,
     SqlaQueueError,
     UnknownQueueError,
-    UnknownTaskError,
     enqueue,
     enqueue_async,
     enqueue_many,
     enqueue_many_async,
     limits,
-    set_default_registry,
 )
 from sqla_queue.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
@@ -123,53 +120,6 @@ def test_an_applications_own_jobs_table_keeps_its_own_errors(engine: Engine) -> 
 
 
 # -- session.merge -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def strict_default() -> Iterator[Registry]:
-    registry = Registry()
-    registry.task(name="known", queue="default")(lambda **kwargs: None)
-
-    @registry.on_insert
-    def stamp_or_refuse(job: NewJob) -> None:
-        if job.args.get("refuse"):
-            raise ValueError("refused by policy")
-        job.args = {**job.args, "stamped": True}
-
-    set_default_registry(registry)
-    yield registry
-    set_default_registry(None)
-
-
-def test_a_merged_job_passes_the_insert_hooks(engine: Engine, strict_default: Registry) -> None:
-    with Session(engine) as session, session.begin():
-        merged = session.merge(Job(task="known", args={"n": 1}))
-        session.flush()
-        assert merged.args == {"n": 1, "stamped": True}
-    with Session(engine) as session:
-        session.merge(Job(task="known", args={"refuse": True}))
-        with pytest.raises(InvalidJobError, match="refused by policy"):
-            session.flush()
-        session.merge(Job(task="knwon", args={}))
-        with pytest.raises(UnknownTaskError, match="did you mean 'known'"):
-            session.flush()
-        session.commit()
-    assert [job.args for job in jobs_by_id(engine).values()] == [{"n": 1, "stamped": True}]
-
-
-def test_a_job_whose_flush_failed_is_not_hooked_twice(
-    engine: Engine, strict_default: Registry
-) -> None:
-    with Session(engine) as session:
-        job = Job(task="known", args={}, queue="missing")
-        session.add(job)
-        with pytest.raises(UnknownQueueError):
-            session.flush()
-        session.rollback()
-        job.queue = "default"
-        session.add(job)
-        session.commit()
-    assert [job.args for job in jobs_by_id(engine).values()] == [{"stamped": True}]
 
 
 # -- an unmigrated database ----------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""Queue administration: deleting a queue and its jobs, re-running `queues create`."""
+
+from __future__ import annotations
+
+from apps.support import invoke_cli
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from sqla_queue import (
+    Job,
+    JobStatus,
+    Queue,
+    queries,
+)
+from sqla_queue.admin import create_queue, delete_queue
+
+
+def test_deleting_a_queue_without_force_only_deletes_finished_jobs(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        create_queue(session, "history", retention="keep")
+        session.add(Job(task="t", queue="history"))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE sqla_queue.jobs SET status = 'done', finished_at = now()"))
+    with Session(engine) as session, session.begin():
+        session.add(Job(task="t", queue="history"))
+    with engine.begin() as conn:
+        # What delete_queue runs: a queued job that arrived after its count must survive.
+        deleted = conn.execute(
+            queries.delete_jobs_of_queue(finished_only=True), {"queue_name": "history"}
+        ).rowcount
+        left = conn.execute(text("SELECT status FROM sqla_queue.jobs")).scalars().all()
+    assert deleted == 1
+    assert left == [JobStatus.queued.value]
+
+
+def test_deleting_a_queue_with_only_finished_jobs_removes_them_with_it(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        create_queue(session, "old", retention="keep")
+        session.add(Job(task="t", queue="old"))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE sqla_queue.jobs SET status = 'failed', finished_at = now()"))
+    with Session(engine) as session, session.begin():
+        assert delete_queue(session, "old") == 1
+        assert session.get(Queue, "old") is None
+
+
+def test_rerunning_queues_create_keeps_the_retention(database_url: str) -> None:
+    assert (
+        invoke_cli(database_url, "queues", "create", "audit", "--retention", "archive").exit_code
+        == 0
+    )
+    again = invoke_cli(database_url, "queues", "create", "audit")
+    assert again.exit_code == 0, again.output
+    assert "exists (retention archive)" in again.output
+    changed = invoke_cli(database_url, "queues", "create", "audit", "--retention", "keep")
+    assert "exists (retention keep)" in changed.output
