@@ -678,9 +678,12 @@ def job_by_id() -> Select[Any]:
     return select(jobs).where(jobs.c.id == bindparam("job_id", type_=BigInteger))
 
 
-def make_scheduled_due(queue_names: Sequence[str] | None) -> Update:
-    """Queued jobs due later become due now, in the given queues (None: all); for `drain`."""
+def make_scheduled_due(queue_names: Sequence[str] | None, skip_ids: bool = False) -> Update:
+    """Queued jobs due later become due now, in the given queues (None: all); for `drain`.
+    With `skip_ids`, not the jobs of parameter `job_ids` (the ones it deferred)."""
     statement = update(jobs).where(_is(JobStatus.queued), jobs.c.run_at > func.now())
+    if skip_ids:
+        statement = statement.where(jobs.c.id.not_in(bindparam("job_ids", expanding=True)))
     if queue_names is not None:
         statement = statement.where(jobs.c.queue.in_(queue_names))
     return statement.values(run_at=func.now())

@@ -1,17 +1,18 @@
 """Run due jobs in the calling thread, with the worker's own claim and finish statements.
 
-`drain` is for tests: it claims one job at a time (priority order), calls its handler here,
-and writes the outcome with the same fenced statements the worker uses. Given a `Session`
-or a `Connection` in a transaction, it works inside that transaction, so a test that rolls
-back leaves nothing behind. `run_until_empty` runs a real burst-mode `Worker` instead.
+`drain` is for tests: it claims one job at a time (priority order), runs it here through
+the job core's `JobRunner.run_job` (as the worker does), and writes the outcome with the
+same fenced statements the worker uses. Given a `Session` or a `Connection` in a
+transaction, it works inside that transaction, so a test that rolls back leaves nothing
+behind. `run_until_empty` runs a real burst-mode `Worker` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Awaitable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,18 +21,20 @@ from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session
 
 from sqla_queue import queries
-from sqla_queue.errors import ConfigurationError, JobTimeoutError, Snooze, TaskNotFoundError
-from sqla_queue.middleware import compose
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, Job
-from sqla_queue.registry import JobContext, Registry, Task
-from sqla_queue.results import encode_result
+from sqla_queue.errors import ConfigurationError
+from sqla_queue.job.context import JobContext
+from sqla_queue.job.outcome import WRITES_NOTHING, JobAttempt, Outcome, OutcomeKind, storable
+from sqla_queue.job.run import JobRunner, resources_of
+from sqla_queue.models import Job
+from sqla_queue.registry import Registry
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
-from sqla_queue.worker.executor import resources_of
-from sqla_queue.worker.jobs import decode_args, error_text
+from sqla_queue.worker.jobs import decode_args
 
 DRAIN_WORKER_ID = "sqla_queue.testing.drain"
 """The `locked_by` of jobs claimed by `drain`."""
 _JOBS: Table = Job.__table__  # type: ignore[assignment]
+_RAISED = frozenset({OutcomeKind.retried, OutcomeKind.failed, OutcomeKind.timed_out})
+"""The outcomes of a handler that raised (or overran its timeout): `reraise` raises them."""
 
 
 @dataclass
@@ -45,12 +48,14 @@ class DrainResult:
     retried: int = 0
     failed: int = 0
     snoozed: int = 0
+    deferred: int = 0
+    """Jobs of a task `registry` does not know, put back as a worker puts them back."""
     errors: list[tuple[int, str]] = field(default_factory=list, compare=False)
 
     @property
     def ran(self) -> int:
-        """Jobs claimed and finished, whatever their outcome (a snoozed attempt included)."""
-        return self.succeeded + self.retried + self.failed + self.snoozed
+        """Jobs claimed and settled, whatever their outcome (snoozed and deferred included)."""
+        return self.succeeded + self.retried + self.failed + self.snoozed + self.deferred
 
 
 def drain(
@@ -73,13 +78,17 @@ def drain(
     due first. `reraise` raises a handler's exception once its outcome is written. `into`
     adds the counts to an existing result (which is up to date when an error is raised).
 
+    Each job runs through the job core's `JobRunner.run_job`, as under the worker:
+    middleware, the task's timeout (a sync handler returning past it timed out too),
+    `Snooze`, `keep_result` and the lifecycle hooks (`on_job_claimed`, `on_job_finished`).
     A handler that fails is retried by its policy (later: see `include_scheduled`) or
-    failed once out of attempts, exactly as the worker would; a job of an unknown task
-    fails. A job that raises `Snooze` is queued again after its delay without spending an
-    attempt (with `include_scheduled`, a job that always snoozes runs until `max_jobs`). A
-    handler's `BaseException` (`pytest.fail`, `KeyboardInterrupt`) is written as a failed
-    attempt too, then always raised. Jobs a handler enqueues and commits are run in
-    the same call.
+    failed once out of attempts; a job of a task `registry` does not know is put back
+    for a worker that knows it, its attempt refunded (`deferred`; `include_scheduled`
+    does not run it again in the same call). A job that raises `Snooze` is queued again
+    after its delay without spending an attempt (with `include_scheduled`, a job that
+    always snoozes runs until `max_jobs`). A handler's `BaseException` (`pytest.fail`,
+    `KeyboardInterrupt`) is written as a failed attempt too, then always raised. Jobs a
+    handler enqueues and commits are run in the same call.
     """
     if not isinstance(target, Session | Connection | Engine):
         raise ConfigurationError(
@@ -96,18 +105,32 @@ def drain(
     params: dict[str, Any] = {"worker_id": DRAIN_WORKER_ID, "limit": 1}
     if queue_names is not None:
         params["queues"] = queue_names
+    runner = _DrainRunner(registry)
+    deferred: list[int] = []  # not made due again in this call: no worker here has their task
     try:
         with _connection_for(target) as run:
             while max_jobs is None or result.ran - ran < max_jobs:
                 if include_scheduled:
-                    run(queries.make_scheduled_due(queue_names))
+                    run(
+                        queries.make_scheduled_due(queue_names, skip_ids=True),
+                        {"job_ids": deferred},
+                    )
                 row = run(claim, params).first()
                 if row is None:
                     break
-                error = _run_job(registry, row, run, result)
-                if error is not None and reraise:
+                outcome = runner.run(row)
+                _write(run, outcome, result)
+                if outcome.kind is OutcomeKind.deferred:
+                    deferred.append(outcome.job.id)
+                error = outcome.exception
+                if error is None or outcome.kind not in _RAISED:
+                    continue
+                if not isinstance(error, Exception):
+                    raise error  # its outcome is written; a test failure or an interrupt goes on up
+                if reraise:
                     raise error
     finally:
+        runner.close()
         if isinstance(target, Session):
             target.expire_all()  # the Job objects it holds now show their new status
     return result
@@ -148,105 +171,102 @@ class _BufferedResult:
         return self._rows[0] if self._rows else None
 
 
-def _run_job(
-    registry: Registry,
-    row: Any,
-    run: Any,
-    result: DrainResult,
-) -> BaseException | None:
-    """Run one claimed job, write its outcome, count it; return the handler's exception."""
-    fence = {"job_ids": [row.id], "job_attempts": [row.attempts]}
-    task = registry.get(row.task)
-    if task is None:
-        message = str(TaskNotFoundError(task=row.task))
-        run(queries.fail_jobs(), {**fence, "job_errors": [message]})
-        result.failed += 1
-        result.errors.append((row.id, message))
-        return None
-    args, decode_error = decode_args(row.args_json)
-    if decode_error is not None:
-        run(queries.fail_jobs(), {**fence, "job_errors": [decode_error]})
-        result.failed += 1
-        result.errors.append((row.id, decode_error))
-        return None
-    context = JobContext(
-        row.id,
-        row.task,
-        row.queue,
-        row.attempts,
-        resources=resources_of(registry, {}),
-        tags=row.tags,
-        meta=row.meta_json,
-    )
-    try:
-        returned = _call_handler(registry, task, context, args)
-        if isinstance(returned, Snooze):  # returning it works as raising it does
-            raise returned
-    except Snooze as snooze:
-        params = {"job_delays": [snooze.seconds], "job_errors": [snooze.describe()]}
-        run(
-            queries.snooze_jobs(), {**fence, **params, "job_task_max_attempts": [task.max_attempts]}
+class _DrainRunner:
+    """The job core's `JobRunner` for `drain`: async handlers run on an event loop in a
+    thread of its own (started on first use, stopped when `drain` returns), so the calling
+    thread may itself be inside a loop; a timed handler is given up on at its deadline."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._timers: dict[tuple[int, int], asyncio.TimerHandle] = {}
+        self.runner = JobRunner(registry, self.loop, self._watch_deadline, DRAIN_WORKER_ID)
+        self.resources = resources_of(registry, {})
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(
+                target=self._loop.run_forever, name="sqla-queue-drain", daemon=True
+            )
+            self._thread.start()
+        return self._loop
+
+    def _watch_deadline(self, job: JobAttempt, deadline: float) -> None:
+        job.deadline = deadline  # a sync handler returning past it timed out too
+        self.loop().call_soon_threadsafe(self._arm, job, deadline)
+
+    def _arm(self, job: JobAttempt, deadline: float) -> None:
+        delay = max(deadline - time.monotonic(), 0.0)
+        self._timers[job.key] = self.loop().call_later(
+            delay, self.runner.give_up, job, "timed out", self._loop
         )
+
+    def _disarm(self, key: tuple[int, int]) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def run(self, row: Any) -> Outcome:
+        """One claimed row's attempt, through `run_job` and the lifecycle hooks."""
+        args, decode_error = decode_args(row.args_json)
+        ctx = JobContext(
+            row.id,
+            row.task,
+            row.queue,
+            row.attempts,
+            resources=self.resources,
+            tags=row.tags,
+            meta=row.meta_json,
+        )
+        job = JobAttempt(ctx, args, row.max_attempts, decode_error)
+        self.runner.claimed(ctx)
+        outcome = self.runner.run_job(job)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._disarm, job.key)
+        self.runner.finished(outcome)
+        return outcome
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(2)
+            if not self._loop.is_running():
+                self._loop.close()
+
+
+def _write(run: Any, outcome: Outcome, result: DrainResult) -> None:
+    """Write one outcome with the worker's fenced statement for its kind, and count it."""
+    job, kind = outcome.job, outcome.kind
+    fence = {"job_ids": [job.id], "job_attempts": [job.attempt]}
+    errors = {"job_errors": [storable(outcome.error)]}
+    if kind is OutcomeKind.succeeded:
+        if not outcome.committed:
+            run(queries.complete_jobs(), {**fence, "job_results": [outcome.result]})
+        result.succeeded += 1
+        return
+    if outcome.error:
+        result.errors.append((job.id, outcome.error))
+    if kind is OutcomeKind.snoozed:
+        params = {
+            "job_delays": [outcome.retry_in],
+            "job_task_max_attempts": [outcome.task_max_attempts],
+        }
+        run(queries.snooze_jobs(), {**fence, **errors, **params})
         result.snoozed += 1
-        return None
-    except BaseException as exc:  # pytest.fail, KeyboardInterrupt: never leave the job running
-        text = error_text(exc)
-        result.errors.append((row.id, text))
-        max_attempts = row.max_attempts or task.max_attempts or DEFAULT_MAX_ATTEMPTS
-        if row.attempts >= max_attempts:
-            run(queries.fail_jobs(), {**fence, "job_errors": [text]})
-            result.failed += 1
-        else:
-            delay = task.retry.delay(row.attempts)
-            run(queries.retry_jobs(), {**fence, "job_delays": [delay], "job_errors": [text]})
-            result.retried += 1
-        if not isinstance(exc, Exception):
-            raise  # its outcome is written; a test failure or an interrupt goes on up
-        return exc
-    kept = None
-    if task.keep_result:
-        kept, problem = encode_result(task.name, returned)
-        if problem is not None:
-            run(queries.fail_jobs(), {**fence, "job_errors": [problem]})
-            result.failed += 1
-            result.errors.append((row.id, problem))
-            return None
-    # by the queue's retention, decided in the SQL
-    run(queries.complete_jobs(), {**fence, "job_results": [kept]})
-    result.succeeded += 1
-    return None
-
-
-def _call_handler(registry: Registry, task: Task, context: JobContext, args: dict[str, Any]) -> Any:
-    """Call one job's handler inside the registry's and the task's middleware, as the
-    worker's executor does; the one place `drain` runs user code. A sync handler's timeout
-    is not enforced here; an async one's is."""
-
-    def call_handler(ctx: JobContext) -> Any:
-        call = task.func(ctx, **args) if task.pass_context else task.func(**args)
-        if inspect.isawaitable(call):
-            return _run_coroutine(call, task, ctx)
-        return call
-
-    return compose([*registry.middleware, *task.middleware], call_handler)(context)
-
-
-def _run_coroutine(call: Awaitable[Any], task: Task, context: JobContext) -> Any:
-    async def bounded() -> Any:
-        try:
-            return await asyncio.wait_for(call, task.timeout)
-        except asyncio.TimeoutError:
-            raise JobTimeoutError(
-                job_id=context.job_id, task=task.name, timeout=task.timeout
-            ) from None
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(bounded())
-    # Called from async code (through run_sync): this thread's loop is busy, use another.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, bounded()).result()
+    elif kind is OutcomeKind.deferred:
+        run(queries.defer_jobs(), {**fence, **errors})
+        result.deferred += 1
+    elif kind in WRITES_NOTHING:
+        if job.ctx.cancelled:  # its slot of a limited queue is free again
+            run(queries.free_cancelled_jobs(), fence)
+    elif outcome.requeues:
+        run(queries.retry_jobs(), {**fence, **errors, "job_delays": [outcome.retry_in]})
+        result.retried += 1
+    else:
+        run(queries.fail_jobs(), {**fence, **errors})
+        result.failed += 1
 
 
 def run_until_empty(
