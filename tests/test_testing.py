@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import importlib
+import time
 
 import pytest
 from sqlalchemy import Connection, Engine, select, text
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, Job, Registry, RetryPolicy, enqueue, enqueue_many
+from sqla_queue.job.outcome import Outcome
 from sqla_queue.testing import (
     DrainResult,
     QueueHelper,
@@ -209,6 +211,55 @@ def test_drain_runs_async_handlers_and_enforces_their_timeout(
     assert result == DrainResult(succeeded=1, retried=1)
     assert calls == [("t.slow_async", {"seconds": 0.01})]
     assert "ran longer than its timeout of 0.2 s" in result.errors[0][1]
+
+
+def test_drain_times_out_a_sync_handler_that_returns_past_its_timeout(
+    sqla_queue_session: Session,
+) -> None:
+    own = Registry()
+
+    @own.task(name="t.slow_sync", timeout=0.05, retry=RetryPolicy(base=60, jitter=0))
+    def slow_sync() -> None:
+        time.sleep(0.2)  # a sync handler cannot be interrupted: it times out as it returns
+
+    enqueue(sqla_queue_session, "t.slow_sync", {})
+    result = drain(sqla_queue_session, own)
+    assert result == DrainResult(retried=1)
+    assert "ran longer than its timeout of 0.05 s" in result.errors[0][1]
+    assert _statuses(sqla_queue_session) == [("t.slow_sync", "queued", 1)]
+
+
+def test_drain_fires_the_lifecycle_hooks_as_the_worker_does(
+    sqla_queue_session: Session,
+) -> None:
+    own = Registry()
+    seen: list[tuple[str, str, str]] = []
+
+    @own.task(name="t.fine")
+    def fine() -> None:
+        pass
+
+    @own.on_job_claimed
+    def claimed(ctx: object) -> None:
+        seen.append(("claimed", getattr(ctx, "task", "?"), ""))
+
+    @own.on_job_finished
+    def finished(ctx: object, outcome: Outcome) -> None:
+        seen.append(("finished", outcome.job.task, outcome.kind.value))
+
+    enqueue(sqla_queue_session, "t.fine", {})
+    assert drain(sqla_queue_session, own) == DrainResult(succeeded=1)
+    assert seen == [("claimed", "t.fine", ""), ("finished", "t.fine", "succeeded")]
+
+
+def test_drain_defers_an_unknown_task_once_even_with_include_scheduled(
+    sqla_queue_session: Session,
+) -> None:
+    enqueue(sqla_queue_session, "t.nobody_registered_this", {})
+    enqueue(sqla_queue_session, "t.ok", {"n": 1}, delay=3600)
+    result = drain(sqla_queue_session, registry, include_scheduled=True)
+    assert result == DrainResult(succeeded=1, deferred=1)  # not claimed again and again
+    assert _statuses(sqla_queue_session) == [("t.nobody_registered_this", "queued", 0)]
 
 
 def test_drain_from_async_code_runs_async_handlers_on_another_loop(
