@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import warnings
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -102,15 +103,26 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
         raise UnknownQueueError(queue=name)
 
 
-def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
-    """At most `concurrency` jobs of queue `name` run at once, across all workers (None: no
-    limit). The claim statement enforces it; jobs running now are left to finish."""
+def set_max_running(bind: Bind, name: str, max_running: int | None) -> None:
+    """At most `max_running` jobs of queue `name` run at once, across all workers (None: no
+    limit; `queues create --max-running`). The claim statement enforces it; jobs running
+    now are left to finish."""
     validate_name("queue", name, task="(none)")
-    if concurrency is not None:
-        check_count("concurrency", concurrency)
-    params = {"queue_name": name, "concurrency": concurrency}
+    if max_running is not None:
+        check_count("max_running", max_running)
+    params = {"queue_name": name, "concurrency": max_running}
     if bind.execute(queries.set_queue_concurrency(), params).first() is None:
         raise UnknownQueueError(queue=name)
+
+
+def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
+    """Deprecated: `set_max_running` (a queue's global cap; `concurrency` is a worker's)."""
+    warnings.warn(
+        "sqla_queue.admin.set_concurrency is deprecated: use set_max_running",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    set_max_running(bind, name, concurrency)
 
 
 def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
@@ -145,12 +157,22 @@ class QueueInfo:
     paused: bool
     retention: str
     route: str | None = None
-    concurrency: int | None = None
+    max_running: int | None = None
     """At most this many of its jobs run at once, across all workers."""
     rate: tuple[int, float] | None = None
     """(count, window seconds): at most `count` starts in any window that long."""
     result_ttl: float = 86400.0
     """Seconds kept results stay readable when its retention deletes jobs."""
+
+    @property
+    def concurrency(self) -> int | None:
+        """Deprecated: `max_running`."""
+        warnings.warn(
+            "QueueInfo.concurrency is deprecated: use QueueInfo.max_running",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.max_running
 
     @property
     def rate_text(self) -> str | None:

@@ -28,7 +28,7 @@ def make_queue(engine: Engine, name: str, **limits: Any) -> None:
     with engine.begin() as conn:
         admin.create_queue(conn, name)
         if "concurrency" in limits:
-            admin.set_concurrency(conn, name, limits["concurrency"])
+            admin.set_max_running(conn, name, limits["concurrency"])
         if "rate" in limits:
             admin.set_rate(conn, name, limits["rate"])
 
@@ -87,7 +87,7 @@ def test_a_queue_limited_while_a_worker_runs_is_never_claimed_past_its_limit(
         wait_for(lambda: w.worker.keeper.limits is False)  # the lean claim is in use
         with Session(engine) as session, session.begin():  # limited before its first job
             admin.create_queue(session, "emails")
-            admin.set_concurrency(session, "emails", 1)
+            admin.set_max_running(session, "emails", 1)
             enqueue_many(session, [{"task": "slow", "queue": "emails"}] * 4)
         seen = []
         deadline = time.monotonic() + 3
@@ -249,7 +249,7 @@ def test_lifting_the_limit_lets_the_claim_take_everything(engine: Engine) -> Non
     enqueue_jobs(engine, "t", 4, queue="emails")
     with engine.connect() as conn:
         assert len(claim(conn, 10, ["emails"])) == 1
-        admin.set_concurrency(conn, "emails", None)
+        admin.set_max_running(conn, "emails", None)
         conn.commit()
         assert len(claim(conn, 10, ["emails"])) == 3
 
@@ -323,13 +323,25 @@ def test_admin_refuses_a_bad_limit_and_an_unknown_queue(engine: Engine) -> None:
     with engine.begin() as conn:
         with pytest.raises(
             ConfigurationError,
-            match="concurrency must be a whole number from 1 to 2147483647, got 0",
+            match="max_running must be a whole number from 1 to 2147483647, got 0",
         ):
-            admin.set_concurrency(conn, "default", 0)
+            admin.set_max_running(conn, "default", 0)
         with pytest.raises(ConfigurationError, match="100/s"):
             admin.set_rate(conn, "default", "lots")
         with pytest.raises(UnknownQueueError, match="queues create ghost"):
-            admin.set_concurrency(conn, "ghost", 3)
+            admin.set_max_running(conn, "ghost", 3)
+
+
+def test_the_old_concurrency_names_still_work_and_warn_naming_max_running(
+    engine: Engine,
+) -> None:
+    with engine.begin() as conn:
+        with pytest.warns(DeprecationWarning, match="use set_max_running"):
+            admin.set_concurrency(conn, "default", 4)
+        (info,) = [q for q in admin.list_queues(conn) if q.name == "default"]
+    assert info.max_running == 4
+    with pytest.warns(DeprecationWarning, match="use QueueInfo.max_running"):
+        assert info.concurrency == 4
 
 
 def test_cli_creates_sets_lists_and_lifts_limits(database_url: str, engine: Engine) -> None:

@@ -51,7 +51,7 @@ def _apply_limits(
     result_ttl: float | None,
 ) -> None:
     if max_running is not None:
-        admin.set_concurrency(conn, name, max_running or None)
+        admin.set_max_running(conn, name, max_running or None)
     if rate is not None:
         admin.set_rate(conn, name, rate)
     if result_ttl is not None:
@@ -63,8 +63,8 @@ def _describe(info: admin.QueueInfo) -> str:
     parts = [f"retention {info.retention}"]
     if info.route:
         parts.append(f"route {info.route}")
-    if info.concurrency is not None:
-        parts.append(f"max-running {info.concurrency}")
+    if info.max_running is not None:
+        parts.append(f"max-running {info.max_running}")
     if info.rate is not None:
         parts.append(f"rate {info.rate_text}")
     return ", ".join(parts)
@@ -143,7 +143,7 @@ def queues_set(
         if route is not None or no_route:
             admin.set_route(conn, name, route)
         if no_max_running:
-            admin.set_concurrency(conn, name, None)
+            admin.set_max_running(conn, name, None)
         if no_rate:
             admin.set_rate(conn, name, None)
         _apply_limits(conn, name, max_running, rate, result_ttl)
@@ -158,7 +158,7 @@ def queues_list(database_url: str | None) -> None:
         for info in admin.list_queues(conn):
             state = "paused" if info.paused else "active"
             routed = f"\troute={info.route}" if info.route else ""
-            limited = f"\tmax-running={info.concurrency}" if info.concurrency else ""
+            limited = f"\tmax-running={info.max_running}" if info.max_running else ""
             limited += f"\trate={info.rate_text}" if info.rate else ""
             click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
 
