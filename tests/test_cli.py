@@ -30,7 +30,9 @@ from sqlalchemy import Engine, text
 from sqla_queue import admin
 from sqla_queue.cli import main
 from sqla_queue.cli.base import Command
+from sqla_queue.cli.job_options import JOB_OPTIONS
 from sqla_queue.durations import parse_duration
+from sqla_queue.job.options import OPTION_NAMES
 from sqla_queue.migrate import SCHEMA_REVISION
 
 
@@ -105,6 +107,51 @@ def test_enqueue_into_an_unknown_queue_names_the_command_that_creates_it(
     result = cli("enqueue", "t", "--queue", "nope", url=database_url)
     assert_one_line_error(result, "'nope'", "sqla-queue queues create nope")
     assert count_where(engine, "true") == 0
+
+
+def test_enqueue_takes_run_at_tags_meta_and_unique_as_job_options(
+    database_url: str, engine: Engine
+) -> None:
+    options = ("--run-at", "2099-01-02T09:00:00+00:00", "--tag", "a", "--tag", "b")
+    options += ("--meta", '{"trace": "x1"}', "--unique")
+    first = cli("enqueue", "reports.build", "--args", '{"day": 1}', *options, url=database_url)
+    assert first.exit_code == 0, first.output
+    again = cli("enqueue", "reports.build", "--args", '{"day": 1}', *options, url=database_url)
+    assert again.exit_code == 0, again.output
+    assert again.stdout == first.stdout  # the duplicate's id: the job already there
+    (job,) = jobs_by_id(engine).values()
+    assert job.id == int(first.stdout)
+    assert (job.run_at.isoformat(), job.tags, job.meta) == (
+        "2099-01-02T09:00:00+00:00",
+        ["a", "b"],
+        {"trace": "x1"},
+    )
+
+
+def test_enqueue_refuses_a_run_at_without_a_time_zone_naming_the_fix(
+    database_url: str, engine: Engine
+) -> None:
+    result = cli("enqueue", "t", "--run-at", "2099-01-02T09:00:00", url=database_url)
+    assert result.exit_code == 2
+    assert "--run-at" in result.stderr
+    assert "has no time zone; add one, e.g. 2099-01-02T09:00:00+00:00" in result.stderr
+    assert count_where(engine, "true") == 0
+
+
+def test_enqueue_refuses_run_at_beside_delay(database_url: str, engine: Engine) -> None:
+    result = cli(
+        "enqueue", "t", "--run-at", "2099-01-02T09:00:00Z", "--delay", "60", url=database_url
+    )
+    assert result.exit_code != 0
+    assert "pass run_at or delay, not both" in result.output
+    assert count_where(engine, "true") == 0
+
+
+def test_every_job_option_is_an_enqueue_option_and_nothing_else() -> None:
+    """Adding a field to JobOptions fails here until the CLI has its row (JOB_OPTIONS)."""
+    assert [option.name for option in JOB_OPTIONS] == list(OPTION_NAMES)
+    params = {p.name for p in main.commands["enqueue"].params if isinstance(p, click.Option)}
+    assert params - {"database_url", "args_json"} == {option.dest for option in JOB_OPTIONS}
 
 
 # -- queues, stats, prune, cancel --------------------------------------------------------------

@@ -4,60 +4,35 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from sqla_queue import admin
 from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
-from sqla_queue.durations import DURATION
-from sqla_queue.models import PRIORITY_MAX, JobStatus
+from sqla_queue.models import JobStatus
 
 from . import base
 from .base import Command, Group
+from .job_options import job_options, options_from_cli
 
 
 @click.command(cls=Command)
 @click.argument("task")
 @click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
-@click.option("--queue", default=None)
-@click.option(
-    "--priority", type=count(0, PRIORITY_MAX), default=0, show_default=True, help="0 runs first."
-)
-@click.option("--delay", type=DURATION, default=None, help="Time until the job is due (60, 5m).")
-@click.option("--max-attempts", type=count(1, MAX_ATTEMPTS), default=None)
-@click.option("--tag", "tags", multiple=True, help="A tag to find the job by (repeatable).")
-@click.option("--meta", "meta_json", default=None, help="The job's meta as a JSON object.")
-def enqueue(
-    database_url: str | None,
-    task: str,
-    args_json: str,
-    queue: str | None,
-    priority: int,
-    delay: float | None,
-    max_attempts: int | None,
-    tags: tuple[str, ...],
-    meta_json: str | None,
-) -> None:
-    """Enqueue one job of TASK and print its id."""
+@job_options
+def enqueue(database_url: str | None, task: str, args_json: str, **options: Any) -> None:
+    """Enqueue one job of TASK and print its id (with --unique, a duplicate's: the job
+    already there)."""
     from sqlalchemy.orm import Session
 
     from sqla_queue.enqueue import enqueue as enqueue_job
 
     args = base.json_option(args_json, "--args")
-    meta = None if meta_json is None else base.json_option(meta_json, "--meta")
+    job_options = options_from_cli(options)
     with base.transaction(database_url) as conn:
         session = Session(bind=conn)
-        job = enqueue_job(
-            session,
-            task,
-            args,
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            tags=list(tags),
-            meta=meta,
-        )
+        job = enqueue_job(session, task, args, options=job_options)
         session.flush()
         click.echo(job.id)
 
