@@ -10,7 +10,8 @@ and finished by the real statements. What it does not model:
 
 - concurrency and timing: jobs run one at a time, in the committing thread, in priority
   order, before `commit()` returns; NOTIFY/LISTEN, leases, heartbeats and reaping play no
-  part, and a sync handler's `timeout` is not enforced;
+  part, and a sync handler is not interrupted at its `timeout` (as under the worker, one
+  that returns past it timed out);
 - jobs scheduled for later (`delay`, `run_at`, retries waiting on backoff) do not run at
   the commit that enqueued them, unless `include_scheduled=True`;
 - isolation between tests: each commit runs every due job of that database, not only its
