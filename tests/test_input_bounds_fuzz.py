@@ -236,7 +236,7 @@ def settle(engine: Engine, call: Callable[[Any], object]) -> None:
 
 ADMIN_CALLS: dict[str, Callable[[Any, Any], object]] = {
     "set_result_ttl": lambda conn, x: admin.set_result_ttl(conn, "default", x),
-    "set_concurrency": lambda conn, x: admin.set_concurrency(conn, "default", x),
+    "set_max_running": lambda conn, x: admin.set_max_running(conn, "default", x),
     "set_rate": lambda conn, x: admin.set_rate(conn, "default", x),
     "set_rate(count, 1)": lambda conn, x: admin.set_rate(conn, "default", (x, 1.0)),
     "set_rate(1, window)": lambda conn, x: admin.set_rate(conn, "default", (1, x)),

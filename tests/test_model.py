@@ -174,7 +174,7 @@ class QueueMachine(RuleBasedStateMachine):
             for name, retention in QUEUES.items():
                 if name != "default":
                     admin.create_queue(conn, name, retention)
-            admin.set_concurrency(conn, "lim", 1)
+            admin.set_max_running(conn, "lim", 1)
         self.seen: dict[int, Row] = self._observe()
 
     def teardown(self) -> None:
@@ -667,8 +667,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(queue=queue_names, limit=st.sampled_from([None, 1, 2]))
     def limit_concurrency(self, queue: str, limit: int | None) -> None:
-        with no_raw_database_error("set_concurrency"), self.engine.begin() as conn:
-            admin.set_concurrency(conn, queue, limit)
+        with no_raw_database_error("set_max_running"), self.engine.begin() as conn:
+            admin.set_max_running(conn, queue, limit)
         self.concurrency[queue] = limit
 
     @rule(queue=queue_names, rate=st.sampled_from([None, "1/s", "2/min"]))

@@ -71,7 +71,7 @@ def test_six_workers_at_c8_never_run_more_than_the_queue_concurrency(
     create_task_log(engine)
     with engine.begin() as conn:
         admin.create_queue(conn, "limited")
-        admin.set_concurrency(conn, "limited", limit)
+        admin.set_max_running(conn, "limited", limit)
     samples: list[int] = []
     stop = threading.Event()
 

@@ -49,7 +49,7 @@ class Executing:
 def make_queue(engine: Engine, name: str, concurrency: int) -> None:
     with engine.begin() as conn:
         admin.create_queue(conn, name)
-        admin.set_concurrency(conn, name, concurrency)
+        admin.set_max_running(conn, name, concurrency)
 
 
 def workers_finding(engine: Engine) -> Finding:
