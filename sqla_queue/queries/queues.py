@@ -36,6 +36,7 @@ from .common import (
     cancelled_held,
     jobs,
     queues,
+    seconds_since,
 )
 
 # -- administration --------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def queue_stats() -> Select[Any]:
     oldest_due = func.min(jobs.c.run_at).filter(
         and_(_is(JobStatus.queued), jobs.c.run_at <= func.now())
     )
-    due_age = func.extract("epoch", func.now() - oldest_due)
+    due_age = seconds_since(oldest_due)
     names = select(queues.c.name).union(select(jobs.c.queue.label("name")).distinct()).subquery()
     return (
         select(
