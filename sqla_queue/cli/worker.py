@@ -179,18 +179,8 @@ def worker(
 
     log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
     base.configure_logging(log_level, log_format)
-    config = WorkerConfig(
-        queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
-        concurrency=concurrency,
-        batch=batch,
-        lease=lease,
-        poll_interval=poll_interval,
-        burst=burst,
-        poll_only=poll_only,
-        shutdown_timeout=shutdown_timeout,
-        give_up_after=give_up_after,
-        synchronous_commit=synchronous_commit,
-    )
+    queue_list = [q.strip() for q in queues.split(",")] if queues is not None else None
+    config = base.config_from(WorkerConfig, queues=queue_list)
     if metrics_port is not None and metrics_port + processes - 1 > 65535:
         raise click.BadParameter(
             f"with --processes {processes} the workers serve metrics on ports {metrics_port} "
