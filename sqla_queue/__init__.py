@@ -8,10 +8,10 @@ with Session(engine) as session, session.begin():
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from .database import normalize_url
+from .deprecation import renamed_name
 from .enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from .errors import (
     AppLoadError,
@@ -37,6 +37,7 @@ from .hooks import InsertHook, NewJob, default_registry, set_default_registry
 from .job.options import JobOptions
 from .job.states import JobStatus
 from .middleware import Middleware
+from .models import RENAMED as _RENAMED
 from .models import ArchivedJob, Job, Queue, QueueBase, Retention
 from .registry import JobContext, Registry, Task, load_registry
 from .results import wait_for, wait_for_async
@@ -101,12 +102,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Base":  # renamed: it read as an application's own declarative base
-        warnings.warn(
-            "sqla_queue.Base is deprecated: use sqla_queue.QueueBase (the queue's own "
-            "declarative base, not one for an application's models)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return QueueBase
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return renamed_name(__name__, name, _RENAMED)

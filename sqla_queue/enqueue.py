@@ -12,7 +12,6 @@ and a `Job` added to the session send it once per queue per transaction.
 from __future__ import annotations
 
 import datetime as dt
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, overload
 
@@ -26,6 +25,7 @@ from sqlalchemy.sql import ClauseElement
 
 from . import queries
 from .bounds import invalid_job
+from .deprecation import renamed_name
 from .hooks import NewJob, default_registry, prepare_job
 from .inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from .inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
@@ -70,15 +70,11 @@ _INSERT_QUEUE = queries.insert_queue()
 
 
 def __getattr__(name: str) -> Any:
-    if name == "EnqueueOptions":
-        warnings.warn(
-            "sqla_queue.enqueue.EnqueueOptions is deprecated: enqueue's options are "
-            "sqla_queue.JobOptions (as keywords: sqla_queue.job.options.JobOptionFields)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return JobOptionFields
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    advice = (
+        "enqueue's options are sqla_queue.JobOptions "
+        "(as keywords: sqla_queue.job.options.JobOptionFields)"
+    )
+    return renamed_name(__name__, name, {"EnqueueOptions": (JobOptionFields, advice)})
 
 
 @overload

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import warnings
 from typing import Any
 
 from sqlalchemy import (
@@ -34,6 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from .bounds import PRIORITY_MAX as PRIORITY_MAX
 from .bounds import invalid_job
+from .deprecation import renamed_name
 from .job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from .job.options import OPTION_NAMES, JobOptions, delay_interval, options_from
 from .job.states import FINISHED_SQL, in_sql
@@ -423,13 +423,15 @@ class PeriodicSlot(QueueBase):
     )
 
 
+RENAMED = {
+    "Base": (
+        QueueBase,
+        "use sqla_queue.QueueBase (the queue's own declarative base, not one for an "
+        "application's models)",
+    )
+}
+"""The old names of this module (and of `sqla_queue`): Base read as an application's own."""
+
+
 def __getattr__(name: str) -> Any:
-    if name == "Base":
-        warnings.warn(
-            "sqla_queue.models.Base is deprecated: it is sqla_queue.QueueBase (the queue's own "
-            "declarative base, not one for an application's models)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return QueueBase
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return renamed_name(__name__, name, RENAMED)

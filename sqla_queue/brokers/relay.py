@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from sqla_queue.migrate import check_schema
 from sqla_queue.notify import Listener
 from sqla_queue.queries import brokers as queries
 
+from .loop import BrokerLoop
 from .messages import JobMessage
 from .routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
 from .transport import Publisher
@@ -71,20 +71,17 @@ class RelayStats:
     failed_publishes: int = 0
 
 
-class Relay:
+class Relay(BrokerLoop):
     """Moves the jobs of routed queues (of this broker's kind) from PostgreSQL to the broker."""
 
     def __init__(self, engine: Engine, config: RelayConfig) -> None:
+        super().__init__()
         self.engine = engine
         self.config = config
         self.kind = broker_kind(config.broker_url)
         self.stats = RelayStats()
         self._conn: Connection | None = None
-        self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
-        self._signals = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_requested = False
 
     def _publisher(self) -> Publisher:
         publisher = BROKER_KINDS[self.kind].publisher
@@ -92,28 +89,14 @@ class Relay:
 
     def run(self, install_signal_handlers: bool | None = None) -> RelayStats:
         """Relay until SIGTERM/SIGINT, or with burst until nothing is due."""
-        if install_signal_handlers is None:
-            install_signal_handlers = threading.current_thread() is threading.main_thread()
         check_schema(self.engine)
-        asyncio.run(self._main(install_signal_handlers))
+        self._run_loop(install_signal_handlers)
         return self.stats
 
-    def stop(self) -> None:
-        """Ask `run` to finish; safe from any thread, also before `run` started."""
-        self._stop_requested = True
-        if self._stopping is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-
-    async def _main(self, install_signal_handlers: bool) -> None:
-        self._stopping = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        if self._stop_requested:
-            self._stopping.set()
+    async def _main(self) -> None:
+        assert self._stopping is not None
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, self._on_signal, signum)
         publisher = self._publisher()
         await publisher.connect()
         wake = self._wake

@@ -24,15 +24,14 @@ import asyncio
 import logging
 import os
 import signal
-import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from sqla_queue.deprecation import renamed_argument
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind
@@ -40,6 +39,7 @@ from sqla_queue.job.run import JobRunner, max_attempts_of, resources_of
 from sqla_queue.migrate import check_schema
 from sqla_queue.queries import brokers as queries
 
+from .loop import BrokerLoop
 from .messages import JobMessage
 from .routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
 from .transport import Delivery, Source
@@ -84,11 +84,7 @@ class BrokerWorkerConfig:
 
     def __post_init__(self, lease: float | None) -> None:
         if lease is not None:
-            warnings.warn(
-                "BrokerWorkerConfig(lease=...) is deprecated: pass ack_wait=...",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            renamed_argument("BrokerWorkerConfig", "lease", "ack_wait")
             self.ack_wait = lease
         if self.concurrency < 1:
             raise ConfigurationError(
@@ -116,10 +112,11 @@ def _no_session(ctx: JobContext) -> Session:
     )
 
 
-class BrokerWorker:
+class BrokerWorker(BrokerLoop):
     """Runs a routed queue's jobs from NATS JetStream or RabbitMQ."""
 
     def __init__(self, engine: Engine, registry: Registry, config: BrokerWorkerConfig) -> None:
+        super().__init__()
         self.engine = engine
         self.registry = registry
         self.config = config
@@ -128,10 +125,6 @@ class BrokerWorker:
         self.dedup = config.dedup if config.dedup is not None else BROKER_KINDS[self.kind].dedup
         self.stats = BrokerWorkerStats()
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="sqla-queue-job")
-        self._stopping: asyncio.Event | None = None
-        self._signals = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_requested = False
         self._running_ids: set[int] = set()
         """Jobs whose handler runs in this worker: a copy that arrives meanwhile is a duplicate."""
         self.resources = resources_of(registry, {})
@@ -167,29 +160,13 @@ class BrokerWorker:
 
     def run(self, install_signal_handlers: bool | None = None) -> BrokerWorkerStats:
         """Consume until SIGTERM/SIGINT (or, with burst, until nothing is pending)."""
-        if install_signal_handlers is None:
-            install_signal_handlers = threading.current_thread() is threading.main_thread()
         try:
-            asyncio.run(self._main(install_signal_handlers))
+            self._run_loop(install_signal_handlers)
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
-    def stop(self) -> None:
-        """Ask `run` to finish; safe from any thread, also before `run` started."""
-        self._stop_requested = True
-        if self._stopping is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-
-    async def _main(self, install_signal_handlers: bool) -> None:
-        self._stopping = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        if self._stop_requested:
-            self._stopping.set()
-        loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, self._on_signal, signum)
+    async def _main(self) -> None:
         source = self._source()
         await source.connect()
         log.info(

@@ -21,6 +21,7 @@ from sqla_queue.database import URL_ENV_VAR, create_queue_engine, resolve_url
 from sqla_queue.errors import SqlaQueueError
 
 F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C")
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)
 
@@ -123,6 +124,14 @@ def config_default(config: type, name: str) -> Any:
     """The default of a config dataclass' field: a command's defaults are its API's own."""
     (found,) = [f for f in dataclasses.fields(config) if f.name == name]
     return found.default
+
+
+def config_from(config: Callable[..., C], **given: Any) -> C:
+    """`config(...)` of the running command's parameters named as its fields (a command's
+    options are its API's own), `given` added or in their place."""
+    fields = {f.name for f in dataclasses.fields(config) if f.init}  # type: ignore[arg-type]
+    params = click.get_current_context().params
+    return config(**{name: params[name] for name in fields & params.keys()} | given)
 
 
 def _reject_constant(name: str) -> Any:

@@ -81,15 +81,7 @@ def relay(
         raise click.ClickException(f"pass exactly one of {choices}")
     base.configure_logging(log_level)
     engine = base.engine(database_url, application_name="sqla-queue relay")
-    config = RelayConfig(
-        broker_url=given[0],
-        batch=batch,
-        poll_interval=poll_interval,
-        publish_timeout=publish_timeout,
-        duplicate_window=duplicate_window,
-        burst=burst,
-        poll_only=poll_only,
-    )
+    config = base.config_from(RelayConfig, broker_url=given[0])
     stats = run_relay(engine, config)
     if burst:
         click.echo(f"done: {stats.published} published, {stats.duplicates} duplicates", err=True)

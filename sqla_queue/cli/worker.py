@@ -33,6 +33,19 @@ def _worker_default(name: str) -> Any:
     return base.config_default(WorkerConfig, name)
 
 
+def _config_option(
+    *decls: str,
+    type: click.ParamType,  # type: ignore[type-arg]  # generic only in recent click
+    help: str | None = None,
+    broker: bool = False,
+) -> Callable[[F], F]:
+    """An option whose default is the config field named by its last spelling (--batch:
+    WorkerConfig.batch; with `broker`, BrokerWorkerConfig's), shown in --help."""
+    name = decls[-1].lstrip("-").replace("-", "_")
+    default = _broker_default(name) if broker else _worker_default(name)
+    return click.option(*decls, type=type, default=default, show_default=True, help=help)
+
+
 def _broker_default(name: str) -> Any:
     from sqla_queue.brokers.worker import BrokerWorkerConfig
 
@@ -60,41 +73,27 @@ def _supervised_child_exits(func: F) -> F:
 @click.command(cls=Command)
 @click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
 @click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
-@click.option(
-    "-c",
-    "--concurrency",
-    type=count(1, MAX_WORKER_CONCURRENCY),
-    default=_worker_default("concurrency"),
-    show_default=True,
-)
-@click.option(
+@_config_option("-c", "--concurrency", type=count(1, MAX_WORKER_CONCURRENCY))
+@_config_option(
     "--batch",
     type=count(1, MAX_BATCH),
-    default=_worker_default("batch"),
-    show_default=True,
     help="Jobs per claim at most.",
 )
-@click.option(
+@_config_option(
     "--lease",
     type=DURATION,
-    default=_worker_default("lease"),
-    show_default=True,
     help="A job may go this long without a heartbeat before it is reaped (at least 1 s).",
 )
-@click.option(
+@_config_option(
     "--poll-interval",
     type=DURATION,
-    default=_worker_default("poll_interval"),
-    show_default=True,
     help="The longest wait between polls when no NOTIFY arrives.",
 )
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
 @click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
-@click.option(
+@_config_option(
     "--shutdown-timeout",
     type=DURATION,
-    default=_worker_default("shutdown_timeout"),
-    show_default=True,
     help="How long running handlers may finish after SIGTERM.",
 )
 @click.option(
@@ -104,12 +103,7 @@ def _supervised_child_exits(func: F) -> F:
     help="How long to wait for an unreachable database before exiting with an error "
     "(default: forever; 30 s with --burst).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-    default="info",
-    show_default=True,
-)
+@click.option("--log-level", type=base.LOG_LEVELS, default="info", show_default=True)
 @base.log_format_option
 @click.option(
     "--metrics-port",
@@ -125,11 +119,10 @@ def _supervised_child_exits(func: F) -> F:
     + " or ".join(kind.example_url for kind in BROKER_KINDS.values())
     + ".",
 )
-@click.option(
+@_config_option(
     "--ack-wait",
     type=DURATION,
-    default=_broker_default("ack_wait"),
-    show_default=True,
+    broker=True,
     help="With --from: how long the broker waits for a job's ack before it delivers the job "
     "again (NATS; the worker signals progress meanwhile).",
 )
@@ -186,18 +179,8 @@ def worker(
 
     log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
     base.configure_logging(log_level, log_format)
-    config = WorkerConfig(
-        queues=[q.strip() for q in queues.split(",")] if queues is not None else None,
-        concurrency=concurrency,
-        batch=batch,
-        lease=lease,
-        poll_interval=poll_interval,
-        burst=burst,
-        poll_only=poll_only,
-        shutdown_timeout=shutdown_timeout,
-        give_up_after=give_up_after,
-        synchronous_commit=synchronous_commit,
-    )
+    queue_list = [q.strip() for q in queues.split(",")] if queues is not None else None
+    config = base.config_from(WorkerConfig, queues=queue_list)
     if metrics_port is not None and metrics_port + processes - 1 > 65535:
         raise click.BadParameter(
             f"with --processes {processes} the workers serve metrics on ports {metrics_port} "

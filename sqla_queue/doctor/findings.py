@@ -4,12 +4,13 @@ decide them (`DoctorOptions`), and how figures are worded."""
 from __future__ import annotations
 
 import enum
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
+
+from sqla_queue.deprecation import renamed_argument
 
 
 class Severity(str, enum.Enum):
@@ -70,11 +71,7 @@ class DoctorOptions:
 
     def __post_init__(self, lease: float | None) -> None:
         if lease is not None:
-            warnings.warn(
-                "DoctorOptions(lease=...) is deprecated: pass stuck_after=...",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            renamed_argument("DoctorOptions", "lease", "stuck_after")
             self.stuck_after = lease
 
 

@@ -18,21 +18,17 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    literal_column,
     select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Delete
 
-from sqla_queue.models import BrokerDone, Job, JobStatus, Queue
+from sqla_queue.models import BrokerDone, JobStatus
 
-jobs = cast(Table, Job.__table__)
-queues = cast(Table, Queue.__table__)
+from .common import _is, jobs, queues
+
 done = cast(Table, BrokerDone.__table__)
-
-# A literal, not a parameter: a generic plan must still match the partial claim index.
-_QUEUED = jobs.c.status == literal_column(f"'{JobStatus.queued.value}'", Text)
 
 RELAYED_COLUMNS = (
     jobs.c.id,
@@ -93,7 +89,7 @@ def claim_for_relay() -> Select[Any]:
     return (
         select(*RELAYED_COLUMNS)
         .where(
-            _QUEUED,
+            _is(JobStatus.queued),  # a literal: a generic plan must match the claim index
             jobs.c.queue == bindparam("queue_name", type_=Text),
             jobs.c.run_at <= func.now(),
         )

@@ -22,14 +22,16 @@ from sqla_queue.models import SCHEMA, JobStatus
 from .common import (
     _is,
     _seconds,
+    catalog_view,
     jobs,
     queues,
+    seconds_since,
 )
 from .jobs import deferred_error, stuck_condition
 
 # -- schema ----------------------------------------------------------------------------------
 
-_namespaces = table("pg_namespace", column("oid"), column("nspname"), schema="pg_catalog")
+_namespaces = catalog_view("pg_namespace", "oid", "nspname")
 
 
 def schema_revision() -> Select[Any]:
@@ -42,76 +44,45 @@ def schema_revision() -> Select[Any]:
 # -- doctor (sqla_queue.doctor): the essay's failure modes, read from the catalogs -----------
 # Catalog views as lightweight tables of the columns we read; every statement is read-only.
 
-_activity = table(
+_activity = catalog_view(
     "pg_stat_activity",
-    column("pid"),
-    column("datname"),
-    column("application_name"),
-    column("state"),
-    column("backend_xid"),
-    column("backend_xmin"),
-    column("xact_start"),
-    column("wait_event"),
-    column("query"),
-    column("backend_type"),
-    schema="pg_catalog",
+    "pid",
+    "datname",
+    "application_name",
+    "state",
+    "backend_xid",
+    "backend_xmin",
+    "xact_start",
+    "wait_event",
+    "query",
+    "backend_type",
 )
-_locks = table(
-    "pg_locks",
-    column("pid"),
-    column("relation"),
-    column("locktype"),
-    column("mode"),
-    column("granted"),
-    schema="pg_catalog",
-)
-_databases = table("pg_database", column("datname"), column("datminmxid"), schema="pg_catalog")
-_classes = table(
+_locks = catalog_view("pg_locks", "pid", "relation", "locktype", "mode", "granted")
+_databases = catalog_view("pg_database", "datname", "datminmxid")
+_classes = catalog_view(
     "pg_class",
-    column("oid"),
-    column("relname"),
-    column("relnamespace"),
-    column("relkind"),
-    column("relminmxid"),
-    column("relfrozenxid"),
-    column("reloptions"),
-    schema="pg_catalog",
+    "oid",
+    "relname",
+    "relnamespace",
+    "relkind",
+    "relminmxid",
+    "relfrozenxid",
+    "reloptions",
 )
-_table_stats = table(
+_table_stats = catalog_view(
     "pg_stat_user_tables",
-    column("relid"),
-    column("schemaname"),
-    column("relname"),
-    column("n_live_tup"),
-    column("n_dead_tup"),
-    column("last_autovacuum"),
-    column("last_vacuum"),
-    schema="pg_catalog",
+    "relid",
+    "schemaname",
+    "relname",
+    "n_live_tup",
+    "n_dead_tup",
+    "last_autovacuum",
+    "last_vacuum",
 )
-_settings = table("pg_settings", column("name"), column("setting"), schema="pg_catalog")
-_constraints = table(
-    "pg_constraint",
-    column("conname"),
-    column("conrelid"),
-    column("confrelid"),
-    column("contype"),
-    schema="pg_catalog",
-)
-_prepared = table(
-    "pg_prepared_xacts",
-    column("gid"),
-    column("transaction"),
-    column("prepared"),
-    column("database"),
-    schema="pg_catalog",
-)
-_slots = table(
-    "pg_replication_slots",
-    column("slot_name"),
-    column("xmin"),
-    column("catalog_xmin"),
-    schema="pg_catalog",
-)
+_settings = catalog_view("pg_settings", "name", "setting")
+_constraints = catalog_view("pg_constraint", "conname", "conrelid", "confrelid", "contype")
+_prepared = catalog_view("pg_prepared_xacts", "gid", "transaction", "prepared", "database")
+_slots = catalog_view("pg_replication_slots", "slot_name", "xmin", "catalog_xmin")
 
 DOCTOR_SETTINGS = (
     "server_version",
@@ -124,10 +95,6 @@ DOCTOR_SETTINGS = (
 """Server settings doctor reports; the `multixact_*_buffers` ones exist from PostgreSQL 17."""
 
 _ENQUEUE_PATTERN = rf'insert\s+into\s+"?{SCHEMA}"?\s*\.\s*"?jobs"?[\s(]'
-
-
-def _epoch_since(moment: Any) -> Any:
-    return func.extract("epoch", func.now() - moment)
 
 
 def _ours_in_this_database() -> tuple[Any, ...]:
@@ -197,7 +164,7 @@ def open_transactions() -> Select[Any]:
             _activity.c.state,
             func.age(_activity.c.backend_xid),
             func.age(_activity.c.backend_xmin),
-            _epoch_since(_activity.c.xact_start),
+            seconds_since(_activity.c.xact_start),
             func.left(_activity.c.query, 120),
         )
         .where(
@@ -215,7 +182,7 @@ def prepared_transactions() -> Select[Any]:
     """(gid, xid age, seconds since PREPARE) of prepared transactions in this database."""
     return (
         select(
-            _prepared.c.gid, func.age(_prepared.c.transaction), _epoch_since(_prepared.c.prepared)
+            _prepared.c.gid, func.age(_prepared.c.transaction), seconds_since(_prepared.c.prepared)
         )
         .where(_prepared.c.database == func.current_database())
         .order_by(_prepared.c.prepared)
@@ -303,8 +270,8 @@ def table_health() -> Select[Any]:
             func.pg_relation_size(stats.c.relid),
             func.pg_indexes_size(stats.c.relid),
             func.pg_total_relation_size(stats.c.relid),
-            _epoch_since(stats.c.last_autovacuum),
-            _epoch_since(stats.c.last_vacuum),
+            seconds_since(stats.c.last_autovacuum),
+            seconds_since(stats.c.last_vacuum),
             _classes.c.reloptions,
         )
         .select_from(stats.join(_classes, _classes.c.oid == stats.c.relid))
@@ -320,7 +287,7 @@ def stuck_jobs() -> Select[Any]:
     deadline, or held by a worker whose registration expired.
     """
     overdue = func.coalesce(jobs.c.lease_expires_at, jobs.c.heartbeat_at, jobs.c.created_at)
-    return select(func.count(), _epoch_since(func.min(overdue))).where(stuck_condition())
+    return select(func.count(), seconds_since(func.min(overdue))).where(stuck_condition())
 
 
 def overdue_jobs() -> Select[Any]:
@@ -331,7 +298,7 @@ def overdue_jobs() -> Select[Any]:
             jobs.c.queue,
             queues.c.paused,
             func.count(),
-            _epoch_since(func.min(jobs.c.run_at)),
+            seconds_since(func.min(jobs.c.run_at)),
         )
         .select_from(jobs.outerjoin(queues, queues.c.name == jobs.c.queue))
         .where(
@@ -346,7 +313,7 @@ def overdue_jobs() -> Select[Any]:
 def failed_job_counts() -> Select[Any]:
     """Per queue: (queue, failed jobs, seconds since the latest failure)."""
     return (
-        select(jobs.c.queue, func.count(), _epoch_since(func.max(jobs.c.finished_at)))
+        select(jobs.c.queue, func.count(), seconds_since(func.max(jobs.c.finished_at)))
         .where(_is(JobStatus.failed))
         .group_by(jobs.c.queue)
         .order_by(jobs.c.queue)
@@ -357,7 +324,7 @@ def unknown_task_counts() -> Select[Any]:
     """Per task: (task, queued jobs deferred by workers that had no handler for it, seconds
     since the oldest of them was enqueued), most first."""
     return (
-        select(jobs.c.task, func.count(), _epoch_since(func.min(jobs.c.created_at)))
+        select(jobs.c.task, func.count(), seconds_since(func.min(jobs.c.created_at)))
         .where(_is(JobStatus.queued), deferred_error())
         .group_by(jobs.c.task)
         .order_by(func.count().desc(), jobs.c.task)

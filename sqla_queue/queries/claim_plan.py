@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Engine, Float, Select, cast, column, func, select, table
+from sqlalchemy import Connection, Dialect, Engine, Float, Select, cast, func, select
 
 from sqla_queue.models import SCHEMA
 
 from .claim import claim_jobs
-from .common import jobs
+from .common import catalog_view, jobs
 
 STATISTICS_LOCK = (1936813153, 1)
 """The session advisory lock (`'sqla'` as an int4, 1) one worker holds while it ANALYZEs."""
@@ -30,14 +30,9 @@ STALE_CHANGES = 1_000
 """Rows changed since the last ANALYZE that make statistics stale, at the least; above that,
 more changes than the table had rows then (the estimate is off by more than 2x)."""
 
-_classes = table("pg_class", column("oid"), column("reltuples"), schema="pg_catalog")
-_stats = table(
-    "pg_stat_user_tables",
-    column("relid"),
-    column("schemaname"),
-    column("relname"),
-    column("n_mod_since_analyze"),
-    schema="pg_catalog",
+_classes = catalog_view("pg_class", "oid", "reltuples")
+_stats = catalog_view(
+    "pg_stat_user_tables", "relid", "schemaname", "relname", "n_mod_since_analyze"
 )
 
 

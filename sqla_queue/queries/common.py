@@ -19,11 +19,13 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    column,
     func,
     literal_column,
+    table,
 )
 from sqlalchemy.sql.elements import ColumnElement, Grouping
-from sqlalchemy.sql.selectable import TableValuedAlias
+from sqlalchemy.sql.selectable import TableClause, TableValuedAlias
 
 from sqla_queue.job.states import FINISHED, sql_literal
 from sqla_queue.models import ArchivedJob, Job, JobStatus, Queue, QueueStart, WorkerRegistration
@@ -80,6 +82,17 @@ def cancelled_held(table: Any = jobs) -> ColumnElement[bool]:
     lasts), so no admin command may make it claimable or delete it until then.
     `ix_jobs_cancelled_held` holds these rows."""
     return and_(_is(JobStatus.cancelled, table), table.c.lease_expires_at.is_not(None))
+
+
+def seconds_since(moment: Any) -> Any:
+    """Seconds from `moment` to now (the transaction's start), as a number."""
+    return func.extract("epoch", func.now() - moment)
+
+
+def catalog_view(name: str, *columns: str) -> TableClause:
+    """The PostgreSQL catalog `pg_catalog.<name>` as a lightweight table of the columns we
+    read (each module names only those it reads)."""
+    return table(name, *(column(c) for c in columns), schema="pg_catalog")
 
 
 def _seconds(name: str) -> Any:

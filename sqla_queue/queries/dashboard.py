@@ -19,7 +19,7 @@ from sqlalchemy import (
 
 from sqla_queue.job.states import FINISHED_SQL, JobStatus
 
-from .common import archive, jobs
+from .common import archive, jobs, seconds_since
 
 _FINISHED = literal_column(FINISHED_SQL, Text)
 """The predicate of ix_jobs_finished, as a literal so the partial index is usable."""
@@ -38,7 +38,7 @@ def throughput() -> Select[Any]:
         archive.c.finished_at > since
     )
     finished = union_all(live, archived).subquery("finished")
-    ago = func.floor(func.extract("epoch", func.now() - finished.c.finished_at) / 60)
+    ago = func.floor(seconds_since(finished.c.finished_at) / 60)
     return (
         select(finished.c.queue, ago.cast(Integer), finished.c.status, func.count())
         .group_by(finished.c.queue, ago, finished.c.status)

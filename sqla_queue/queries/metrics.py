@@ -9,7 +9,7 @@ from sqlalchemy import Select, and_, bindparam, func, or_, select
 
 from sqla_queue.models import JobStatus
 
-from .common import _is, jobs, workers
+from .common import _is, jobs, seconds_since, workers
 
 
 def queue_depth() -> Select[Any]:
@@ -26,9 +26,7 @@ def queue_depth() -> Select[Any]:
             func.count().filter(queued).label("queued"),
             func.count().filter(due).label("due"),
             func.count().filter(running).label("running"),
-            func.extract("epoch", func.now() - func.min(jobs.c.run_at).filter(due)).label(
-                "oldest_due_seconds"
-            ),
+            seconds_since(func.min(jobs.c.run_at).filter(due)).label("oldest_due_seconds"),
         )
         .where(or_(queued, running))
         .group_by(jobs.c.queue)
@@ -37,7 +35,7 @@ def queue_depth() -> Select[Any]:
 
 def heartbeat_lag() -> Select[Any]:
     """Seconds since worker `:worker_id` last beat its registration (no row: not registered)."""
-    return select(func.extract("epoch", func.now() - workers.c.heartbeat_at)).where(
+    return select(seconds_since(workers.c.heartbeat_at)).where(
         workers.c.id == bindparam("worker_id")
     )
 

@@ -36,6 +36,7 @@ from .common import (
     cancelled_held,
     jobs,
     queues,
+    seconds_since,
 )
 
 # -- administration --------------------------------------------------------------------------
@@ -72,68 +73,48 @@ def insert_queue() -> Insert:
     return insert(queues)
 
 
-def set_queue_paused(paused: bool) -> Update:
-    """Pause or resume the queue `:name`; returns its name if it exists."""
+def _set_queue(**values: Any) -> Update:
+    """`UPDATE queues SET <values> WHERE name = :queue_name RETURNING name`: no row, no queue."""
     return (
         update(queues)
         .where(queues.c.name == bindparam("queue_name"))
-        .values(paused=paused)
+        .values(**values)
         .returning(queues.c.name)
     )
+
+
+def set_queue_paused(paused: bool) -> Update:
+    """Pause or resume the queue `:name`; returns its name if it exists."""
+    return _set_queue(paused=paused)
 
 
 def set_queue_retention() -> Update:
     """Set the retention of the queue `:queue_name` to `:new_retention`."""
-    return (
-        update(queues)
-        .where(queues.c.name == bindparam("queue_name"))
-        .values(retention=bindparam("new_retention"))
-        .returning(queues.c.name)
-    )
+    return _set_queue(retention=bindparam("new_retention"))
 
 
 def set_queue_route() -> Update:
     """Set (or clear, with NULL) the route of the queue `:queue_name` to `:new_route`."""
-    return (
-        update(queues)
-        .where(queues.c.name == bindparam("queue_name"))
-        .values(route=bindparam("new_route"))
-        .returning(queues.c.name)
-    )
+    return _set_queue(route=bindparam("new_route"))
 
 
 def set_queue_concurrency() -> Update:
     """Set (or clear, with NULL) the concurrency limit of `:queue_name` to `:concurrency`."""
-    return (
-        update(queues)
-        .where(queues.c.name == bindparam("queue_name"))
-        .values(concurrency=bindparam("concurrency", type_=Integer))
-        .returning(queues.c.name)
-    )
+    return _set_queue(concurrency=bindparam("concurrency", type_=Integer))
 
 
 def set_queue_rate() -> Update:
     """Set (or clear, with NULLs) the rate limit of `:queue_name`: `:rate_limit` starts per
     `:rate_window` seconds."""
-    return (
-        update(queues)
-        .where(queues.c.name == bindparam("queue_name"))
-        .values(
-            rate_limit=bindparam("rate_limit", type_=Integer),
-            rate_window=bindparam("rate_window", type_=Float),
-        )
-        .returning(queues.c.name)
+    return _set_queue(
+        rate_limit=bindparam("rate_limit", type_=Integer),
+        rate_window=bindparam("rate_window", type_=Float),
     )
 
 
 def set_queue_result_ttl() -> Update:
     """Set how long (`:result_ttl` seconds) kept results of `:queue_name` stay readable."""
-    return (
-        update(queues)
-        .where(queues.c.name == bindparam("queue_name"))
-        .values(result_ttl=bindparam("result_ttl", type_=Float))
-        .returning(queues.c.name)
-    )
+    return _set_queue(result_ttl=bindparam("result_ttl", type_=Float))
 
 
 def count_unfinished_in_queue() -> Select[Any]:
@@ -170,7 +151,7 @@ def queue_stats() -> Select[Any]:
     oldest_due = func.min(jobs.c.run_at).filter(
         and_(_is(JobStatus.queued), jobs.c.run_at <= func.now())
     )
-    due_age = func.extract("epoch", func.now() - oldest_due)
+    due_age = seconds_since(oldest_due)
     names = select(queues.c.name).union(select(jobs.c.queue.label("name")).distinct()).subquery()
     return (
         select(

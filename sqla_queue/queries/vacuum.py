@@ -22,26 +22,14 @@ from sqlalchemy import (
 from sqla_queue.models import SCHEMA
 
 from .catalog import _table_stats as _stats
+from .common import catalog_view, seconds_since
 
 VACUUM_LOCK_SPACE = 1936813174
 """The advisory lock namespace of the self-vacuum ('sqlv' as an int4)."""
 VACUUM_LOCK_KEY = 1
 """The key, in that namespace, of the jobs table's vacuum."""
 
-_locks = table(
-    "pg_locks",
-    column("locktype"),
-    column("database"),
-    column("classid"),
-    column("objid"),
-    column("objsubid"),
-    column("granted"),
-    schema="pg_catalog",
-)
-
-
-def _seconds_since(moment: Any) -> Any:
-    return func.extract("epoch", func.now() - moment)
+_locks = catalog_view("pg_locks", "locktype", "database", "classid", "objid", "objsubid", "granted")
 
 
 def jobs_vacuum_state() -> Select[Any]:
@@ -63,8 +51,8 @@ def jobs_vacuum_state() -> Select[Any]:
     return select(
         _stats.c.n_live_tup.label("live"),
         _stats.c.n_dead_tup.label("dead"),
-        _seconds_since(_stats.c.last_vacuum).label("vacuum"),
-        _seconds_since(_stats.c.last_autovacuum).label("autovacuum"),
+        seconds_since(_stats.c.last_vacuum).label("vacuum"),
+        seconds_since(_stats.c.last_autovacuum).label("autovacuum"),
         vacuuming.label("vacuuming"),
     ).where(_stats.c.schemaname == SCHEMA, _stats.c.relname == "jobs")
 

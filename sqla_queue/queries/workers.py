@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus
 
-from .common import _is, jobs, queues, workers
+from .common import _is, jobs, queues, seconds_since, workers
 
 
 def beat_worker() -> Insert:
@@ -92,11 +92,9 @@ def live_workers() -> Select[Any]:
             workers.c.queues,
             workers.c.concurrency,
             workers.c.started_at,
-            func.extract("epoch", func.now() - workers.c.heartbeat_at).label("silent_seconds"),
+            seconds_since(workers.c.heartbeat_at).label("silent_seconds"),
             running.label("running"),
-            func.extract("epoch", func.now() - workers.c.loop_blocked_since).label(
-                "loop_blocked_seconds"
-            ),
+            seconds_since(workers.c.loop_blocked_since).label("loop_blocked_seconds"),
             workers.c.overruns,
         )
         .where(workers.c.expires_at >= func.now())
