@@ -183,6 +183,7 @@ def test_a_broken_connection_counts_a_disconnect_and_a_reconnect(engine: Engine)
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
             )
+        engine.dispose()  # the test's own idle pooled connections went too; not the point here
         enqueue_jobs(engine, "ok", 2)
         wait_for(
             lambda: (
