@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -122,6 +123,9 @@ def check_rate(
     )
 
 
+_PLAIN_INT = re.compile(r"\s*[-+]?[0-9]+\s*")
+
+
 class Count(click.IntRange):
     """A click parameter type: a whole number from `low` to `high` (`check_count`), refused
     with the same message as the Python API's (`count(1, 10)`, `JOB_ID`, `PORT`)."""
@@ -132,6 +136,12 @@ class Count(click.IntRange):
         self.what = f"{what}, " if what else ""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not _PLAIN_INT.fullmatch(value):
+            # int() takes "1_000" and other scripts' digits ("١٢" is 12): not a number to type.
+            self.fail(
+                f"must be {self.what}{count_range(self.low, self.high)} written in digits "
+                f"0-9, got {value!r}"
+            )
         number = click.INT.convert(value, param, ctx)
         if not self.low <= number <= self.high:
             self.fail(f"must be {self.what}{count_range(self.low, self.high)}, got {number}")
