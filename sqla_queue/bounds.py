@@ -136,13 +136,13 @@ class Count(click.IntRange):
         self.what = f"{what}, " if what else ""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.INT.convert(value, param, ctx)
         if isinstance(value, str) and not _PLAIN_INT.fullmatch(value):
             # int() takes "1_000" and other scripts' digits ("١٢" is 12): not a number to type.
             self.fail(
                 f"must be {self.what}{count_range(self.low, self.high)} written in digits "
                 f"0-9, got {value!r}"
             )
-        number = click.INT.convert(value, param, ctx)
         if not self.low <= number <= self.high:
             self.fail(f"must be {self.what}{count_range(self.low, self.high)}, got {number}")
         return number
