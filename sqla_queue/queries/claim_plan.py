@@ -121,7 +121,9 @@ def refresh_jobs_statistics(engine: Engine) -> bool:
             conn.exec_driver_sql(ANALYZE_JOBS)
             return True
         finally:
-            conn.execute(select(func.pg_advisory_unlock(*STATISTICS_LOCK)))
+            # A lost connection took its session's lock with it (and cannot run the unlock).
+            if not conn.invalidated:
+                conn.execute(select(func.pg_advisory_unlock(*STATISTICS_LOCK)))
 
 
 def _stale(conn: Connection) -> bool:
