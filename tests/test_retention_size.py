@@ -63,4 +63,7 @@ def test_jobs_table_size_stays_bounded_over_200k_jobs(engine: Engine, retention:
     # Index pages freed by one VACUUM are reusable only after the next, so the steady
     # state holds about two rounds' worth: 2x the first round, then flat.
     assert sizes[-1] <= 2.2 * sizes[0], f"jobs table grew: {sizes}"
-    assert max(sizes[ROUNDS // 2 :]) <= max(sizes[: ROUNDS // 2]), f"still growing: {sizes}"
+    # The workers' own VACUUM (issue 22) runs mid-drain and shifts when freed index pages
+    # come back: a few pages (under 5 %) either way; a leak grows past that every round.
+    plateau = max(sizes[: ROUNDS // 2])
+    assert max(sizes[ROUNDS // 2 :]) <= 1.05 * plateau, f"still growing: {sizes}"
