@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, enqueue_many, queries
@@ -122,3 +125,49 @@ def test_doctor_warns_when_the_claim_sorts_every_due_job(engine: Engine) -> None
     assert queries.refresh_jobs_statistics(engine) is True
     (finding,) = [f for f in diagnose(engine) if f.name == "claim_plan"]
     assert finding.severity is Severity.ok, finding
+
+
+def test_connection_lost_during_the_statistics_refresh_is_a_database_error(
+    engine: Engine,
+) -> None:
+    """A worker whose connection dies while it ANALYZEs the table (a failover, an admin's
+    pg_terminate_backend) gets a DBAPIError, which its producer logs and goes on from: the
+    advisory unlock must not be tried on the dead connection (it raised PendingRollbackError,
+    which no handler caught, and the worker stopped). The lock went with the session."""
+    _insert_cold(engine, 1_000)
+    assert _reltuples(engine) < 0
+    outcome: list[BaseException | bool] = []
+
+    def refresh() -> None:
+        try:
+            outcome.append(queries.refresh_jobs_statistics(engine))
+        except BaseException as exc:  # the test looks at whatever escaped
+            outcome.append(exc)
+
+    with engine.connect() as holder:
+        # ANALYZE takes SHARE UPDATE EXCLUSIVE: the refresh waits here, inside ANALYZE
+        holder.execute(text("LOCK TABLE sqla_queue.jobs IN SHARE UPDATE EXCLUSIVE MODE"))
+        thread = threading.Thread(target=refresh)
+        thread.start()
+        pid = None
+        deadline = time.monotonic() + 30
+        while pid is None and time.monotonic() < deadline:
+            with engine.connect() as probe:
+                pid = probe.execute(
+                    text(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND query ILIKE 'ANALYZE%' AND wait_event_type = 'Lock'"
+                    )
+                ).scalar()
+            time.sleep(0.05)
+        assert pid is not None, "the refresh never waited inside ANALYZE"
+        with engine.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        thread.join(30)
+        holder.rollback()
+    assert not thread.is_alive()
+    (raised,) = outcome
+    assert isinstance(raised, DBAPIError), repr(raised)
+    # the dead session's lock is gone: the next refresh takes it and analyzes
+    assert queries.refresh_jobs_statistics(engine) is True
+    assert _reltuples(engine) >= 900
