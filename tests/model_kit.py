@@ -88,6 +88,11 @@ class Run:
     """Not a handler run: an attempt a killed worker had started."""
 
 
+HELD_MARGIN = 1.0
+"""Seconds before a killed worker's job may be reaped in which the model no longer counts
+its slot as held (the database's lease and the model's clock differ by a claim's time)."""
+
+
 @dataclass
 class Recorder:
     """What the handlers did, and what they saw at their start, across threads."""
@@ -98,8 +103,9 @@ class Recorder:
     step: int = 0
     limits: dict[str, int | None] = field(default_factory=dict)
     """Each queue's concurrency limit while the current worker step runs."""
-    held: dict[str, int] = field(default_factory=dict)
-    """Slots of each queue that killed workers' jobs hold during the current step."""
+    held_until: dict[str, list[float]] = field(default_factory=dict)
+    """When (time.monotonic) each killed worker's job of a queue may be reaped, freeing its
+    slot: until then it holds one of its queue's slots."""
     paused: frozenset[str] = frozenset()
     worker_concurrency: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -119,7 +125,12 @@ class Recorder:
             self.executing[ctx.queue] = self.executing.get(ctx.queue, 0) + 1
             total = sum(self.executing.values())
             limit = self.limits.get(ctx.queue)
-            held = self.held.get(ctx.queue, 0)
+            # Surely held: reapable only later than a second from now. Near its deadline the
+            # database (whose lease began at the claim, a little before the model's clock
+            # did) may have freed the slot already, so such a job is not counted.
+            now = time.monotonic()
+            deadlines = self.held_until.get(ctx.queue, ())
+            held = sum(1 for until in deadlines if until > now + HELD_MARGIN)
             if limit is not None and self.executing[ctx.queue] + held > limit:
                 self.violations.append(
                     f"job {ctx.job_id} started while {self.executing[ctx.queue] - 1} handler(s) "

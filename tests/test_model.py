@@ -148,9 +148,13 @@ class Orphan:
     """When it was claimed: the database's clock runs on in real time too (a slow step under
     load can let the 6 s of a registration pass without any `time_passes`)."""
 
+    @property
+    def reapable_from(self) -> float:
+        """The moment (time.monotonic) from which the reaper may requeue it."""
+        return self.born + min(self.lease_left, self.stale_left)
+
     def reapable_at(self, moment: float) -> bool:
-        real = moment - self.born
-        return self.lease_left - real <= 0 or self.stale_left - real <= 0
+        return moment >= self.reapable_from
 
     @property
     def reapable(self) -> bool:
@@ -351,11 +355,10 @@ class QueueMachine(RuleBasedStateMachine):
         with rec.lock:
             rec.step = step
             rec.limits = dict(self.concurrency)
-            rec.held = {}
+            rec.held_until = {}
             for job_id, orphan in self.orphans.items():
-                if not orphan.reapable:
-                    queue = self.seen[job_id].queue
-                    rec.held[queue] = rec.held.get(queue, 0) + 1
+                queue = self.seen[job_id].queue
+                rec.held_until.setdefault(queue, []).append(orphan.reapable_from)
             rec.paused = frozenset(self.paused)
             rec.worker_concurrency = concurrency
         before = self.seen
