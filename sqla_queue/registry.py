@@ -249,29 +249,27 @@ class Registry:
 
     def on_job_claimed(self, hook: H) -> H:
         """Register `hook(ctx)`, called for every job this registry's worker claims."""
-        self._add_hook(self.hooks.job_claimed, hook)
-        return hook
+        return self._add_hook(self.hooks.job_claimed, hook)
 
     def on_job_finished(self, hook: H) -> H:
         """Register `hook(ctx, outcome)`, called once per claimed job with its `Outcome`."""
-        self._add_hook(self.hooks.job_finished, hook)
-        return hook
+        return self._add_hook(self.hooks.job_finished, hook)
 
     def on_worker_started(self, hook: H) -> H:
         """Register `hook(worker)`, called once the worker is connected and running."""
-        self._add_hook(self.hooks.worker_started, hook)
-        return hook
+        return self._add_hook(self.hooks.worker_started, hook)
 
     def on_worker_stopping(self, hook: H) -> H:
         """Register `hook(worker)`, called when the worker begins to stop."""
-        self._add_hook(self.hooks.worker_stopping, hook)
-        return hook
+        return self._add_hook(self.hooks.worker_stopping, hook)
 
     @staticmethod
-    def _add_hook(hooks: list[Any], hook: Callable[..., Any]) -> None:
+    def _add_hook(hooks: list[Any], hook: H) -> H:
+        """Append `hook` to `hooks` and return it (each `on_*` decorator's whole body)."""
         if not callable(hook):
             raise ConfigurationError(detail=f"a hook must be callable, got {hook!r}")
         hooks.append(hook)
+        return hook
 
     def on_insert(self, hook: InsertHook) -> InsertHook:
         """Register an insert hook (a decorator): it runs after those registered before."""

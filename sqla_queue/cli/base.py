@@ -194,6 +194,10 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     configure(level, log_format)
 
 
+def log_level_option(func: F) -> F:
+    return click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)(func)
+
+
 def log_format_option(func: F) -> F:
     return click.option(
         "--log-format",

@@ -60,7 +60,7 @@ def _broker_url_options(func: F) -> F:
 )
 @click.option("--burst", is_flag=True, help="Exit when nothing is due.")
 @click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
-@click.option("--log-level", type=base.LOG_LEVELS, default="info", show_default=True)
+@base.log_level_option
 def relay(
     database_url: str | None,
     batch: int,

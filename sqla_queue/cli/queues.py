@@ -163,22 +163,24 @@ def queues_list(database_url: str | None) -> None:
             click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
 
 
+def _set_paused(database_url: str | None, name: str, paused: bool) -> None:
+    with base.transaction(database_url) as conn:
+        admin.set_paused(conn, name, paused)
+    click.echo(f"queue {name!r} {'paused' if paused else 'resumed'}")
+
+
 @queues.command("pause")
 @click.argument("name")
 def queues_pause(database_url: str | None, name: str) -> None:
     """Stop workers claiming from NAME (running jobs finish)."""
-    with base.transaction(database_url) as conn:
-        admin.set_paused(conn, name, True)
-    click.echo(f"queue {name!r} paused")
+    _set_paused(database_url, name, True)
 
 
 @queues.command("resume")
 @click.argument("name")
 def queues_resume(database_url: str | None, name: str) -> None:
     """Let workers claim from NAME again."""
-    with base.transaction(database_url) as conn:
-        admin.set_paused(conn, name, False)
-    click.echo(f"queue {name!r} resumed")
+    _set_paused(database_url, name, False)
 
 
 @queues.command("delete")

@@ -103,7 +103,7 @@ def _supervised_child_exits(func: F) -> F:
     help="How long to wait for an unreachable database before exiting with an error "
     "(default: forever; 30 s with --burst).",
 )
-@click.option("--log-level", type=base.LOG_LEVELS, default="info", show_default=True)
+@base.log_level_option
 @base.log_format_option
 @click.option(
     "--metrics-port",

@@ -28,7 +28,7 @@ from sqla_queue.bounds import INT4_MAX
 from sqla_queue.job.states import JobStatus, statuses, unique_predicate
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS
 
-from .common import _is, archive, cancelled_held, jobs
+from .common import _is, archive, cancelled_held, job_ids_param, jobs
 
 LISTED_COLUMNS = (
     jobs.c.id,
@@ -118,7 +118,7 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
         or_(*(_is(s) for s in retryable)), ~cancelled_held()
     )
     if by_ids:
-        asked = asked.where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))))
+        asked = asked.where(jobs.c.id == any_(job_ids_param()))
     if queue:
         asked = asked.where(jobs.c.queue == bindparam("retry_queue", type_=Text))
     candidates = asked.with_for_update().cte("candidates")
@@ -192,7 +192,7 @@ def delete_jobs() -> Select[Any]:
     and so is a cancelled one whose handler still runs (it holds its queue's slot): the
     status condition is re-checked on the locked row.
     """
-    ids = bindparam("job_ids", type_=ARRAY(BigInteger))
+    ids = job_ids_param()
     live = (
         delete(jobs)
         .where(jobs.c.id == any_(ids), *(~_is(JobStatus(s)) for s in statuses(delete=False)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import (
-    ARRAY,
     BigInteger,
     Float,
     Insert,
@@ -26,7 +25,7 @@ from sqlalchemy.sql.dml import Delete
 
 from sqla_queue.models import BrokerDone, JobStatus
 
-from .common import _is, jobs, queues
+from .common import _is, job_ids_param, jobs, queue_names_param, queues
 
 done = cast(Table, BrokerDone.__table__)
 
@@ -60,7 +59,7 @@ def queue_route() -> Select[Any]:
 def routed_among() -> Select[Any]:
     """(name, route) of the queues among `:queues` that are routed to a broker."""
     return select(queues.c.name, queues.c.route).where(
-        queues.c.name == any_(bindparam("queues", type_=ARRAY(Text))),
+        queues.c.name == any_(queue_names_param()),
         queues.c.route.is_not(None),
     )
 
@@ -101,7 +100,7 @@ def claim_for_relay() -> Select[Any]:
 
 def delete_relayed() -> Delete:
     """Delete the jobs `:job_ids` the broker confirmed (locked by this transaction)."""
-    return delete(jobs).where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))))
+    return delete(jobs).where(jobs.c.id == any_(job_ids_param()))
 
 
 def already_done() -> Select[Any]:

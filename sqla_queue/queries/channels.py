@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ARRAY, Select, Text, bindparam, func, select
+from sqlalchemy import Select, Text, bindparam, func, select
 
 from sqla_queue.models import NOTIFY_CHANNEL
+
+from .common import queue_names_param
 
 RESULTS_CHANNEL = f"{NOTIFY_CHANNEL}_results"
 """The channel on which finishing statements name (by id) the jobs that reached a final
@@ -15,7 +17,7 @@ state with something to tell a waiter: a kept result, or a failure (`sqla_queue.
 
 def notify_queues() -> Select[Any]:
     """`pg_notify` once per queue in `:queues`; delivered by PostgreSQL only on commit."""
-    names = func.unnest(bindparam("queues", type_=ARRAY(Text))).table_valued("name")
+    names = func.unnest(queue_names_param()).table_valued("name")
     return select(func.pg_notify(NOTIFY_CHANNEL, names.c.name)).select_from(names)
 
 

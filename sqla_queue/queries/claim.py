@@ -10,7 +10,6 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     CTE,
-    BigInteger,
     Float,
     Integer,
     Select,
@@ -45,7 +44,9 @@ from .common import (
     _held,
     _is,
     claimed_columns,
+    job_ids_param,
     jobs,
+    queue_names_param,
     queue_starts,
     queues,
 )
@@ -143,7 +144,7 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
         q.c.concurrency,
         q.c.rate_limit,
         _bounded_seconds(q.c.rate_window),
-        case((finishing, bindparam("job_ids", None, type_=ARRAY(BigInteger)))),
+        case((finishing, job_ids_param(optional=True))),
         case((finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
     )
     conditions = [
@@ -154,7 +155,7 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
         select(true()).where(x.c.queue == q.c.name, _due(x)).limit(_ONE).scalar_subquery(),
     ]
     if queue_names is not None:
-        conditions.append(q.c.name == any_(bindparam("queues", type_=ARRAY(Text))))
+        conditions.append(q.c.name == any_(queue_names_param()))
     return (
         select(q.c.name, q.c.rate_limit, slots.label("slots"))
         .where(*conditions)
@@ -208,11 +209,7 @@ def claim_jobs(
         served = c.c.queue.not_in(held_back)
     else:
         # the held-back queues leave the list first
-        listed = (
-            func.unnest(bindparam("queues", type_=ARRAY(Text)))
-            .table_valued("name")
-            .render_derived("v")
-        )
+        listed = func.unnest(queue_names_param()).table_valued("name").render_derived("v")
         allowed = (
             select(listed.c.name)
             .where(listed.c.name.not_in(held_back))

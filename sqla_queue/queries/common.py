@@ -24,7 +24,7 @@ from sqlalchemy import (
     literal_column,
     table,
 )
-from sqlalchemy.sql.elements import ColumnElement, Grouping
+from sqlalchemy.sql.elements import BindParameter, ColumnElement, Grouping
 from sqlalchemy.sql.selectable import TableClause, TableValuedAlias
 
 from sqla_queue.job.states import FINISHED, sql_literal
@@ -95,6 +95,19 @@ def catalog_view(name: str, *columns: str) -> TableClause:
     return table(name, *(column(c) for c in columns), schema="pg_catalog")
 
 
+def job_ids_param(*, optional: bool = False) -> BindParameter[Any]:
+    """`:job_ids`, the bigint[] of job ids a batch statement names; with `optional` it
+    defaults to NULL (a statement that may run without a batch)."""
+    if optional:
+        return bindparam("job_ids", None, type_=ARRAY(BigInteger))
+    return bindparam("job_ids", type_=ARRAY(BigInteger))
+
+
+def queue_names_param() -> BindParameter[Any]:
+    """`:queues`, the text[] of queue names a statement is limited to."""
+    return bindparam("queues", type_=ARRAY(Text))
+
+
 def _seconds(name: str) -> Any:
     """`make_interval(secs => :name)`, for a bound number of seconds."""
     return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
@@ -107,7 +120,7 @@ def _claimed_batch(*extra: tuple[str, str, Any], optional: bool = False) -> Tabl
     with `optional` they default to NULL (unnest reads a NULL array as NULLs).
     """
     arrays = [
-        bindparam("job_ids", type_=ARRAY(BigInteger)),
+        job_ids_param(),
         bindparam("job_attempts", type_=ARRAY(Integer)),
         *(
             bindparam(param, None, type_=ARRAY(type_))
@@ -125,7 +138,7 @@ def _held(table: Any = jobs) -> tuple[Any, ...]:
     same place in `:job_attempts`: `_fenced` without a join, for a statement that needs no
     other value per job. A generic plan (psycopg prepares a statement after five runs) of a
     join with `unnest` rescans the function for each running row: 50 x 50 rows per batch."""
-    ids = bindparam("job_ids", type_=ARRAY(BigInteger))
+    ids = job_ids_param()
     attempts = bindparam("job_attempts", type_=ARRAY(Integer))
     return (
         table.c.id == any_(ids),

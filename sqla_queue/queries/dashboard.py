@@ -19,12 +19,12 @@ from sqlalchemy import (
 
 from sqla_queue.job.states import FINISHED_SQL, JobStatus
 
-from .common import archive, jobs, seconds_since
+from .common import archive, job_ids_param, jobs, seconds_since
 
 _FINISHED = literal_column(FINISHED_SQL, Text)
 """The predicate of ix_jobs_finished, as a literal so the partial index is usable."""
 
-_IDS = bindparam("job_ids", type_=ARRAY(BigInteger))
+_IDS = job_ids_param()
 
 
 def throughput() -> Select[Any]:

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
     CTE,
     BigInteger,
     Boolean,
@@ -65,6 +64,7 @@ from .common import (
     _is,
     archive,
     cancelled_held,
+    job_ids_param,
     jobs,
     queues,
     workers,
@@ -495,7 +495,7 @@ def free_unheld_cancelled_jobs() -> Update:
     of the cancel finished with an outcome the fence refused, and left its lease.
 
     NOTIFYs the queue's channel for limited queues on commit."""
-    held = bindparam("job_ids", type_=ARRAY(BigInteger))
+    held = job_ids_param()
     unheld = and_(
         jobs.c.locked_by == bindparam("worker_id", type_=Text),
         jobs.c.locked_at < func.now() - text(f"interval '{UNHELD_AFTER} seconds'"),
@@ -611,7 +611,7 @@ def cancel_jobs() -> Update:
     before = (
         select(jobs.c.id, jobs.c.status)
         .where(
-            jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(BigInteger))),
+            jobs.c.id == any_(job_ids_param()),
             or_(
                 _is(JobStatus.queued),
                 _is(JobStatus.running),

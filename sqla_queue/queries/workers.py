@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
     Delete,
     Float,
     Insert,
@@ -24,7 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus
 
-from .common import _is, jobs, queues, seconds_since, workers
+from .common import _is, jobs, queue_names_param, queues, seconds_since, workers
 
 
 def beat_worker() -> Insert:
@@ -43,7 +42,7 @@ def beat_worker() -> Insert:
         id=bindparam("worker_id", type_=Text),
         hostname=bindparam("hostname", type_=Text),
         pid=bindparam("pid", type_=Integer),
-        queues=bindparam("queues", type_=ARRAY(Text)),
+        queues=queue_names_param(),
         concurrency=bindparam("concurrency", type_=Integer),
         expires_at=expires,
         loop_blocked_since=func.now()
