@@ -15,6 +15,8 @@ from sqla_queue.migrate import upgrade
 
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOBS = "sqla_queue.jobs"
+UNFINISHED = f"SELECT count(*) FROM {JOBS} WHERE status IN ('queued', 'running')"
+"""Jobs not yet finished: queued or running (finished rows may stay, under `keep`)."""
 
 
 class BenchDatabase:
@@ -84,9 +86,7 @@ class BenchDatabase:
 
     def count_jobs(self) -> int:
         """Jobs not yet finished: queued or running (finished rows may stay, under `keep`)."""
-        return int(
-            self.sql(f"SELECT count(*) FROM {JOBS} WHERE status IN ('queued', 'running')")[0][0]
-        )
+        return int(self.sql(UNFINISHED)[0][0])
 
     def set_retention(self, retention: str) -> None:
         self.sql("UPDATE sqla_queue.queues SET retention = %s WHERE name = 'default'", (retention,))
