@@ -6,7 +6,6 @@ from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
-    Float,
     Insert,
     Integer,
     Select,
@@ -25,7 +24,7 @@ from sqlalchemy.sql.dml import Delete
 
 from sqla_queue.models import BrokerDone, JobStatus
 
-from .common import _is, job_ids_param, jobs, queue_names_param, queues
+from .common import _is, _seconds, job_ids_param, jobs, queue_names_param, queues
 
 done = cast(Table, BrokerDone.__table__)
 
@@ -119,7 +118,7 @@ def mark_done() -> Insert:
 
 def prune_done() -> Delete:
     """Forget de-duplication records older than `:older_than` seconds."""
-    cutoff = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, bindparam("older_than", type_=Float))
+    cutoff = func.now() - _seconds("older_than")
     return delete(done).where(done.c.done_at < cutoff)
 
 

@@ -108,9 +108,18 @@ def queue_names_param() -> BindParameter[Any]:
     return bindparam("queues", type_=ARRAY(Text))
 
 
-def _seconds(name: str) -> Any:
-    """`make_interval(secs => :name)`, for a bound number of seconds."""
-    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Float))
+def seconds_interval(seconds: Any) -> Any:
+    """`make_interval(secs => seconds)`: a number of seconds (a column, an expression, a
+    bound parameter) as an interval, to add to or subtract from a timestamp."""
+    return func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+
+def _seconds(name: str, *, optional: bool = False) -> Any:
+    """`make_interval(secs => :name)`, for a bound number of seconds; with `optional` the
+    parameter defaults to NULL, and so does the interval."""
+    if optional:
+        return seconds_interval(bindparam(name, None, type_=Float))
+    return seconds_interval(bindparam(name, type_=Float))
 
 
 def _claimed_batch(*extra: tuple[str, str, Any], optional: bool = False) -> TableValuedAlias:

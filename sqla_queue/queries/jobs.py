@@ -67,6 +67,7 @@ from .common import (
     job_ids_param,
     jobs,
     queues,
+    seconds_interval,
     workers,
 )
 
@@ -87,13 +88,17 @@ def _started(table: Any = jobs) -> Any:
     return func.coalesce(table.c.started_at, table.c.locked_at)
 
 
+def _update_fenced(batch: TableValuedAlias) -> Update:
+    """An UPDATE of the jobs `batch` names, fenced (`_fenced`: only while their claims
+    still hold them): every statement that ends a claim with new values starts here."""
+    return update(jobs).where(*_fenced(batch))
+
+
 def complete_keep() -> Update:
     """Mark claimed jobs done (retention `keep`). Parameters: `job_ids`, `job_attempts`."""
     batch = _claimed_batch()
-    return (
-        update(jobs)
-        .where(*_fenced(batch))
-        .values(status=JobStatus.done.value, finished_at=func.now(), started_at=_started())
+    return _update_fenced(batch).values(
+        status=JobStatus.done.value, finished_at=func.now(), started_at=_started()
     )
 
 
@@ -277,11 +282,10 @@ def retry_jobs() -> Update:
     """
     batch = _claimed_batch(("job_delays", "delay", Float), ("job_errors", "error", Text))
     return (
-        update(jobs)
-        .where(*_fenced(batch))
+        _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
-            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, batch.c.delay),
+            run_at=func.now() + seconds_interval(batch.c.delay),
             last_error=batch.c.error,
             locked_at=None,
             **_ENDED,
@@ -306,12 +310,11 @@ def snooze_jobs() -> Update:
         jobs.c.max_attempts, batch.c.task_max, literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer)
     )
     return (
-        update(jobs)
-        .where(*_fenced(batch))
+        _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
             max_attempts=budget + _ONE,
-            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, batch.c.delay),
+            run_at=func.now() + seconds_interval(batch.c.delay),
             last_error=batch.c.error,
             locked_at=None,
             **_ENDED,
@@ -357,12 +360,11 @@ def defer_jobs() -> Update:
         * func.power(literal_column("2.0", Float), func.least(times - _ONE, 20)),
     )
     return (
-        update(jobs)
-        .where(*_fenced(batch))
+        _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
             attempts=jobs.c.attempts - _ONE,
-            run_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, delay),
+            run_at=func.now() + seconds_interval(delay),
             last_error=func.concat(
                 _text(DEFERRED_PREFIX), times, _text(" time(s): "), batch.c.error
             ),
@@ -380,8 +382,7 @@ def fail_jobs() -> Update:
     and the queue's channel for limited queues."""
     batch = _claimed_batch(("job_errors", "error", Text))
     return (
-        update(jobs)
-        .where(*_fenced(batch))
+        _update_fenced(batch)
         .values(
             status=JobStatus.failed.value,
             finished_at=func.now(),
@@ -405,16 +406,12 @@ def release_jobs() -> Update:
     keeps it (`refund` 0), so a job that always kills its worker still reaches max_attempts.
     """
     batch = _claimed_batch(("job_refunds", "refund", Integer))
-    return (
-        update(jobs)
-        .where(*_fenced(batch))
-        .values(
-            status=JobStatus.queued.value,
-            attempts=jobs.c.attempts - batch.c.refund,
-            run_at=func.now(),
-            locked_at=None,
-            **_ENDED,
-        )
+    return _update_fenced(batch).values(
+        status=JobStatus.queued.value,
+        attempts=jobs.c.attempts - batch.c.refund,
+        run_at=func.now(),
+        locked_at=None,
+        **_ENDED,
     )
 
 

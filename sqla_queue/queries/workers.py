@@ -6,7 +6,6 @@ from typing import Any
 
 from sqlalchemy import (
     Delete,
-    Float,
     Insert,
     Integer,
     Select,
@@ -23,7 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus
 
-from .common import _is, jobs, queue_names_param, queues, seconds_since, workers
+from .common import _is, _seconds, jobs, queue_names_param, queues, seconds_since, workers
 
 
 def beat_worker() -> Insert:
@@ -35,9 +34,7 @@ def beat_worker() -> Insert:
     or cancel that have not returned (a list as jsonb, or None). Returns `limits`: whether
     any queue has a concurrency or rate limit (the worker's claim then takes the statement
     that honours them, `claim_jobs`)."""
-    expires = func.now() + func.make_interval(
-        0, 0, 0, 0, 0, 0, bindparam("stale_after", type_=Float)
-    )
+    expires = func.now() + _seconds("stale_after")
     statement = pg_insert(workers).values(
         id=bindparam("worker_id", type_=Text),
         hostname=bindparam("hostname", type_=Text),
@@ -45,8 +42,7 @@ def beat_worker() -> Insert:
         queues=queue_names_param(),
         concurrency=bindparam("concurrency", type_=Integer),
         expires_at=expires,
-        loop_blocked_since=func.now()
-        - func.make_interval(0, 0, 0, 0, 0, 0, bindparam("loop_blocked_for", None, type_=Float)),
+        loop_blocked_since=func.now() - _seconds("loop_blocked_for", optional=True),
         overruns=bindparam("overruns", None, type_=JSONB(none_as_null=True)),
     )
     limited = exists().where(
