@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -240,6 +241,7 @@ class Stopped(Exception):
     """Internal: the worker is stopping and the database is unreachable."""
 
 
+@dataclass(eq=False)
 class DatabaseLink:
     """One autocommit connection for the dispatcher thread, reopened whenever it is lost.
 
@@ -249,20 +251,16 @@ class DatabaseLink:
     pooled connection that `ctx.session()` or the application checks out later.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        stopping: threading.Event,
-        give_up_after: float | None,
-        failures: FailureLog,
-        synchronous_commit: bool = True,
-    ) -> None:
-        self.engine = engine
-        self._stopping = stopping
-        self._give_up_after = give_up_after
-        self.failures = failures
-        self.synchronous_commit = synchronous_commit
-        self.conn: Connection | None = None
+    engine: Engine
+    stopping: threading.Event
+    """The worker's stop event: waiting out the database ends when it is set."""
+    give_up_after: float | None
+    """Seconds of failing to connect after which `DatabaseUnavailableError` is raised; None
+    waits for ever."""
+    failures: FailureLog
+    synchronous_commit: bool = True
+    conn: Connection | None = field(default=None, init=False)
+    """The open connection; None until `connect`, and after `close`."""
 
     def _open(self) -> Connection:
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
@@ -278,7 +276,7 @@ class DatabaseLink:
     def connect(self) -> Connection | None:
         """Open the connection, waiting out the database; None if stopping meanwhile."""
         delays = backoff_delays()
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             try:
                 self.conn = self._open()
             except OperationalError as exc:
@@ -290,13 +288,13 @@ class DatabaseLink:
                     "connect", "database unavailable (%s); retrying in %.2fs", message, delay
                 )
                 if (
-                    self._give_up_after is not None
-                    and self.failures.failing_for >= self._give_up_after
+                    self.give_up_after is not None
+                    and self.failures.failing_for >= self.give_up_after
                 ):
                     raise DatabaseUnavailableError(
-                        seconds=self._give_up_after, reason=message
+                        seconds=self.give_up_after, reason=message
                     ) from None
-                self._stopping.wait(delay)
+                self.stopping.wait(delay)
             else:
                 self.failures.recovered()
                 return self.conn
@@ -336,7 +334,7 @@ class DatabaseLink:
                     describe(exc),
                     delay,
                 )
-                if self._stopping.wait(delay):
+                if self.stopping.wait(delay):
                     raise Stopped from None
             else:
                 if self.failures.failing_for:

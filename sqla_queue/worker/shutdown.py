@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, create_engine, pool
 
@@ -41,26 +42,20 @@ NO_RESULT_AT_EXIT = (
 """Why a job its handler's session finished has no kept result after a shutdown."""
 
 
+@dataclass(eq=False)
 class Shutdown:
     """Ends a worker's claims in order, on the dispatcher thread."""
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        db: DatabaseLink,
-        board: JobBoard,
-        completer: Completer,
-        stats: WorkerStats,
-        wake: threading.Event,
-        on_finished: Callable[[Outcome], None],
-    ) -> None:
-        self._on_finished = on_finished
-        self.config = config
-        self.db = db
-        self.board = board
-        self.completer = completer
-        self.stats = stats
-        self.wake = wake
+    config: WorkerConfig
+    db: DatabaseLink
+    board: JobBoard
+    completer: Completer
+    stats: WorkerStats
+    wake: threading.Event
+    """The dispatcher's wake event (outcomes, room on the board): the wait for running jobs
+    flushes and looks again when it is set."""
+    on_finished: Callable[[Outcome], None]
+    """Told each job this ends without its handler's outcome (released, or as decided)."""
 
     def drain(self) -> None:
         """Release unstarted jobs now; give running ones the shutdown timeout, then release."""
@@ -84,7 +79,7 @@ class Shutdown:
             decided = [job for job in left if job.pending is not None or job.ctx.cancelled]
             for job in decided:  # their handlers overran a timeout or a cancel: as decided
                 outcome = job.pending or Outcome(_given_up_kind(job), job)
-                self._on_finished(outcome)
+                self.on_finished(outcome)
                 self.board.settle(job, outcome)
             left = [job for job in left if job not in decided]
             for job in left:
@@ -115,7 +110,7 @@ class Shutdown:
         self.stats.released += len(jobs)
         self.board.forget(jobs)
         for job in jobs:
-            self._on_finished(Outcome(OutcomeKind.released, job, "the worker stopped"))
+            self.on_finished(Outcome(OutcomeKind.released, job, "the worker stopped"))
 
 
 def _given_up_kind(job: ClaimedJob) -> OutcomeKind:
