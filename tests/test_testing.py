@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import importlib
+import inspect
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from sqla_queue.testing import (
     enqueued_jobs,
     inline,
 )
+from sqla_queue.testing.assertions import JobFilters
 
 calls: list[tuple[str, dict[str, object]]] = []
 registry = Registry()
@@ -328,6 +330,11 @@ def test_queue_helper_binds_target_and_registry(sqla_queue_session: Session) -> 
         helper.drain()
     assert helper.drain(registry) == DrainResult(succeeded=1)
     helper.assert_not_enqueued(task="t.ok")
+
+
+def test_queue_helper_passes_on_the_filters_that_enqueued_jobs_takes() -> None:
+    keywords = inspect.signature(enqueued_jobs).parameters.values()
+    assert set(JobFilters.__annotations__) == {p.name for p in keywords if p.kind is p.KEYWORD_ONLY}
 
 
 def test_inline_runs_at_an_async_session_commit(sqla_queue_database_url: str) -> None:

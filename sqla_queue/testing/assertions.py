@@ -7,7 +7,7 @@ through that session, so it sees what the session has added and not yet committe
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Connection, Engine, Select, select
 from sqlalchemy.orm import Session
@@ -18,6 +18,16 @@ from sqla_queue.registry import Task
 
 _SHOWN = 10
 """Jobs listed in an assertion's message at most."""
+
+
+class JobFilters(TypedDict, total=False):
+    """The filters of `enqueued_jobs` as keyword arguments (`**filters: Unpack[JobFilters]`),
+    for the signatures that pass them on (`QueueHelper`): their defaults stay here alone."""
+
+    task: str | Task | None
+    args: Mapping[str, Any] | None
+    queue: str | None
+    status: str | JobStatus | Sequence[str | JobStatus] | None
 
 
 def _query(

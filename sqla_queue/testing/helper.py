@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.models import Job, JobStatus
-from sqla_queue.registry import Registry, Task
+from sqla_queue.models import Job
+from sqla_queue.registry import Registry
 
-from .assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
+from .assertions import JobFilters, assert_enqueued, assert_not_enqueued, enqueued_jobs
 from .drain import DrainResult, drain
 from .inline import inline
 
-_Status = str | JobStatus | Sequence[str | JobStatus] | None
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class QueueHelper:
@@ -45,41 +46,19 @@ class QueueHelper:
             )
         return found
 
-    def jobs(
-        self,
-        *,
-        task: str | Task | None = None,
-        args: Mapping[str, Any] | None = None,
-        queue: str | None = None,
-        status: _Status = JobStatus.queued,
-    ) -> list[Job]:
+    def jobs(self, **filters: Unpack[JobFilters]) -> list[Job]:
         """`enqueued_jobs` on this helper's database."""
-        return enqueued_jobs(self.target, task=task, args=args, queue=queue, status=status)
+        return enqueued_jobs(self.target, **filters)
 
     def assert_enqueued(
-        self,
-        *,
-        task: str | Task | None = None,
-        args: Mapping[str, Any] | None = None,
-        queue: str | None = None,
-        status: _Status = JobStatus.queued,
-        count: int | None = None,
+        self, *, count: int | None = None, **filters: Unpack[JobFilters]
     ) -> list[Job]:
         """`assert_enqueued` on this helper's database."""
-        return assert_enqueued(
-            self.target, task=task, args=args, queue=queue, status=status, count=count
-        )
+        return assert_enqueued(self.target, count=count, **filters)
 
-    def assert_not_enqueued(
-        self,
-        *,
-        task: str | Task | None = None,
-        args: Mapping[str, Any] | None = None,
-        queue: str | None = None,
-        status: _Status = JobStatus.queued,
-    ) -> None:
+    def assert_not_enqueued(self, **filters: Unpack[JobFilters]) -> None:
         """`assert_not_enqueued` on this helper's database."""
-        assert_not_enqueued(self.target, task=task, args=args, queue=queue, status=status)
+        assert_not_enqueued(self.target, **filters)
 
     def drain(
         self,
