@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import re
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from starlette.testclient import TestClient
 from sqla_queue import admin, queries
 from sqla_queue.cli import main
 from sqla_queue.dashboard import create_app, reads, wsgi_app
+from sqla_queue.dashboard.pages import Dashboard, DashboardOptions
 
 SCRIPT = "<script>alert('owned')</script>"
 
@@ -375,6 +377,12 @@ def test_cli_rejects_malformed_auth(database_url: str) -> None:
 
 
 # -- mounting -------------------------------------------------------------------------------
+
+
+def test_the_app_factories_pass_on_every_option_of_the_dashboard() -> None:
+    keywords = inspect.signature(Dashboard.__init__).parameters.values()
+    named = {p.name for p in keywords if p.kind is p.KEYWORD_ONLY}
+    assert set(DashboardOptions.__annotations__) == named
 
 
 def test_mounted_in_fastapi_under_a_prefix(engine: Engine) -> None:

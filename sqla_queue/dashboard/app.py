@@ -3,40 +3,31 @@ through a2wsgi), over an engine or a database URL."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 
-from .pages import Dashboard
-from .security import Auth
+from .pages import Dashboard, DashboardOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-def create_app(
-    engine: Engine | str,
-    *,
-    read_only: bool = False,
-    auth: Auth | str | None = None,
-    poll_seconds: float = 2.0,
-) -> Starlette:
-    """The dashboard as an ASGI app over `engine` (or a database URL)."""
+def create_app(engine: Engine | str, **options: Unpack[DashboardOptions]) -> Starlette:
+    """The dashboard as an ASGI app over `engine` (or a database URL); `options` are those of
+    `Dashboard` (`read_only`, `auth`, `poll_seconds`)."""
     if isinstance(engine, str):
         from sqla_queue.database import create_queue_engine
 
         engine = create_queue_engine(engine, pool_size=4, max_overflow=4)
-    return Dashboard(engine, read_only=read_only, auth=auth, poll_seconds=poll_seconds).app
+    return Dashboard(engine, **options).app
 
 
-def wsgi_app(
-    engine: Engine | str,
-    *,
-    read_only: bool = False,
-    auth: Auth | str | None = None,
-    poll_seconds: float = 2.0,
-) -> Any:
+def wsgi_app(engine: Engine | str, **options: Unpack[DashboardOptions]) -> Any:
     """The dashboard as a WSGI app (Flask: `DispatcherMiddleware(app.wsgi_app, {"/queue":
-    wsgi_app(engine)})`)."""
+    wsgi_app(engine)})`); `options` as for `create_app`."""
     from a2wsgi import ASGIMiddleware
 
-    asgi = create_app(engine, read_only=read_only, auth=auth, poll_seconds=poll_seconds)
+    asgi = create_app(engine, **options)
     return ASGIMiddleware(asgi)  # type: ignore[arg-type]

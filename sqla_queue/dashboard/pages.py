@@ -7,7 +7,7 @@ import hmac
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlencode
 
 from sqlalchemy import Engine
@@ -43,6 +43,19 @@ NAMED_SKIPS = 5
 """Jobs a notice names one by one at most (it travels in a URL)."""
 MAX_BACK = 2000
 """The longest `back` path an action returns to."""
+
+
+class DashboardOptions(TypedDict, total=False):
+    """`Dashboard`'s options as keyword arguments (`**options: Unpack[DashboardOptions]`), for
+    `create_app` and `wsgi_app`, which pass them on: their defaults stay in `Dashboard`."""
+
+    read_only: bool
+    """Hide the actions (retry, cancel, delete, pause, resume): the pages only show."""
+    auth: Auth | str | None
+    """Credentials each request must carry (`Auth`, or "user:password" / a token); None
+    asks for none."""
+    poll_seconds: float
+    """Seconds between the pages' refreshes of the counts."""
 
 
 class Dashboard:
