@@ -50,7 +50,6 @@ class Executor:
         worker_id: str = "?",
     ) -> None:
         self.registry = registry
-        self.worker_id = worker_id
         self.board = board
         self.engine = engine
         self._on_finished = on_finished
