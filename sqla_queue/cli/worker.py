@@ -77,7 +77,14 @@ def _supervised_child_exits(func: F) -> F:
 @_config_option(
     "--batch",
     type=count(1, MAX_BATCH),
-    help="Jobs per claim at most.",
+    help="Jobs a claim asks for (claims grow to --max-batch while jobs are quick).",
+)
+@click.option(
+    "--max-batch",
+    type=count(1, MAX_BATCH),
+    default=None,
+    help="The most jobs one claim asks for while the jobs are quick and the backlog deep "
+    "(default: the larger of --batch and 500; --max-batch 1 keeps every claim at --batch).",
 )
 @_config_option(
     "--lease",
@@ -157,6 +164,7 @@ def worker(
     queues: str | None,
     concurrency: int,
     batch: int,
+    max_batch: int | None,
     lease: float,
     poll_interval: float,
     burst: bool,

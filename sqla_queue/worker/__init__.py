@@ -139,11 +139,12 @@ class Worker:
             self._start_threads()
             cfg = self.config
             log.info(
-                "worker %s started: queues=%s concurrency=%d batch=%d lease=%ss%s",
+                "worker %s started: queues=%s concurrency=%d batch=%d max_batch=%s lease=%ss%s",
                 cfg.worker_id,
                 ",".join(cfg.queues) if cfg.queues else "*",
                 cfg.concurrency,
                 cfg.batch,
+                cfg.max_batch or "auto",
                 cfg.lease,
                 " poll-only" if cfg.poll_only else "",
             )

@@ -45,6 +45,8 @@ class JobBoard:
         self.outcomes: deque[Outcome] = deque()
         self.timed: set[ClaimedJob] = set()
         self.running = 0
+        self.finished = 0
+        """Handlers returned so far: the claim grows by how many return between claims."""
         self.closed = False
         self.paused = False
         """Set while stopping: handler threads take no new job."""
@@ -193,6 +195,7 @@ class JobBoard:
         if outcome is not None:
             self.outcomes.append(outcome)
         self.running -= 1
+        self.finished += 1
         if not taker:
             self._notify(1)  # its slot is free for a waiting handler thread
         pending = len(self.outcomes)

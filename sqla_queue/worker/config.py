@@ -28,7 +28,13 @@ class WorkerConfig:
     concurrency: int = 4
     """Handlers running at once."""
     batch: int = 10
-    """Jobs claimed per statement at most; the worker holds at most concurrency + batch - 1."""
+    """Jobs a claim asks for; while the jobs are quick and the backlog deep, claims grow
+    from it to `max_batch` (`sqla_queue.worker.claim_size`)."""
+    max_batch: int | None = None
+    """The most jobs one claim asks for: claims double from `batch` while each full claim's
+    jobs are taken up by the handlers within 0.1 s, and fall back when they are not, or when
+    a claim comes back short. None is max(batch, 500); `batch` or less keeps every claim at
+    `batch`. The worker holds at most concurrency + the current claim's size - 1 jobs."""
     lease: float = 60.0
     """Seconds a claimed job may go without a heartbeat before any worker requeues it (at
     least 1). Stored on each job at its claim; a task's own `lease` overrides it."""
@@ -65,6 +71,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         check_count("concurrency", self.concurrency, 1, MAX_WORKER_CONCURRENCY)
         check_count("batch", self.batch, 1, MAX_BATCH)
+        if self.max_batch is not None:
+            check_count("max_batch", self.max_batch, 1, MAX_BATCH)
         if not isinstance(self.synchronous_commit, bool):
             raise ConfigurationError(
                 detail=f"synchronous_commit must be True or False, got {self.synchronous_commit!r}"
@@ -126,3 +134,5 @@ class WorkerStats:
     its slot until it returned)."""
     deferred: int = 0
     """Jobs put back for a worker that has a handler for their task."""
+    largest_claim: int = 0
+    """The most jobs one claim asked for (`batch`, or more while claims grew)."""

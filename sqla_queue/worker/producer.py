@@ -20,6 +20,7 @@ from sqla_queue import queries
 from sqla_queue.queries.claim import TaskSettings
 
 from .board import WAKE_MORE_AFTER, JobBoard
+from .claim_size import DEFAULT_MAX_BATCH, ClaimSize
 from .completer import FLUSH_DELAY, Completer
 from .config import WorkerConfig, WorkerStats
 from .connection import (
@@ -96,6 +97,8 @@ class Producer:
         self._static = static
         self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
+        max_batch = DEFAULT_MAX_BATCH if config.max_batch is None else config.max_batch
+        self.sizes = ClaimSize(config.batch, max(config.batch, max_batch))
         self._statistics_checked = float("-inf")
 
     def on_notify(self) -> None:
@@ -118,17 +121,20 @@ class Producer:
                     queue_empty = False
                 # Handlers wake us for room to claim only while a claim may find jobs.
                 board.claimable = not queue_empty
-                want = board.room(cfg.batch)
+                size = self.sizes.next(now, board.finished)
+                want = board.room(size)
                 if board.outcomes and not flush_after:
                     flush_after = now + FLUSH_DELAY
                 if (
                     (not queue_empty or (board.running == 0 and board.only_successes()))
                     and not board.ready
                     and want > 0
-                    and (want == cfg.batch or board.running == 0)
+                    and (want == size or board.running == 0)
                     and not self._keeper_behind()
                 ):
                     claimed = self.claim(want)  # writes pending outcomes first
+                    self.sizes.claimed(size, claimed, time.monotonic(), board.finished)
+                    self.stats.largest_claim = max(self.stats.largest_claim, want)
                     flush_after = 0.0
                     if claimed < want:
                         queue_empty = True
