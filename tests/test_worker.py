@@ -626,6 +626,8 @@ def test_reaper_requeues_a_job_whose_lease_expired(
 
     with WorkerThread(engine, registry, poll_only=False) as runner:
         wait_for(lambda: count_where(engine, f"status = '{outcome}'") == 1)
+        # counted just after the reap commits (autocommit): a poll can see the row first
+        wait_for(lambda: runner.worker.stats.reaped >= 1)
         assert runner.worker.stats.reaped == 1
 
     job = jobs_by_id(engine)[job_id]
