@@ -90,6 +90,8 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
         (["worker", "--app", "a:r", "--batch", "99999999999"], 2, "from 1 to 10000, got 9999"),
         (["worker", "--app", "a:r", "-c", "-1"], 2, "from 1 to 10000, got -1"),
         (["worker", "--app", "a:r", "--batch", "0"], 2, "from 1 to 10000, got 0"),
+        (["worker", "--app", "a:r", "--max-batch", "0"], 2, "from 1 to 10000, got 0"),
+        (["worker", "--app", "a:r", "--max-batch", "10001"], 2, "from 1 to 10000, got 10001"),
         (["dashboard", "--port", "99999"], 2, "must be a TCP port, a whole number from 1 to 65535"),
         (
             [

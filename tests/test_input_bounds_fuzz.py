@@ -121,6 +121,7 @@ VALUED_OPTIONS: list[tuple[list[str], str]] = [
     (["doctor", "--sample", "0"], "--long-transaction"),
     (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "-c"),
     (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--batch"),
+    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--max-batch"),
     (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--lease"),
     (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--poll-interval"),
     (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--shutdown-timeout"),
@@ -286,6 +287,7 @@ def test_enqueue_numbers_give_a_job_or_an_invalid_job_error(
 WORKER_FIELDS = [
     "concurrency",
     "batch",
+    "max_batch",
     "lease",
     "poll_interval",
     "shutdown_timeout",
