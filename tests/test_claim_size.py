@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from apps.support import WorkerThread
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
@@ -102,3 +103,22 @@ def test_max_batch_at_or_below_batch_keeps_every_claim_at_batch(
 def test_a_bad_max_batch_is_refused_naming_the_field(bad: object) -> None:
     with pytest.raises(ConfigurationError, match="max_batch must be"):
         WorkerConfig(max_batch=bad)  # type: ignore[arg-type]
+
+
+def test_a_growing_worker_holds_at_most_concurrency_plus_its_largest_claim_less_one(
+    engine: Engine,
+) -> None:
+    """The bound the docs give: held jobs (ready, running, settled but not yet written)
+    never pass concurrency + the claim's size - 1, however far the claims grew."""
+    registry = Registry()
+    registry.task(name="quick")(lambda n: None)
+    _enqueue(engine, "quick", 3_000)
+    runner = WorkerThread(engine, registry, concurrency=2, batch=2, max_batch=16, burst=True)
+    most = 0
+    with runner:
+        while runner.thread.is_alive():
+            most = max(most, len(runner.worker.board.held))
+            time.sleep(0.0005)
+    assert runner.stats is not None
+    assert (runner.stats.succeeded, runner.stats.largest_claim) == (3_000, 16)
+    assert 2 + 2 - 1 < most <= 2 + 16 - 1
