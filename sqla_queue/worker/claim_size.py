@@ -15,8 +15,9 @@ most about `GROW_WITHIN` seconds of work beyond its running handlers.
 from __future__ import annotations
 
 GROW_WITHIN = 0.1
-"""Seconds: a full claim whose jobs were all taken up sooner than this makes the next claim
-twice as large (up to `max_batch`); one that lasted longer makes it half as large."""
+"""Seconds: when the handlers return at least half a full claim's jobs sooner than this after
+it, the next claim is twice as large (up to `max_batch`); a full claim followed by no claim
+for longer than this makes the next one half as large."""
 
 DEFAULT_MAX_BATCH = 500
 """`WorkerConfig.max_batch` when not given: the claim grows to max(batch, this)."""
