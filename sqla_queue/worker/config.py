@@ -33,8 +33,9 @@ class WorkerConfig:
     max_batch: int | None = None
     """The most jobs one claim asks for: claims double from `batch` while the handlers return
     at least half of each full claim's jobs within 0.1 s of it, and fall back when they do
-    not, or when a claim comes back short. None is max(batch, 500); `batch` or less keeps every claim at
-    `batch`. The worker holds at most concurrency + the current claim's size - 1 jobs."""
+    not, or when a claim comes back short. None is max(batch, 500); `batch` or less keeps
+    every claim at `batch`. The worker holds at most concurrency + the current claim's size
+    - 1 jobs."""
     lease: float = 60.0
     """Seconds a claimed job may go without a heartbeat before any worker requeues it (at
     least 1). Stored on each job at its claim; a task's own `lease` overrides it."""
