@@ -44,6 +44,7 @@ from .job.options import (
     OPTION_NAMES,
     JobOptionFields,
     JobOptions,
+    column_values,
     delay_interval,
     options_from,
 )
@@ -232,7 +233,7 @@ def _run_due_hooks(job: Job) -> NewJob | None:
     as_given.update(run_at=given_run_at, delay=delay, unique=raw_unique)
     given = JobOptions(**{k: None if k in not_given else v for k, v in as_given.items()})
     new = prepare_job(job.task, job.args, given)
-    validate_job(new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at)
+    validate_job(new.task, new.args, new.queue, new.priority, new.run_at, column_values(new))
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
     new.tags, _ = validate_tags_and_meta(new.task, new.tags, new.meta)
     for field in JOB_FIELDS:
@@ -323,7 +324,7 @@ def _write_enqueued(session: Session, job: Job) -> bool:
     else:
         interval = None
     params = _plain_params(
-        job.task, job.args, job.queue, job.priority, job.max_attempts, run_at, interval
+        job.task, job.args, job.queue, job.priority, run_at, interval, column_values(job)
     )
     if job.tags or job.meta:
         params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(

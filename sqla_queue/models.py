@@ -35,7 +35,7 @@ from .bounds import PRIORITY_MAX as PRIORITY_MAX
 from .bounds import invalid_job
 from .deprecation import renamed_name
 from .job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
-from .job.options import OPTION_NAMES, JobOptions, delay_interval, options_from
+from .job.options import OPTION_NAMES, JobOptions, column_values, delay_interval, options_from
 from .job.states import FINISHED_SQL, in_sql
 from .job.states import JobStatus as JobStatus
 from .job.states import unique_predicate as unique_predicate
@@ -298,8 +298,8 @@ class Job(QueueBase):
             kwargs["args"],
             kwargs["queue"],
             kwargs["priority"],
-            opts.max_attempts,
             opts.run_at,
+            column_values(opts),
         )
         interval = delay_interval(opts.run_at, opts.delay, error)
         if interval is not None:

@@ -24,6 +24,7 @@ from .job.options import (
     JobOptionFields,
     JobOptions,
     check_fields,
+    column_values,
     delay_interval,
     options_from,
 )
@@ -443,7 +444,7 @@ def _task_defaults(options: JobOptions) -> JobOptions:
             "give it a delay=, or pass run_at= to each enqueue"
         )
     priority = 0 if options.priority is None else options.priority
-    check_fields(priority, options.max_attempts, None, _misconfigured)
+    check_fields(priority, None, column_values(options), _misconfigured)
     delay_interval(None, options.delay, _misconfigured)
     if options.tags is not None or options.meta is not None:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -207,15 +207,17 @@ def validate_job(
     args: object,
     queue: object,
     priority: object,
-    max_attempts: object,
     run_at: object,
+    columns: Mapping[str, object],
     names_checked: bool = False,
 ) -> str:
     """Check a job's fields before it reaches the database; returns `args` as JSON text.
 
     Raises `InvalidJobError` (a ValueError) for a bad field and `TypeError` for args that
-    are not JSON-serialisable, each naming the task and the fix. `names_checked`: the task
-    and queue names passed this check already (bulk enqueue checks each pair once).
+    are not JSON-serialisable, each naming the task and the fix. `columns`: the values of
+    the column options (`sqla_queue.job.options.COLUMN_OPTIONS`, e.g. max_attempts) by name.
+    `names_checked`: the task and queue names passed this check already (bulk enqueue checks
+    each pair once).
     """
     name = task if isinstance(task, str) else repr(task)
     if not names_checked:
@@ -229,7 +231,7 @@ def validate_job(
         "sqla_queue.limits.max_args_bytes",
         "keyword arguments",
     )
-    check_fields(priority, max_attempts, run_at, invalid_job(name))
+    check_fields(priority, run_at, columns, invalid_job(name))
     return encoded
 
 

@@ -84,11 +84,11 @@ def test_a_delay_past_100_years_is_the_same_clear_error_on_every_path(
 
 def test_args_nested_deeper_than_python_can_encode_are_an_invalid_job_not_recursion_error() -> None:
     with pytest.raises(InvalidJobError, match="nested more than 100 levels deep"):
-        validate_job("t", nested(100_000), "default", 0, None, None)
+        validate_job("t", nested(100_000), "default", 0, None, {})
     looped: dict[str, Any] = {}
     looped["self"] = looped
     with pytest.raises(InvalidJobError, match="nested more than 100 levels deep"):
-        validate_job("t", looped, "default", 0, None, None)
+        validate_job("t", looped, "default", 0, None, {})
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -181,7 +181,7 @@ def test_limits_may_be_lowered_but_not_raised_past_the_schema(
         limits.max_args_bytes = 2_000_000
     monkeypatch.setattr(limits, "max_name_length", 10)
     with pytest.raises(InvalidJobError, match="the limit is 10"):
-        validate_job("x" * 11, {}, "default", 0, None, None)
+        validate_job("x" * 11, {}, "default", 0, None, {})
 
 
 def test_upgrade_over_a_row_that_breaks_a_check_fails_naming_it(empty_database_url: str) -> None:

@@ -209,3 +209,36 @@ def test_enqueue_options_is_a_deprecated_alias() -> None:
     with pytest.warns(DeprecationWarning, match="sqla_queue.JobOptions"):
         alias = module.EnqueueOptions
     assert alias is JobOptionFields
+
+
+def test_each_column_option_is_a_field_a_key_a_check_and_a_column_every_path_writes(
+    engine: Engine,
+) -> None:
+    """`COLUMN_OPTIONS` is the one list the insert paths build from: each entry is an option
+    with its keyword, a jobs column, in the COPY and staging columns and the INSERT's
+    parameters, and written by the plain and the unique paths (ORM, INSERT, COPY, staged)."""
+    from sqla_queue import queries
+    from sqla_queue.job.options import COLUMN_OPTIONS
+    from sqla_queue.queries.inserts import COPY_JOB_COLUMNS, CREATE_STAGED_JOBS
+
+    insert_parameters = queries.insert_jobs().compile().params
+    for name in COLUMN_OPTIONS:
+        assert name in OPTION_NAMES
+        assert name in JobOptionFields.__annotations__
+        assert name in Job.__table__.c
+        assert name in COPY_JOB_COLUMNS
+        assert f" {name} " in CREATE_STAGED_JOBS
+        assert f"job_{name}" in insert_parameters
+
+    given = {"max_attempts": 3}  # a value of each column option
+    assert given.keys() == COLUMN_OPTIONS.keys()
+    with Session(engine) as session, session.begin():
+        enqueue(session, "t", {"n": -1}, unique=True, **given)  # unique: written at once
+        enqueue_many(session, [{"task": "t", "args": {"n": n}, **given} for n in range(150)])
+        enqueue_many(  # unique and over COPY_MIN_ROWS: COPY into the staging table
+            session,
+            [{"task": "u", "args": {"n": n}, "unique": True, **given} for n in range(150)],
+        )
+    jobs = jobs_by_id(engine).values()
+    assert len(jobs) == 301
+    assert {tuple(getattr(j, name) for name in given) for j in jobs} == {tuple(given.values())}

@@ -15,7 +15,7 @@ from sqla_queue import queries
 from sqla_queue.bounds import invalid_job
 from sqla_queue.errors import InvalidJobError
 from sqla_queue.hooks import default_registry, prepare_job
-from sqla_queue.job.options import OPTION_NAMES, options_from
+from sqla_queue.job.options import COLUMN_OPTIONS, OPTION_NAMES, options_from
 from sqla_queue.models import (
     DEFAULT_QUEUE,
 )
@@ -38,7 +38,7 @@ _ROW_KEYS = frozenset({"task", "args", "options", *OPTION_NAMES})
 
 
 _PLAIN_ROW_KEYS = frozenset(
-    {"task", "args", "queue", "priority", "run_at", "delay", "max_attempts"}
+    {"task", "args", "queue", "priority", "run_at", "delay", *COLUMN_OPTIONS}
 )
 """A row with only these keys, and no registry in force, has nothing for `prepare_job` to do."""
 
@@ -72,9 +72,9 @@ def _bulk_params(
                     args,
                     queue,
                     0 if priority is None else priority,
-                    row.get("max_attempts"),
                     row.get("run_at"),
                     row.get("delay"),
+                    row,
                     names_checked=names in checked,
                 )
             )

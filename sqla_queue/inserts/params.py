@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqla_queue.bounds import invalid_job
 from sqla_queue.hooks import NewJob
-from sqla_queue.job.options import OPTION_NAMES, delay_interval
+from sqla_queue.job.options import COLUMN_OPTIONS, OPTION_NAMES, column_values, delay_interval
 from sqla_queue.models import (
     Job,
     validate_job,
@@ -20,10 +21,14 @@ JOB_FIELDS = ("task", "args", *(n for n in OPTION_NAMES if n in Job.__table__.c 
 delay): what `enqueue` gives its `Job`, and what a flush copies back from the hooks."""
 
 
+_COLUMN_PARAMS = tuple((name, f"job_{name}") for name in COLUMN_OPTIONS)
+"""Each column option's name and its parameter's (named once, not per row)."""
+
+
 def _row_params(new: NewJob) -> dict[str, Any]:
     """A prepared job, validated, as the `job_*` parameters of the insert statements."""
     params = _plain_params(
-        new.task, new.args, new.queue, new.priority, new.max_attempts, new.run_at, new.delay
+        new.task, new.args, new.queue, new.priority, new.run_at, new.delay, column_values(new)
     )
     if new.tags or new.meta or type(new.tags) is not list or type(new.meta) is not dict:
         params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
@@ -41,25 +46,26 @@ def _plain_params(
     args: object,
     queue: object,
     priority: object,
-    max_attempts: object,
     run_at: object,
     delay: object,
+    columns: Mapping[str, Any],
     names_checked: bool = False,
 ) -> dict[str, Any]:
-    """A job without tags, meta or `unique`, validated, as `job_*` parameters."""
+    """A job without tags, meta or `unique`, validated, as `job_*` parameters; `columns`
+    holds the values of `COLUMN_OPTIONS` by name (a missing one is not given)."""
     interval = None if delay is None else delay_interval(run_at, delay, invalid_job(task))
-    return {
+    params = {
         "job_task": task,
-        "job_args_json": validate_job(
-            task, args, queue, priority, max_attempts, run_at, names_checked
-        ),
+        "job_args_json": validate_job(task, args, queue, priority, run_at, columns, names_checked),
         "job_queue": queue,
         "job_priority": priority,
         "job_run_at": run_at,
         "job_delay": interval,
-        "job_max_attempts": max_attempts,
         "job_tags": [],
         "job_meta_json": "{}",
         "job_unique_key": None,
         "job_unique_states": None,
     }
+    for name, key in _COLUMN_PARAMS:
+        params[key] = columns.get(name)
+    return params

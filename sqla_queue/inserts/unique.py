@@ -17,6 +17,7 @@ from sqla_queue.hooks import NewJob
 from sqla_queue.inserts.copy import _copy_jobs
 from sqla_queue.inserts.params import _BIND, JOB_FIELDS, _row_params
 from sqla_queue.inserts.wake import _notify
+from sqla_queue.job.options import column_values
 from sqla_queue.models import (
     HOOKS_DUE,
     UNIQUE_DUE,
@@ -164,9 +165,9 @@ def _enqueue_unique(session: Session, new: NewJob) -> Job:
         args=new.args,
         queue=new.queue,
         priority=new.priority,
-        max_attempts=new.max_attempts,
         tags=params["job_tags"],
         meta=new.meta,
+        **column_values(new),
     )
     job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
     job.__dict__.pop(UNIQUE_DUE)

@@ -5,15 +5,20 @@ arguments (or `options=`), `enqueue_many` from each row, `Task.enqueue` from its
 task's defaults from `@registry.task(...)`, and `Job(...)` from its constructor. The task's
 defaults give way to the call's options (`JobOptions.over`), then the insert hooks see the
 result as a `NewJob`, and the fields the hooks leave are checked here (`check_fields`),
-once, whichever path wrote them. Adding an option is one field below, one key of
-`JobOptionFields` beside it, and its column.
+once, whichever path wrote them.
+
+Adding an option stored as it is in a jobs column of its own name (as `max_attempts` is) is
+one field below, its key in `JobOptionFields`, its check in `COLUMN_OPTIONS`, its
+`sqla-queue enqueue` option (`sqla_queue/cli/job_options.py`), and the column with its
+migration: every insert path (the ORM, INSERT, COPY, the staging table of unique rows)
+builds what it writes from `COLUMN_OPTIONS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -112,22 +117,43 @@ def options_from(
     return dataclasses.replace(options, **given) if given else options
 
 
+def _check_max_attempts(value: object, error: ErrorFactory) -> None:
+    check_count("max_attempts", value, 1, MAX_ATTEMPTS, error)
+
+
+COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
+    "max_attempts": _check_max_attempts,
+}
+"""The options written as they are into the jobs column of the same name (NULL when not
+given), each with the check of a given value (`error(message)` on a bad one). The insert
+statements, their `job_<name>` parameters, the COPY columns, the unique rows' staging table
+and the ORM's `Job` are built from this table, in this order."""
+
+
+def column_values(source: object) -> dict[str, Any]:
+    """`COLUMN_OPTIONS`' values of `source` (a `JobOptions`, a `NewJob`, a `Job`), by name."""
+    return {name: getattr(source, name) for name in COLUMN_OPTIONS}
+
+
 def check_fields(
-    priority: object, max_attempts: object, run_at: object, error: ErrorFactory
+    priority: object, run_at: object, columns: Mapping[str, object], error: ErrorFactory
 ) -> None:
     """Check the options that are numbers or times, as every path does after the insert
     hooks; `error(message)` names the problem and the fix. `run_at` may be a SQL expression
     (a delayed `Job`'s `func.now() + interval`), which the database computes.
 
     The names, args, tags and meta are checked with the JSON they are written as
-    (`sqla_queue.models.validate_job`, `validate_tags_and_meta`).
+    (`sqla_queue.models.validate_job`, `validate_tags_and_meta`). `columns`: the values of
+    `COLUMN_OPTIONS` (a missing or None value is not given, so not checked).
     """
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise error(f"priority must be an int, got {priority!r}")
     if not 0 <= priority <= PRIORITY_MAX:
         raise error(f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}")
-    if max_attempts is not None:
-        check_count("max_attempts", max_attempts, 1, MAX_ATTEMPTS, error)
+    for name, check in COLUMN_OPTIONS.items():
+        value = columns.get(name)
+        if value is not None:
+            check(value, error)
     if run_at is not None and not isinstance(run_at, ClauseElement):
         if not isinstance(run_at, dt.datetime):
             raise error(f"run_at must be a datetime, got {run_at!r}")
@@ -150,11 +176,13 @@ def delay_interval(run_at: object, delay: object, error: ErrorFactory) -> dt.tim
 
 
 __all__ = [
+    "COLUMN_OPTIONS",
     "NO_OPTIONS",
     "OPTION_NAMES",
     "JobOptionFields",
     "JobOptions",
     "check_fields",
+    "column_values",
     "delay_interval",
     "options_from",
 ]

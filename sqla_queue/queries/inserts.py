@@ -25,9 +25,11 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from sqla_queue.job.options import COLUMN_OPTIONS
 from sqla_queue.models import (
     NOTIFY_CHANNEL,
     UNIQUE_PREDICATE,
@@ -53,7 +55,7 @@ def _inserted_values() -> dict[str, Any]:
         "queue": bindparam("job_queue", type_=Text),
         "priority": bindparam("job_priority", type_=SmallInteger),
         "run_at": run_at,
-        "max_attempts": bindparam("job_max_attempts", type_=Integer),
+        **{name: bindparam(f"job_{name}", type_=jobs.c[name].type) for name in COLUMN_OPTIONS},
         "tags": bindparam("job_tags", type_=ARRAY(Text)),
         "meta": cast(bindparam("job_meta_json", type_=Text), JSONB),
     }
@@ -63,8 +65,9 @@ def insert_jobs() -> Insert:
     """Insert jobs, for executemany; returns ids in parameter order.
 
     Parameters per row: `job_task`, `job_args_json` (JSON text), `job_queue`, `job_priority`,
-    `job_run_at` (or NULL), `job_delay` (an interval, or NULL), `job_max_attempts`,
-    `job_tags` (a list), `job_meta_json` (JSON text). A NULL `job_run_at` means now plus
+    `job_run_at` (or NULL), `job_delay` (an interval, or NULL), `job_<name>` of each column
+    option (`COLUMN_OPTIONS`: `job_max_attempts`, ...), `job_tags` (a list), `job_meta_json`
+    (JSON text). A NULL `job_run_at` means now plus
     the delay, by the database clock.
     """
     return (
@@ -144,7 +147,7 @@ COPY_JOB_COLUMNS = (
     "queue",
     "priority",
     "run_at",
-    "max_attempts",
+    *COLUMN_OPTIONS,
     "tags",
     "meta",
 )
@@ -163,10 +166,14 @@ STAGED_JOBS = "sqla_queue_staged_jobs"
 """A temporary table of this session, emptied at each commit: unique rows COPYed for
 `insert_staged_jobs` (COPY cannot skip a duplicate; an INSERT from the staging table can)."""
 STAGED_JOB_COLUMNS = (*COPY_JOB_COLUMNS, "unique_key", "unique_states")
+_PG = postgresql.dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
+_STAGED_COLUMN_TYPES = ", ".join(
+    f"{name} {jobs.c[name].type.compile(dialect=_PG)}" for name in STAGED_JOB_COLUMNS
+)
+"""The staging table's columns, typed as the jobs table's own."""
 CREATE_STAGED_JOBS = (
-    f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGED_JOBS} (id bigint, task text, args jsonb, "
-    "queue text, priority smallint, run_at timestamptz, max_attempts integer, tags text[], "
-    "meta jsonb, unique_key bytea, unique_states smallint) ON COMMIT DELETE ROWS"
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGED_JOBS} ({_STAGED_COLUMN_TYPES}) "
+    "ON COMMIT DELETE ROWS"
 )
 """Not expressible in Core: created once per session (IF NOT EXISTS), rows gone at commit."""
 COPY_STAGED_JOBS = f"COPY {STAGED_JOBS} ({', '.join(STAGED_JOB_COLUMNS)}) FROM STDIN"
