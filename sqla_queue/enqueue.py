@@ -218,16 +218,16 @@ def _run_due_hooks(job: Job) -> NewJob | None:
         if unique is None:
             return None
         return NewJob(
-            job.task,
-            job.args,
-            job.queue,
-            job.priority,
-            job.max_attempts,
+            task=job.task,
+            args=job.args,
+            queue=job.queue,
+            priority=job.priority,
             run_at=given_run_at,
             delay=delay,
             tags=job.tags,
             meta=job.meta,
             unique=unique,
+            **column_values(job),
         )
     as_given = {name: getattr(job, name, None) for name in OPTION_NAMES}
     as_given.update(run_at=given_run_at, delay=delay, unique=raw_unique)
