@@ -329,11 +329,9 @@ WARM_UP_LIMIT = 120.0
 """Seconds the warm-up drain may take, a worker's start included."""
 
 
-def _drain_once(
-    db: BenchDatabase, jobs: int, window: float, warm: bool = False
-) -> tuple[float, int]:
+def _drain_once(db: BenchDatabase, jobs: int, window: float, warm: bool = False) -> float:
     """Pre-insert `jobs` (ANALYZEd first if `warm`); jobs/s from their commit until the table
-    is empty or `window` has passed, and how many were done.
+    is empty or `window` has passed.
 
     Timed from the insert's commit, as a user meets it (the worker's wake-up is in the
     figure), with the count polled every few milliseconds on one connection: a tiny backlog
@@ -352,15 +350,14 @@ def _drain_once(
             if left == 0 or t1 >= end:
                 break
             time.sleep(min(poll, end - t1))
-    return (jobs - left) / (t1 - t0), jobs - left
+    return (jobs - left) / (t1 - t0)
 
 
 def _warm_up(db: BenchDatabase, plan: Plan) -> float:
     """Drain a tenth of the backlog to the end (the worker just spawned is importing, then
     connecting: its first claim may come a second or more later on a busy machine), so the
     timed drains start with a worker that is up; its rate is reported as `warmup`."""
-    rate, _ = _drain_once(db, max(1, plan.drain_jobs // 10), WARM_UP_LIMIT, plan.warm)
-    return rate
+    return _drain_once(db, max(1, plan.drain_jobs // 10), WARM_UP_LIMIT, plan.warm)
 
 
 def drain_config(
@@ -372,7 +369,7 @@ def drain_config(
         with worker_process(db, concurrency, batch):
             warm = _warm_up(db, plan)
             for _ in range(plan.repeat):
-                rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds, plan.warm)
+                rate = _drain_once(db, plan.drain_jobs, plan.seconds, plan.warm)
                 rates.append(rate)
     finally:
         db.set_retention("delete")
@@ -414,7 +411,7 @@ def processes(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     with supervised_workers(db, plan.processes, 50, concurrency):
         _warm_up(db, plan)
         for _ in range(plan.repeat):
-            rate, _ = _drain_once(db, plan.drain_jobs, plan.seconds, plan.warm)
+            rate = _drain_once(db, plan.drain_jobs, plan.seconds, plan.warm)
             rates.append(rate)
     db.reset_jobs()
     result = summary(rates)

@@ -3,6 +3,7 @@ ones, and `max_batch` at or below `batch` keeps every claim at `batch`."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from apps.support import WorkerThread
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from sqla_queue import ConfigurationError, Registry, enqueue_many
+from sqla_queue import ConfigurationError, Registry, admin, enqueue_many
 from sqla_queue.models import Job
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
@@ -122,3 +123,38 @@ def test_a_growing_worker_holds_at_most_concurrency_plus_its_largest_claim_less_
     assert runner.stats is not None
     assert (runner.stats.succeeded, runner.stats.largest_claim) == (3_000, 16)
     assert 2 + 2 - 1 < most <= 2 + 16 - 1
+
+
+def test_growing_claims_never_run_more_than_a_queue_limit_allows(engine: Engine) -> None:
+    """Claims and limits together: a deep backlog of quick jobs in a queue limited to 3
+    running, served by a worker of 8 threads whose claims may grow to 64. The limit holds
+    (counted in the handlers), and the claims, which come back short of the limit's slots
+    once they outgrow them, do not pass twice the slots."""
+    registry = Registry()
+    lock = threading.Lock()
+    running, most = 0, 0
+
+    @registry.task(name="quick")
+    def quick(n: int) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.001)
+        with lock:
+            running -= 1
+
+    with engine.begin() as conn:
+        admin.create_queue(conn, "limited")
+        admin.set_max_running(conn, "limited", 3)
+    with Session(engine) as session, session.begin():
+        rows = [{"task": "quick", "args": {"n": n}, "queue": "limited"} for n in range(600)]
+        enqueue_many(session, rows)
+
+    config = WorkerConfig(concurrency=8, batch=3, max_batch=64, poll_only=True)
+    stats = run_until_empty(engine, registry, config)
+
+    assert stats.succeeded == 600
+    assert most <= 3
+    assert stats.largest_claim <= 6
+    assert _left(engine) == 0
