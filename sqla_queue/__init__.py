@@ -17,6 +17,7 @@ from .errors import (
     AppLoadError,
     ConfigurationError,
     DatabaseUnavailableError,
+    DependencyError,
     InvalidJobError,
     JobCancelledError,
     JobFailedError,
@@ -34,6 +35,7 @@ from .errors import (
 )
 from .errors import TaskNotFoundError as TaskNotFoundError  # UnknownTaskError's old name
 from .hooks import InsertHook, NewJob, default_registry, set_default_registry
+from .inserts.links import Dependency
 from .job.options import JobOptions
 from .job.states import JobStatus
 from .middleware import Middleware
@@ -53,6 +55,8 @@ __all__ = [
     "ArchivedJob",
     "ConfigurationError",
     "DatabaseUnavailableError",
+    "Dependency",
+    "DependencyError",
     "EnqueuedIds",
     "InsertHook",
     "InvalidJobError",

@@ -30,7 +30,8 @@ from .hooks import NewJob, default_registry, prepare_job
 from .inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from .inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
 from .inserts.copy import COPY_MIN_ROWS
-from .inserts.params import _BIND, JOB_FIELDS, _plain_params, _row_params
+from .inserts.links import Link, link_jobs, resolve
+from .inserts.params import _BIND, DEPENDS, JOB_FIELDS, _plain_params, _row_params
 from .inserts.unique import (
     _SERVER_SET,
     UNIQUE_ROUNDS,
@@ -51,6 +52,7 @@ from .job.options import (
 from .models import (
     DELAY_DUE,
     HOOKS_DUE,
+    LINKS_DUE,
     UNIQUE_DUE,
     Job,
     Queue,
@@ -170,7 +172,11 @@ def enqueue_job(
                 "enqueue(unique=...) writes at once, which needs a sync Session; with an "
                 "AsyncSession, `await enqueue_async(session, ...)`"
             )
-        return _enqueue_unique(session, new)
+        job = _enqueue_unique(session, new)
+        if new.depends_on is not None and not job.duplicate:
+            _link_now(session.connection(bind_arguments=_BIND), job.id, new)
+            session.expire(job, _LINKED)
+        return job
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
     fields = {name: getattr(new, name) for name in JOB_FIELDS}
     later = None
@@ -181,6 +187,8 @@ def enqueue_job(
     job = Job(**fields)
     job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
     job.__dict__[_ENQUEUED] = (later, interval)
+    if new.depends_on is not None:
+        job.__dict__[LINKS_DUE] = (new.depends_on, new.on_failure)
     session.add(job)
     if flush:
         session.flush()
@@ -190,12 +198,28 @@ def enqueue_job(
 def _enqueue_core(connection: Connection, new: NewJob) -> int:
     """`enqueue(connection, ...)`: the INSERT and its NOTIFY in one round trip; the id."""
     params = _row_params(new)
+    depends = params.pop(DEPENDS, None)
     if new.unique is None:
-        return int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
-    ((job_id, duplicate),) = _insert_unique(connection, [params])
-    if not duplicate:
-        connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
+        job_id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
+        duplicate = False
+    else:
+        ((job_id, duplicate),) = _insert_unique(connection, [params])
+        if not duplicate:
+            connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
+    if depends is not None and not duplicate:
+        link_jobs(connection, [Link(job_id, new.task, depends, new.workflow_id)])
     return job_id
+
+
+_LINKED = ["status", "deps_left", "workflow_id", "last_error", "finished_at"]
+"""The columns `link_jobs` sets on a job after its insert: expired on the Job, so they
+are read back on first use."""
+
+
+def _link_now(connection: Connection, job_id: int, new: NewJob) -> None:
+    """Link a job written at once (a unique one) to what it depends on."""
+    pairs = resolve(new.task, new.depends_on, new.on_failure)
+    link_jobs(connection, [Link(job_id, new.task, pairs, new.workflow_id)])
 
 
 def _run_due_hooks(job: Job) -> NewJob | None:
@@ -230,9 +254,20 @@ def _run_due_hooks(job: Job) -> NewJob | None:
             **column_values(job),
         )
     as_given = {name: getattr(job, name, None) for name in OPTION_NAMES}
-    as_given.update(run_at=given_run_at, delay=delay, unique=raw_unique)
+    depends_on, on_failure = job.__dict__.get(LINKS_DUE, (None, None))
+    as_given.update(
+        run_at=given_run_at,
+        delay=delay,
+        unique=raw_unique,
+        depends_on=depends_on,
+        on_failure=on_failure,
+    )
     given = JobOptions(**{k: None if k in not_given else v for k, v in as_given.items()})
     new = prepare_job(job.task, job.args, given)
+    if new.depends_on is not None:
+        job.__dict__[LINKS_DUE] = (new.depends_on, new.on_failure)
+    else:
+        job.__dict__.pop(LINKS_DUE, None)
     validate_job(new.task, new.args, new.queue, new.priority, new.run_at, column_values(new))
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
     new.tags, _ = validate_tags_and_meta(new.task, new.tags, new.meta)
@@ -268,9 +303,58 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
             raise
         if unique is not None:
             _write_unique(session, job, unique)
+    linked = [job for job in jobs if _links_due(job)]
     for job in enqueued:
         if not _write_enqueued(session, job):  # the unit of work writes it, as an added Job
             del job.__dict__[_ENQUEUED]
+    # Jobs written above whose parents have ids are linked now: the unit of work may have
+    # nothing left to write, and then no after-flush event comes. The rest wait for it.
+    ready = [job for job in linked if job.id is not None and _parents_written(job)]
+    _link(session, ready)
+    later = [job for job in linked if job not in ready]
+    if later or _PENDING_LINKS in session.info:  # this flush's own (a failed one's are gone)
+        session.info[_PENDING_LINKS] = later
+
+
+def _links_due(job: Job) -> bool:
+    due = job.__dict__.get(LINKS_DUE)
+    return due is not None and due[0] is not None
+
+
+@event.listens_for(Session, "after_flush_postexec")
+def _link_after_flush(session: Session, flush_context: UOWTransaction) -> None:
+    """Link the jobs of this flush that have `depends_on`, once every job of it (their
+    parents among them) has its id: still in the flush's transaction."""
+    jobs = session.info.pop(_PENDING_LINKS, None)
+    if jobs:
+        _link(session, jobs)
+
+
+def _parents_written(job: Job) -> bool:
+    depends_on = job.__dict__[LINKS_DUE][0]
+    entries = depends_on if isinstance(depends_on, (list, tuple)) else ()
+    return all(getattr(getattr(e, "job", e), "id", 0) is not None for e in entries)
+
+
+def _link(session: Session, jobs: list[Job]) -> None:
+    """Link `jobs` (written, with their parents) to what they depend on."""
+    if not jobs:
+        return
+    links = []
+    for job in jobs:
+        depends_on, on_failure = job.__dict__.pop(LINKS_DUE)
+        if job.duplicate or job.id is None:
+            continue
+        pairs = resolve(job.task, depends_on, on_failure)
+        links.append(Link(job.id, job.task, pairs, job.__dict__.get("workflow_id")))
+    link_jobs(session.connection(bind_arguments=_BIND), links)
+    for job in jobs:
+        if job in session and not job.duplicate:
+            session.expire(job, _LINKED)
+
+
+_PENDING_LINKS = "_sqla_queue_pending_links"
+"""Key in `session.info`: the Jobs of the current flush that have dependencies to link."""
 
 
 def _write_added_queues(session: Session, added: list[Queue]) -> None:

@@ -40,6 +40,10 @@ class InvalidJobError(SqlaQueueError, ValueError):
     """Job for task {task!r} is not valid: {detail}"""
 
 
+class DependencyError(InvalidJobError):
+    """Job for task {task!r} cannot depend on what it names: {detail}"""
+
+
 class UnknownTaskError(InvalidJobError):
     """unknown task {task!r}: no handler is registered under that name in {registry}{hint}"""
 
@@ -140,6 +144,7 @@ __all__ = [
     "AppLoadError",
     "ConfigurationError",
     "DatabaseUnavailableError",
+    "DependencyError",
     "InvalidJobError",
     "JobCancelledError",
     "JobFailedError",

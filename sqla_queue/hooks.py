@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,12 @@ class NewJob:
     meta: dict[str, Any] = field(default_factory=dict)
     unique: Unique | None = None
     """How the job is unique (None: it is not); a hook may set or clear it."""
+    depends_on: Sequence[Any] | None = None
+    """The jobs (or ids, or `sqla_queue.Dependency`) it waits for (None: none)."""
+    on_failure: str | None = None
+    """"cancel" (None) or "run": what a dependency that ends failed or cancelled does to it."""
+    workflow_id: str | None = None
+    """The workflow it belongs to (None: its first dependency's, or none)."""
 
 
 InsertHook = Callable[[NewJob], None]
@@ -119,6 +125,7 @@ def prepare_job(
         tags=[] if tags is None else (list(tags) if _is_collection(tags) else tags),
         meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
         unique=resolve_unique(options.unique),
+        depends_on=None if options.depends_on is None else _listed(options.depends_on),
     )
     job = NewJob(
         task=task,
@@ -142,6 +149,14 @@ def prepare_job(
     if known is not None and isinstance(job.args, dict):
         known.check_args(job.args)
     return job
+
+
+def _listed(depends_on: object) -> Any:
+    """`depends_on` as a list of its own (a hook changing it must not change the caller's);
+    a single job or id is refused where the dependencies are checked (`sqla_queue.workflows`)."""
+    if isinstance(depends_on, (list, tuple, set, frozenset)):
+        return list(depends_on)
+    return depends_on
 
 
 def _is_collection(value: object) -> bool:

@@ -81,6 +81,15 @@ class QueueBase(DeclarativeBase):
     metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
 
 
+class OnFailure(str, enum.Enum):
+    """What a job does when one it depends on ends failed or cancelled."""
+
+    cancel = "cancel"
+    """It is cancelled too (and so are its own dependents), naming the job (the default)."""
+    run = "run"
+    """It runs anyway, once its other dependencies have ended (a clean-up job)."""
+
+
 class Retention(str, enum.Enum):
     """What happens to a job that succeeded, chosen per queue."""
 
@@ -113,6 +122,8 @@ UNIQUE_PREDICATE = unique_predicate()
 """Rows that block their duplicates: a key, and a status among the row's own unique states
 (each status's bit is its `unique_bit` in sqla_queue.job.states.STATES)."""
 NO_META = text("'{}'::jsonb")
+IN_WORKFLOW = "workflow_id IS NOT NULL"
+"""The predicate of `ix_jobs_workflow_id`: a query by workflow states it too."""
 
 
 class Queue(QueueBase):
@@ -163,6 +174,9 @@ HOOKS_DUE = "_sqla_queue_hooks_due"
 None once they ran (absent: a Job made without `__init__`, e.g. by `session.merge`)."""
 UNIQUE_DUE = "_sqla_queue_unique"
 """Instance key of a constructed Job's `unique=` option (None: the task's default)."""
+LINKS_DUE = "_sqla_queue_links"
+"""Instance key of a Job enqueued with `depends_on`: (depends_on, on_failure), linked once
+the job and its parents have ids (`sqla_queue.inserts.links`)."""
 DELAY_DUE = "_sqla_queue_delay"
 """Instance key of a constructed Job's `delay=` as an interval (its run_at is now() plus it)."""
 _TASK_DEFAULTED = frozenset(OPTION_NAMES)
@@ -228,6 +242,7 @@ class Job(QueueBase):
             unique=True,
             postgresql_where=text(UNIQUE_PREDICATE),
         ),
+        Index("ix_jobs_workflow_id", "workflow_id", postgresql_where=text(IN_WORKFLOW)),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
@@ -267,6 +282,14 @@ class Job(QueueBase):
     """The statuses (as bits) in which this job blocks its duplicates."""
     result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
     """What its handler returned, when its task keeps results (`keep_result=True`)."""
+    workflow_id: Mapped[str | None] = mapped_column(Text)
+    """The workflow it belongs to (`sqla_queue.workflows`): shared by a canvas's jobs, or
+    taken from the first job it depends on; NULL outside any workflow."""
+    deps_left: Mapped[int | None] = mapped_column(Integer)
+    """While `waiting`: how many jobs it depends on have not ended yet; NULL for a job
+    enqueued without `depends_on`."""
+    has_dependents: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Some job depends on it: its end fires the workflow triggers (migration sqlaq_0009)."""
 
     duplicate = False
     """Set True on the job `enqueue(..., unique=...)` returns when one with the same key was
@@ -310,6 +333,10 @@ class Job(QueueBase):
         # The flush hook (sqla_queue.enqueue) pops them: task defaults and insert hooks are due.
         self.__dict__[HOOKS_DUE] = not_given
         self.__dict__[UNIQUE_DUE] = opts.unique
+        if opts.depends_on is not None:
+            self.__dict__[LINKS_DUE] = (opts.depends_on, opts.on_failure)
+        elif opts.on_failure is not None:
+            self.__dict__[LINKS_DUE] = (None, opts.on_failure)
         if interval is not None:
             self.__dict__[DELAY_DUE] = interval
 
@@ -330,7 +357,10 @@ class ArchivedJob(QueueBase):
     """A finished job moved out of `jobs` by a queue whose retention is `archive`."""
 
     __tablename__ = "jobs_archive"
-    __table_args__ = (Index("ix_jobs_archive_finished_at", "finished_at"),)
+    __table_args__ = (
+        Index("ix_jobs_archive_finished_at", "finished_at"),
+        Index("ix_jobs_archive_workflow_id", "workflow_id", postgresql_where=text(IN_WORKFLOW)),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     queue: Mapped[str] = mapped_column(Text)
@@ -350,6 +380,28 @@ class ArchivedJob(QueueBase):
     tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=NO_TAGS)
     meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
     result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    workflow_id: Mapped[str | None] = mapped_column(Text)
+
+
+class JobDependency(QueueBase):
+    """An edge of a workflow: `child_id` waits for `parent_id` (no foreign keys: a key-share
+    lock on hot job rows would mint MultiXacts). `parent_status` records how the parent
+    ended, written in the transaction that ended it, so the edge outlives the parent's row."""
+
+    __tablename__ = "job_deps"
+    __table_args__ = (
+        CheckConstraint(_check_in("on_failure", OnFailure), name="on_failure"),
+        Index("ix_job_deps_child_id", "child_id", "position"),
+    )
+
+    parent_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    child_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    position: Mapped[int] = mapped_column(Integer)
+    """Where the parent stands in the child's `depends_on` (its `ctx.parent_results()` order)."""
+    on_failure: Mapped[str] = mapped_column(Text, server_default=text("'cancel'"))
+    """What the parent's failure or cancel does to the child: cancel it, or let it run."""
+    parent_status: Mapped[str | None] = mapped_column(Text)
+    """How the parent ended (done, failed, cancelled); NULL while it has not."""
 
 
 class QueueStart(QueueBase):

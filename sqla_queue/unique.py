@@ -97,8 +97,9 @@ class Unique:
 
     @property
     def state_bits(self) -> int:
-        """The states as the bitmask stored in `jobs.unique_states`."""
-        return sum(STATE_BITS[s] for s in self.states)
+        """The states as the bitmask stored in `jobs.unique_states`. A job blocking while
+        queued blocks while waiting too (a job with dependencies moves from one to the other)."""
+        return sum(STATE_BITS[s] for s in frozenset(self.states) | {JobStatus.waiting.value})
 
     def key_for(
         self, task: str, queue: str, args: Mapping[str, Any], now: float | None = None

@@ -133,6 +133,25 @@ JOB_OPTIONS: tuple[CliJobOption, ...] = (
         {"is_flag": True, "default": False},
         lambda unique: True if unique else None,
     ),
+    CliJobOption(
+        "depends_on",
+        ("--after", "depends_on"),
+        "The id of a job this one waits for (repeatable): it runs once each has succeeded.",
+        {"multiple": True, "type": click.IntRange(min=1)},
+        lambda ids: list(ids) or None,
+    ),
+    CliJobOption(
+        "on_failure",
+        ("--on-failure",),
+        "What a job it waits for ending failed or cancelled does to it: cancel it (the "
+        "default) or run it anyway.",
+        {"type": click.Choice(["cancel", "run"])},
+    ),
+    CliJobOption(
+        "workflow_id",
+        ("--workflow-id",),
+        "The workflow it belongs to (default: that of the first job it waits for).",
+    ),
 )
 """Each `JobOptions` field's option, in the fields' order."""
 

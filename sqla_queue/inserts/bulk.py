@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
     from sqla_queue.registry import Registry
 from sqla_queue.inserts.copy import COPY_MIN_ROWS, _write_plain
-from sqla_queue.inserts.params import _BIND, _plain_params, _row_params
+from sqla_queue.inserts.links import Link, link_jobs
+from sqla_queue.inserts.params import _BIND, DEPENDS, _plain_params, _row_params
 from sqla_queue.inserts.unique import _insert_unique
 from sqla_queue.inserts.wake import _NOTIFY_QUEUES, _notify
 
@@ -140,6 +141,7 @@ def enqueue_many(
     params = _bulk_params(rows, registry)
     if not params:
         return EnqueuedIds()
+    depends = [p.pop(DEPENDS, None) for p in params]
     if isinstance(session, Connection):
         connection = session
     else:
@@ -171,6 +173,13 @@ def enqueue_many(
     written = {
         p["job_queue"] for p, duplicate in zip(params, duplicates, strict=True) if not duplicate
     }
+    links = [
+        Link(job_id, p["job_task"], pairs, p.get("job_workflow_id"))
+        for job_id, p, pairs, duplicate in zip(ids, params, depends, duplicates, strict=True)
+        if pairs and not duplicate
+    ]
+    if links:
+        link_jobs(connection, links)
     if written:
         if isinstance(session, Connection):
             connection.execute(_NOTIFY_QUEUES, {"queues": sorted(written)})

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqla_queue.bounds import invalid_job
 from sqla_queue.hooks import NewJob
+from sqla_queue.inserts.links import resolve
 from sqla_queue.job.options import COLUMN_OPTIONS, OPTION_NAMES, column_values, delay_interval
 from sqla_queue.models import (
     Job,
@@ -38,7 +39,13 @@ def _row_params(new: NewJob) -> dict[str, Any]:
     if unique is not None:
         params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args)
         params["job_unique_states"] = unique.state_bits
+    if new.depends_on is not None:
+        params[DEPENDS] = resolve(new.task, new.depends_on, new.on_failure)
     return params
+
+
+DEPENDS = "_depends"
+"""The key of a job's resolved `depends_on` in its parameters (popped before they are sent)."""
 
 
 def _plain_params(

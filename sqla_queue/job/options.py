@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -32,6 +32,10 @@ DEFAULT_MAX_ATTEMPTS = 5
 if TYPE_CHECKING:
     from sqla_queue.unique import UniqueOption
 
+ON_FAILURE = ("cancel", "run")
+"""What a job does when one it depends on ends failed or cancelled (`models.OnFailure`)."""
+MAX_WORKFLOW_ID_LENGTH = 200
+
 
 @dataclass(frozen=True, slots=True)
 class JobOptions:
@@ -43,7 +47,10 @@ class JobOptions:
     datetime) or `delay` (seconds or a timedelta, by the database clock) schedule it;
     `tags` (names to find it by) and `meta` (context that is not an argument, e.g. a trace
     id) reach the handler as `ctx.tags` and `ctx.meta`; `unique` (True, False, or a
-    `sqla_queue.Unique`) says whether a duplicate is written.
+    `sqla_queue.Unique`) says whether a duplicate is written. `depends_on` (jobs or ids,
+    or `sqla_queue.Dependency`) makes the job wait until each has ended; `on_failure`
+    ("cancel", the default, or "run") says what the end of one as failed or cancelled does
+    to it; `workflow_id` names the workflow it belongs to (see `sqla_queue.workflows`).
 
         enqueue(session, "emails.send", {"to": to}, options=JobOptions(queue="emails"))
     """
@@ -56,6 +63,9 @@ class JobOptions:
     tags: Iterable[str] | None = None
     meta: Mapping[str, Any] | None = None
     unique: UniqueOption = None
+    depends_on: Sequence[Any] | None = None
+    on_failure: str | None = None
+    workflow_id: str | None = None
 
     def over(self, defaults: JobOptions) -> JobOptions:
         """These options where given, `defaults`' (a task's) elsewhere: the one merge rule."""
@@ -84,6 +94,9 @@ class JobOptionFields(TypedDict, total=False):
     tags: Iterable[str] | None
     meta: Mapping[str, Any] | None
     unique: UniqueOption
+    depends_on: Sequence[Any] | None
+    on_failure: str | None
+    workflow_id: str | None
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobOptions))
@@ -121,8 +134,25 @@ def _check_max_attempts(value: object, error: ErrorFactory) -> None:
     check_count("max_attempts", value, 1, MAX_ATTEMPTS, error)
 
 
+def _check_workflow_id(value: object, error: ErrorFactory) -> None:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_WORKFLOW_ID_LENGTH:
+        raise error(
+            f"workflow_id must be a str of 1 to {MAX_WORKFLOW_ID_LENGTH} characters, "
+            f"got {value!r:.80}"
+        )
+    if not value.isprintable():
+        raise error(f"workflow_id must be printable text, got {value!r:.80}")
+
+
+def check_on_failure(value: object, error: ErrorFactory) -> None:
+    """Refuse an `on_failure` other than "cancel" or "run"."""
+    if value is not None and value not in ON_FAILURE:
+        raise error(f"on_failure must be 'cancel' or 'run', got {value!r:.80}")
+
+
 COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
     "max_attempts": _check_max_attempts,
+    "workflow_id": _check_workflow_id,
 }
 """The options written as they are into the jobs column of the same name (NULL when not
 given), each with the check of a given value (`error(message)` on a bad one). The insert
@@ -178,10 +208,12 @@ def delay_interval(run_at: object, delay: object, error: ErrorFactory) -> dt.tim
 __all__ = [
     "COLUMN_OPTIONS",
     "NO_OPTIONS",
+    "ON_FAILURE",
     "OPTION_NAMES",
     "JobOptionFields",
     "JobOptions",
     "check_fields",
+    "check_on_failure",
     "column_values",
     "delay_interval",
     "options_from",

@@ -25,6 +25,9 @@ class JobStatus(str, enum.Enum):
     done = "done"
     failed = "failed"
     cancelled = "cancelled"
+    waiting = "waiting"
+    """Enqueued with `depends_on`: not claimable until every job it depends on has ended
+    (see `sqla_queue.workflows`); then `queued`, in the transaction that ended the last."""
 
     @property
     def state(self) -> State:
@@ -67,9 +70,11 @@ STATES: dict[JobStatus, State] = {
     JobStatus.done:      State(4,     True,    False, False,      False, True,  False),
     JobStatus.failed:    State(8,     True,    True,  True,       False, True,  False),
     JobStatus.cancelled: State(16,    True,    False, True,       False, True,  False),
+    JobStatus.waiting:   State(32,    False,   False, False,      True,  True,  False),
 }
 # fmt: on
-"""The one table of states. Its `unique_bit`s are what migration sqlaq_0005 stored."""
+"""The one table of states. Its `unique_bit`s are what migrations sqlaq_0005 and sqlaq_0009
+(waiting) stored."""
 
 
 def _check_table() -> None:
@@ -99,7 +104,7 @@ def statuses(**wanted: bool) -> tuple[str, ...]:
 FINISHED = statuses(finished=True)
 """The statuses of a job that has ended: done, failed, cancelled."""
 UNFINISHED = statuses(finished=False)
-"""The statuses of a job that may still run: queued, running."""
+"""The statuses of a job that may still run: queued, running, waiting."""
 UNIQUE_BITS = {status.value: state.unique_bit for status, state in STATES.items()}
 """Each status's bit in a job's `unique_states`."""
 

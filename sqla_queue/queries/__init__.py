@@ -15,6 +15,7 @@ so a batch of any size is one statement and one round trip.
 
 from __future__ import annotations
 
+from . import workflows
 from .admin import (
     LISTED_COLUMNS,
     delete_jobs,
@@ -246,4 +247,5 @@ __all__ = [
     "unique_holders",
     "unknown_task_counts",
     "version_table_exists",
+    "workflows",
 ]

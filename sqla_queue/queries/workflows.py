@@ -1,0 +1,211 @@
+"""Workflows: linking a job to the jobs it depends on, and reading the graph back.
+
+What happens when a job ends (its dependents promoted, cancelled or revived) is not here:
+the triggers of migration sqlaq_0009 do it, in the statement that ends the job, whichever
+one that is. This module holds what the enqueue side and the readers send.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Delete,
+    Integer,
+    Select,
+    Table,
+    Text,
+    Update,
+    any_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    literal_column,
+    null,
+    select,
+    true,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.dml import Insert
+
+from sqla_queue.job.states import JobStatus, sql_literal
+from sqla_queue.models import JobDependency
+
+from .common import archive, jobs, queues
+
+deps = cast(Table, JobDependency.__table__)
+
+
+def _ids(name: str) -> Any:
+    return bindparam(name, type_=ARRAY(BigInteger))
+
+
+def _texts(name: str) -> Any:
+    return bindparam(name, type_=ARRAY(Text))
+
+
+def flag_parents() -> Update:
+    """Lock the jobs `:parent_ids` (in id order: two linkers never deadlock) and flag them as
+    having dependents, so their end fires the workflow triggers; a parent outside any
+    workflow joins `:parent_workflows` (its own id as text where that is NULL). Returns
+    each one's id, status, workflow and whether its queue is routed to a broker.
+
+    The lock is what makes linking safe against the parent ending meanwhile: a worker's
+    finishing statement waits for this transaction, then sees the flag and the edges."""
+    given = (
+        func.unnest(_ids("parent_ids"), _texts("parent_workflows"))
+        .table_valued("id", "workflow_id")
+        .render_derived(name="given")
+    )
+    locked = (
+        select(jobs.c.id)
+        .where(jobs.c.id == any_(_ids("parent_ids")))
+        .order_by(jobs.c.id)
+        .with_for_update(key_share=True)
+    )
+    routed = (
+        select(queues.c.route.is_not(None)).where(queues.c.name == jobs.c.queue).scalar_subquery()
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id.in_(locked), jobs.c.id == given.c.id)
+        .values(
+            has_dependents=true(),
+            workflow_id=func.coalesce(
+                jobs.c.workflow_id, given.c.workflow_id, jobs.c.id.cast(Text)
+            ),
+        )
+        .returning(
+            jobs.c.id,
+            jobs.c.status,
+            jobs.c.workflow_id,
+            func.coalesce(routed, False).label("routed"),
+        )
+    )
+
+
+def recorded_outcomes() -> Select[Any]:
+    """How the jobs `:job_ids`, gone from the jobs table, ended: recorded on an edge of
+    theirs when they ended, or kept in the archive. (id, status) rows; an id neither knows
+    is missing."""
+    on_edges = (
+        select(deps.c.parent_id.label("id"), func.min(deps.c.parent_status).label("status"))
+        .where(deps.c.parent_id == any_(_ids("job_ids")), deps.c.parent_status.is_not(None))
+        .group_by(deps.c.parent_id)
+    )
+    archived = select(archive.c.id, archive.c.status).where(archive.c.id == any_(_ids("job_ids")))
+    return select(union_all(on_edges, archived).subquery())
+
+
+def insert_edges() -> Insert:
+    """Write the edges of the arrays `:parent_ids`, `:child_ids`, `:positions`,
+    `:on_failures`, `:parent_statuses` (NULL for a parent that has not ended)."""
+    rows = select(
+        func.unnest(
+            _ids("parent_ids"),
+            _ids("child_ids"),
+            bindparam("positions", type_=ARRAY(Integer)),
+            _texts("on_failures"),
+            _texts("parent_statuses"),
+        )
+        .table_valued("parent_id", "child_id", "position", "on_failure", "parent_status")
+        .render_derived(name="e")
+    )
+    return (
+        pg_insert(deps)
+        .from_select(["parent_id", "child_id", "position", "on_failure", "parent_status"], rows)
+        .on_conflict_do_nothing()
+    )
+
+
+def set_waiting() -> Update:
+    """Give the just-inserted jobs `:child_ids` their place in the graph: `:statuses`
+    (waiting, queued, or cancelled when a job they depend on already failed), `:deps_left`,
+    `:reasons` (the cancelled ones' error) and `:workflows` (where they have none)."""
+    given = (
+        func.unnest(
+            _ids("child_ids"),
+            _texts("statuses"),
+            bindparam("deps_left", type_=ARRAY(Integer)),
+            _texts("reasons"),
+            _texts("workflows"),
+        )
+        .table_valued("id", "status", "deps_left", "reason", "workflow_id")
+        .render_derived(name="given")
+    )
+    cancelled = given.c.status == literal_column(sql_literal(JobStatus.cancelled), Text)
+    return (
+        update(jobs)
+        .where(jobs.c.id == given.c.id)
+        .values(
+            status=given.c.status,
+            deps_left=given.c.deps_left,
+            last_error=func.coalesce(given.c.reason, jobs.c.last_error),
+            finished_at=case((cancelled, func.now()), else_=null()),
+            workflow_id=func.coalesce(jobs.c.workflow_id, given.c.workflow_id),
+        )
+    )
+
+
+def parent_results() -> Select[Any]:
+    """The job `:job_id`'s parents in `depends_on` order: (position, parent_id,
+    parent_status, result), the result from the jobs table or the archive (NULL if none
+    was kept)."""
+    live = select(jobs.c.result).where(jobs.c.id == deps.c.parent_id).scalar_subquery()
+    kept = select(archive.c.result).where(archive.c.id == deps.c.parent_id).scalar_subquery()
+    return (
+        select(
+            deps.c.position,
+            deps.c.parent_id,
+            deps.c.parent_status,
+            func.coalesce(live, kept).label("result"),
+        )
+        .where(deps.c.child_id == bindparam("job_id", type_=BigInteger))
+        .order_by(deps.c.position)
+    )
+
+
+def parents_of() -> Select[Any]:
+    """The edges into `:job_id` (its parents), in `depends_on` order."""
+    return (
+        select(deps)
+        .where(deps.c.child_id == bindparam("job_id", type_=BigInteger))
+        .order_by(deps.c.position)
+    )
+
+
+def children_of() -> Select[Any]:
+    """The edges out of `:job_id` (its dependents), by id."""
+    return (
+        select(deps)
+        .where(deps.c.parent_id == bindparam("job_id", type_=BigInteger))
+        .order_by(deps.c.child_id)
+    )
+
+
+def prune_edges() -> Delete:
+    """Delete the edges whose dependent is gone from both the jobs table and the archive
+    (its parents' outcomes are no longer needed by anyone who could read them)."""
+    return delete(deps).where(
+        ~exists().where(jobs.c.id == deps.c.child_id),
+        ~exists().where(archive.c.id == deps.c.child_id),
+    )
+
+
+__all__ = [
+    "children_of",
+    "deps",
+    "flag_parents",
+    "insert_edges",
+    "parent_results",
+    "parents_of",
+    "prune_edges",
+    "recorded_outcomes",
+    "set_waiting",
+]

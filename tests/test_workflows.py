@@ -1,0 +1,255 @@
+"""Workflows, at the level of the statements: a job with `depends_on` waits; the statement
+that ends its last parent makes it due, in its own transaction; a failure cancels the
+dependents transitively (or lets an `on_failure="run"` one run); a retry revives them.
+Every enqueue path links; bad dependencies are refused with what to do."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from sqla_queue import Dependency, DependencyError, Job, admin, enqueue, enqueue_many, queries
+
+
+def claim_all(engine: Engine) -> dict[int, int]:
+    with engine.begin() as conn:
+        rows = conn.execute(queries.claim_jobs(None), {"limit": 1000, "worker_id": "w"}).all()
+    return {row.id: row.attempts for row in rows}
+
+
+def succeed(engine: Engine, claimed: dict[int, int], results: dict[int, Any] | None = None) -> None:
+    ids = list(claimed)
+    results = results or {}
+    params = {
+        "job_ids": ids,
+        "job_attempts": [claimed[i] for i in ids],
+        "job_results": [json.dumps(results[i]) if i in results else None for i in ids],
+    }
+    with engine.begin() as conn:
+        conn.execute(queries.complete_jobs(), params)
+
+
+def fail(engine: Engine, claimed: dict[int, int]) -> None:
+    ids = list(claimed)
+    params = {
+        "job_ids": ids,
+        "job_attempts": [claimed[i] for i in ids],
+        "job_errors": ["boom"] * len(ids),
+    }
+    with engine.begin() as conn:
+        conn.execute(queries.fail_jobs(), params)
+
+
+def retry(engine: Engine, job_id: int) -> None:
+    with engine.begin() as conn:
+        assert job_id in admin.retry_jobs(conn, job_ids=[job_id])
+
+
+def states(engine: Engine, *ids: int) -> list[tuple[str, int | None]]:
+    with engine.connect() as conn:
+        rows = {
+            row.id: (row.status, row.deps_left)
+            for row in conn.execute(
+                text("SELECT id, status, deps_left FROM sqla_queue.jobs WHERE id = ANY(:ids)"),
+                {"ids": list(ids)},
+            )
+        }
+    return [rows.get(i, ("gone", None)) for i in ids]
+
+
+def status_of(engine: Engine, job_id: int) -> str:
+    return states(engine, job_id)[0][0]
+
+
+def test_a_dependent_waits_and_is_due_in_the_transaction_that_ends_its_last_parent(
+    engine: Engine,
+) -> None:
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {})
+        c = enqueue(session, "t.c", {}, depends_on=[a, b])
+        session.flush()
+        ids = (a.id, b.id, c.id)
+    assert states(engine, *ids)[2] == ("waiting", 2)
+    first = claim_all(engine)
+    assert set(first) == {ids[0], ids[1]}  # the waiting job is never claimed
+    succeed(engine, {ids[0]: first[ids[0]]})
+    assert states(engine, ids[2])[0] == ("waiting", 1)
+    succeed(engine, {ids[1]: first[ids[1]]})
+    assert states(engine, ids[2])[0] == ("queued", 0)
+    assert set(claim_all(engine)) == {ids[2]}
+
+
+def test_a_failed_parent_cancels_its_dependents_transitively_naming_it(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        c = enqueue(session, "t.c", {}, depends_on=[b])
+        cleanup = enqueue(session, "t.cleanup", {}, depends_on=[Dependency(b, on_failure="run")])
+        session.flush()
+        ids = (a.id, b.id, c.id, cleanup.id)
+    fail(engine, claim_all(engine))
+    assert [s for s, _ in states(engine, *ids)] == ["failed", "cancelled", "cancelled", "queued"]
+    with engine.connect() as conn:
+        errors = dict(
+            conn.execute(
+                text("SELECT id, last_error FROM sqla_queue.jobs WHERE id = ANY(:ids)"),
+                {"ids": [ids[1], ids[2]]},
+            ).all()
+        )
+    assert f"job {ids[0]} (t.a), which it depends on, ended failed" in errors[ids[1]]
+    assert f"job {ids[1]} (t.b), which it depends on, ended cancelled" in errors[ids[2]]
+
+
+def test_retrying_a_failed_parent_revives_its_cancelled_dependents(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        c = enqueue(session, "t.c", {}, depends_on=[b])
+        session.flush()
+        ids = (a.id, b.id, c.id)
+    fail(engine, claim_all(engine))
+    retry(engine, ids[0])
+    assert states(engine, *ids) == [("queued", None), ("waiting", 1), ("waiting", 1)]
+    succeed(engine, claim_all(engine))
+    succeed(engine, claim_all(engine))
+    assert status_of(engine, ids[2]) == "queued"
+
+
+def test_a_retried_dependent_waits_again_for_a_parent_that_has_not_succeeded(
+    engine: Engine,
+) -> None:
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        session.flush()
+        ids = (a.id, b.id)
+    fail(engine, claim_all(engine))
+    retry(engine, ids[1])
+    assert states(engine, ids[1]) == [("waiting", 1)]
+    retry(engine, ids[0])
+    succeed(engine, claim_all(engine))
+    assert states(engine, ids[1]) == [("queued", 0)]
+
+
+def test_a_dependency_on_a_job_deleted_by_retention_counts_only_if_it_succeeded(
+    engine: Engine,
+) -> None:
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        session.flush()
+        ids = (a.id, b.id)
+    succeed(engine, claim_all(engine))  # a is deleted (retention delete), its end recorded
+    assert status_of(engine, ids[0]) == "gone"
+    with Session(engine) as session, session.begin():
+        late = enqueue(session, "t.late", {}, depends_on=[ids[0]], flush=True)
+        late_id = late.id
+    assert status_of(engine, late_id) == "queued"
+    with Session(engine) as session, session.begin():
+        enqueue(session, "t.x", {})
+    x = next(iter(claim_all(engine)))
+    succeed(engine, {x: 1})  # no dependents when it ended: nothing recorded
+    with (
+        pytest.raises(DependencyError, match="no record of how it ended"),
+        Session(engine) as session,
+        session.begin(),
+    ):
+        enqueue(session, "t.never", {}, depends_on=[x], flush=True)
+
+
+def test_a_dependent_of_a_failed_job_enqueued_later_is_cancelled_at_once(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {}, flush=True)
+        a_id = a.id
+    fail(engine, claim_all(engine))
+    with Session(engine) as session, session.begin():
+        b = enqueue(session, "t.b", {}, depends_on=[a_id], flush=True)
+        c = enqueue(session, "t.c", {}, depends_on=[a_id], on_failure="run", flush=True)
+        ids = (b.id, c.id)
+    assert [s for s, _ in states(engine, *ids)] == ["cancelled", "queued"]
+
+
+def test_every_enqueue_path_links(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        parent = enqueue(session, "t.parent", {}, flush=True)
+        added = Job(task="t.added", depends_on=[parent])
+        session.add(added)
+        many = enqueue_many(session, [{"task": "t.many", "depends_on": [parent]}] * 3)
+        unique = enqueue(session, "t.unique", {}, unique=True, depends_on=[parent])
+        session.flush()
+        ids = [added.id, *many, unique.id]
+        parent_id = parent.id
+    with engine.begin() as conn:
+        core_id = enqueue(conn, "t.core", {}, depends_on=[parent_id])
+    assert [s for s, _ in states(engine, *ids, core_id)] == ["waiting"] * 6
+    succeed(engine, claim_all(engine))
+    assert [s for s, _ in states(engine, *ids, core_id)] == ["queued"] * 6
+
+
+def test_jobs_of_one_flush_may_depend_on_each_other_in_any_add_order(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        parent = Job(task="t.parent")
+        child = Job(task="t.child", depends_on=[parent])
+        session.add(child)
+        session.add(parent)
+        session.flush()
+        child_id = child.id
+    assert states(engine, child_id)[0] == ("waiting", 1)
+
+
+@pytest.mark.parametrize(
+    ("depends_on", "message"),
+    [
+        ("42", "must be a list of jobs"),
+        ([0], "takes jobs, job ids"),
+        ([True], "takes jobs, job ids"),
+        ([{"id": 1}], "takes jobs, job ids"),
+    ],
+)
+def test_bad_dependencies_are_refused_naming_the_fix(
+    engine: Engine, depends_on: Any, message: str
+) -> None:
+    with Session(engine) as session, pytest.raises(DependencyError, match=message):
+        enqueue(session, "t.bad", {}, depends_on=depends_on, flush=True)
+
+
+def test_an_unknown_on_failure_is_refused() -> None:
+    with pytest.raises(DependencyError, match="on_failure must be 'cancel' or 'run'"):
+        Dependency(1, on_failure="ignore")
+
+
+def test_a_cycle_among_new_jobs_is_refused(engine: Engine) -> None:
+    later: list[Job] = []
+    with Session(engine) as session:
+        a = Job(task="t.a", depends_on=later)
+        b = Job(task="t.b", depends_on=[a])
+        later.append(b)
+        session.add_all([a, b])
+        with pytest.raises(DependencyError, match="depend on each other"):
+            session.flush()
+    itself: list[Job] = []
+    with Session(engine) as session:
+        c = Job(task="t.c", depends_on=itself)
+        itself.append(c)
+        session.add(c)
+        with pytest.raises(DependencyError, match="depends on itself"):
+            session.flush()
+
+
+def test_a_job_with_no_dependencies_costs_no_statement(engine: Engine) -> None:
+    with engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*) FROM sqla_queue.job_deps")).scalar_one()
+    with Session(engine) as session, session.begin():
+        enqueue(session, "t.plain", {})
+    with engine.connect() as conn:
+        after = conn.execute(text("SELECT count(*) FROM sqla_queue.job_deps")).scalar_one()
+        flagged = conn.execute(
+            text("SELECT count(*) FROM sqla_queue.jobs WHERE has_dependents")
+        ).scalar_one()
+    assert before == after == 0
+    assert flagged == 0
