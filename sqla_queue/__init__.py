@@ -47,6 +47,7 @@ from .retry import RetryPolicy
 from .unique import Unique
 from .validation import limits
 from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
+from .workflows import Signature, WorkflowHandle, chain, chord, group, signature
 
 __version__ = "0.1.0"
 
@@ -82,6 +83,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaElsewhereError",
     "SchemaMissingError",
+    "Signature",
     "Snooze",
     "SqlaQueueError",
     "Task",
@@ -91,15 +93,20 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkerStats",
+    "WorkflowHandle",
+    "chain",
+    "chord",
     "default_registry",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "group",
     "limits",
     "load_registry",
     "normalize_url",
     "set_default_registry",
+    "signature",
     "wait_for",
     "wait_for_async",
 ]

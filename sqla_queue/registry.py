@@ -35,6 +35,7 @@ from .periodic import Schedule
 from .periodic import install as install_scheduler
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .unique import Unique, resolve_unique
+from .workflows import Signature
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
@@ -201,6 +202,12 @@ class Task:
         call = options_from("Task.enqueue()", options, fields, invalid_job(self.name))
         job = enqueue_job(session, self.name, args, call, flush, self.registry, self.options)
         return cast("Job", job)
+
+    def s(self, **args: Any) -> Signature:
+        """A signature of this task with these args (its handler's keyword arguments), for
+        `chain`, `group` and `chord` (`sqla_queue.workflows`); `.set(queue=..., ...)` gives
+        it options. Args the handler does not take are refused here."""
+        return Signature(self, args)
 
 
 class Registry:

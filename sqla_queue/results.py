@@ -19,6 +19,7 @@ import math
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
@@ -39,6 +40,8 @@ from .notify import listening
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    from .job.context import JobContext
 
 log = logging.getLogger("sqla_queue.results")
 
@@ -221,6 +224,32 @@ def wait_for(
         listener.unsubscribe(job_id, event)
 
 
+_PARENT_RESULTS = queries.workflows.parent_results()
+PENDING_WAIT = 30.0
+"""Seconds `parent_results` waits for a parent whose result is still being stored (its
+`ctx.session()` committed, which let its dependents run, and its handler is returning)."""
+
+
+def read_parent_results(execute: Callable[..., Any], job_id: int) -> list[Any]:
+    """`ctx.parent_results()`: the kept results of the jobs `job_id` depends on, in its
+    `depends_on` order, None for one that kept none; `execute(statement, params)` runs the
+    query (a connection's, or `drain`'s in its transaction)."""
+    deadline = time.monotonic() + PENDING_WAIT
+    while True:
+        results = [row.result for row in execute(_PARENT_RESULTS, {"job_id": job_id})]
+        if _PENDING not in results:
+            return results
+        if time.monotonic() >= deadline:
+            return [None if result == _PENDING else result for result in results]
+        time.sleep(0.05)
+
+
+def parent_results_on(engine: Engine, ctx: JobContext) -> list[Any]:
+    """`read_parent_results` for `ctx`'s job on a connection of `engine` (the worker's)."""
+    with engine.connect() as conn:
+        return read_parent_results(conn.execute, ctx.job_id)
+
+
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -276,4 +305,12 @@ async def wait_for_async(
     return await asyncio.to_thread(wait_for, engine, job_id, timeout, recheck=recheck)
 
 
-__all__ = ["RECHECK", "encode_result", "wait_for", "wait_for_async"]
+__all__ = [
+    "PENDING_WAIT",
+    "RECHECK",
+    "encode_result",
+    "parent_results_on",
+    "read_parent_results",
+    "wait_for",
+    "wait_for_async",
+]

@@ -27,7 +27,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
@@ -109,6 +109,14 @@ def _no_session(ctx: JobContext) -> Session:
         detail=f"job {ctx.job_id} ({ctx.task}) came from a broker: it has no row in "
         "PostgreSQL for ctx.session() to finish; open a Session of your own, or run the "
         "queue without a route (the table worker) to commit work and job together"
+    )
+
+
+def _no_parents(ctx: JobContext) -> list[Any]:
+    raise ConfigurationError(
+        detail=f"job {ctx.job_id} ({ctx.task}) came from a broker: it depends on no job "
+        "(a job of a broker-routed queue cannot be part of a workflow), so it has no "
+        "ctx.parent_results(); run the workflow in queues without a route (the table worker)"
     )
 
 
@@ -256,6 +264,7 @@ class BrokerWorker(BrokerLoop):
                 attempt,
                 resources=self.resources,
                 session_factory=_no_session,
+                parent_results=_no_parents,
             )
             run = JobAttempt(ctx, job.args, job.max_attempts)
             self.runner.claimed(ctx)

@@ -33,6 +33,7 @@ class JobContext:
         "_heartbeat",
         "_lost",
         "_meta",
+        "_parent_results",
         "_session_factory",
         "_state",
         "attempt",
@@ -55,6 +56,7 @@ class JobContext:
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | str | None = None,
         session_factory: Callable[[JobContext], Session] | None = None,
+        parent_results: Callable[[JobContext], list[Any]] | None = None,
     ) -> None:
         self.job_id = job_id
         self.task = task
@@ -68,6 +70,7 @@ class JobContext:
         """The job's tags."""
         self._meta = meta
         self._session_factory = session_factory
+        self._parent_results = parent_results
         self.committed = False
         """True once a `session()` of this job committed: the job is finished already."""
 
@@ -132,6 +135,20 @@ class JobContext:
                 "drain) that knows the job's database; this context has none"
             )
         return self._session_factory(self)
+
+    def parent_results(self) -> list[Any]:
+        """The results of the jobs this one depends on, in its `depends_on` order (a
+        chord's callback: its group's, in the group's order): each one's kept result (its
+        task has `keep_result=True`), None for one that kept none (or did not succeed, for
+        a job with `on_failure="run"`). An empty list for a job without dependencies.
+
+        Read from the database on each call (the jobs table, else the archive)."""
+        if self._parent_results is None:
+            raise ConfigurationError(
+                detail="ctx.parent_results() needs a job run by a worker (or sqla_queue."
+                "testing.drain) that knows the job's database; this context has none"
+            )
+        return self._parent_results(self)
 
     def resource(self, name: str) -> Any:
         """The resource named `name`, or a `ConfigurationError` naming the ones there are."""

@@ -27,6 +27,7 @@ from sqla_queue.job.outcome import WRITES_NOTHING, JobAttempt, Outcome, OutcomeK
 from sqla_queue.job.run import JobRunner, resources_of
 from sqla_queue.models import Job
 from sqla_queue.registry import Registry
+from sqla_queue.results import read_parent_results
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 from sqla_queue.worker.jobs import decode_args
 
@@ -118,7 +119,7 @@ def drain(
                 row = run(claim, params).first()
                 if row is None:
                     break
-                outcome = runner.run(row)
+                outcome = runner.run(row, run)
                 _write(run, outcome, result)
                 if outcome.kind is OutcomeKind.deferred:
                     deferred.append(outcome.job.id)
@@ -207,8 +208,9 @@ class _DrainRunner:
         if timer is not None:
             timer.cancel()
 
-    def run(self, row: Any) -> Outcome:
-        """One claimed row's attempt, through `run_job` and the lifecycle hooks."""
+    def run(self, row: Any, execute: Any) -> Outcome:
+        """One claimed row's attempt, through `run_job` and the lifecycle hooks; `execute`
+        runs its `ctx.parent_results()` query (in the drain's transaction)."""
         args, decode_error = decode_args(row.args_json)
         ctx = JobContext(
             row.id,
@@ -218,6 +220,7 @@ class _DrainRunner:
             resources=self.resources,
             tags=row.tags,
             meta=row.meta_json,
+            parent_results=lambda ctx: read_parent_results(execute, ctx.job_id),
         )
         job = JobAttempt(ctx, args, row.max_attempts, decode_error)
         self.runner.claimed(ctx)

@@ -37,6 +37,7 @@ from sqla_queue.job.run import resources_of
 from sqla_queue.migrate import check_schema
 from sqla_queue.notify import Listener
 from sqla_queue.registry import Registry
+from sqla_queue.results import parent_results_on
 from sqla_queue.transactional import job_session
 
 from .board import JobBoard
@@ -78,6 +79,8 @@ class Worker:
         )
         # ctx.session(): a Session on this engine whose commit finishes the job (fenced)
         self._job_session = functools.partial(job_session, self.engine, registry=registry)
+        # ctx.parent_results(): the kept results of the jobs it depends on, on this engine
+        self._parent_results = functools.partial(parent_results_on, self.engine)
         self.stats = WorkerStats()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -192,7 +195,9 @@ class Worker:
                 self._stopping.wait(next(delays))
 
     def _make_job(self, row: Any, columns: ClaimColumns) -> ClaimedJob:
-        return ClaimedJob(row, columns, self.resources, self._beat_one, self._job_session)
+        return ClaimedJob(
+            row, columns, self.resources, self._beat_one, self._job_session, self._parent_results
+        )
 
     def _beat_one(self, ctx: JobContext) -> bool:
         for job in self.board.find(ctx.job_id):

@@ -86,6 +86,7 @@ class ClaimedJob(JobAttempt):
         resources: Mapping[str, Any],
         heartbeat: Any = None,
         session_factory: Any = None,
+        parent_results: Any = None,
     ) -> None:
         # Decoded here, one job at a time: a row that cannot be decoded fails alone.
         args, decode_error = decode_args(row[columns.args_json])
@@ -99,6 +100,7 @@ class ClaimedJob(JobAttempt):
             tags=row[columns.tags],
             meta=row[columns.meta_json],
             session_factory=session_factory,
+            parent_results=parent_results,
         )
         super().__init__(ctx, args, row[columns.max_attempts], decode_error)
         self.claimed_at = time.monotonic()
