@@ -22,6 +22,7 @@ from . import queries
 from .bounds import MAX_ATTEMPTS, check_count, check_duration, check_job_id, check_rate
 from .durations import describe_rate, parse_rate
 from .errors import ConfigurationError, UnknownQueueError
+from .job.options import COLUMN_OPTIONS
 from .job.states import FINISHED, JobStatus
 from .models import Retention
 from .queries.admin import UNIQUE_KEY_INDEX
@@ -78,6 +79,8 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
         )
     # Without --force only finished jobs go: a job enqueued since the count (possible once
     # the foreign key is dropped) is never deleted by accident.
+    if force:  # a running job deleted would count as succeeded to the jobs that wait for it
+        bind.execute(queries.workflows.cancel_parents_of_queue(), {"queue_name": name})
     statement = queries.delete_jobs_of_queue(finished_only=not force)
     deleted = _rowcount(bind.execute(statement, {"queue_name": name}))
     bind.execute(queries.delete_queue(), {"queue_name": name})
@@ -245,6 +248,7 @@ def prune(
     count = _rowcount(bind.execute(queries.prune_jobs(), params))
     if archive:
         count += _rowcount(bind.execute(queries.prune_archive(), {"older_than": older_than}))
+    bind.execute(queries.workflows.prune_edges())  # the edges of jobs gone from both tables
     return count
 
 
@@ -307,6 +311,8 @@ class JobSummary:
     created_at: dt.datetime
     finished_at: dt.datetime | None
     tags: list[str]
+    workflow_id: str | None
+    """The workflow it belongs to (`enqueue(..., workflow_id=)`, or its first parent's)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
@@ -327,6 +333,9 @@ class JobDetail(JobSummary):
     lease_expires_at: dt.datetime | None
     archived: bool
     """Whether it was found in the archive table (a succeeded job of an `archive` queue)."""
+    deps_left: int | None
+    """While `waiting`: how many of the jobs it depends on have not ended (None without
+    `depends_on`)."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -356,9 +365,10 @@ def list_jobs(
     tag: str | Iterable[str] | None = None,
     limit: int = 50,
     before: int | None = None,
+    workflow: str | None = None,
 ) -> list[JobSummary]:
-    """Jobs newest first, filtered by queue, task, status and tag (a name, or several that
-    a job must all have); at most `limit` (1 to 1000).
+    """Jobs newest first, filtered by queue, task, status, tag (a name, or several that
+    a job must all have) and workflow id; at most `limit` (1 to 1000).
 
     Page on with `before=` the last id of the previous page (keyset pagination: each page
     costs the same, however deep).
@@ -376,14 +386,24 @@ def list_jobs(
     tags = None if tag is None else ([tag] if isinstance(tag, str) else list(tag))
     for name in tags or ():
         validate_name("tag", name, task="(none)")
+    if workflow is not None:
+        _workflow_id(workflow)
     statement = queries.list_jobs(
         queue=queue is not None,
         task=task is not None,
         status=_status(status),
         tags=bool(tags),
         before=before is not None,
+        workflow=workflow is not None,
     )
-    params = {"queue": queue, "task": task, "tags": tags, "before": before, "limit": limit}
+    params = {
+        "queue": queue,
+        "task": task,
+        "tags": tags,
+        "before": before,
+        "limit": limit,
+        "workflow_id": workflow,
+    }
     return [JobSummary(**row) for row in bind.execute(statement, params).mappings()]
 
 
@@ -533,3 +553,130 @@ def queue_depth(bind: Bind, queue: str, cap: int = DEFAULT_DEPTH_CAP) -> QueueDe
     check_count("cap", cap)
     row = bind.execute(queries.queue_depth(), {"queue": queue, "cap": cap}).one()
     return QueueDepth(queue, int(row.due), int(row.scheduled), int(row.running), cap)
+
+
+# -- workflows ----------------------------------------------------------------------------------
+
+MAX_WORKFLOW_JOBS = 500
+"""The most jobs `workflow_jobs` returns by default (a page of the dashboard draws them)."""
+MAX_LINKED = 500
+"""The most dependents `job_links` returns of one job (a fan-out may have thousands)."""
+
+
+def _workflow_id(value: object) -> str:
+    COLUMN_OPTIONS["workflow_id"](value, lambda message: ConfigurationError(detail=message))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class LinkedJob:
+    """A job at the other end of an edge of a workflow, as `job_links` returns it."""
+
+    id: int
+    on_failure: str
+    """What the dependent does if the parent fails or is cancelled: "cancel" or "run"."""
+    task: str | None
+    """None if the job is gone (deleted by its retention or by hand)."""
+    status: str | None
+    """Its status now; None if the job is gone."""
+    ended: str | None = None
+    """Of a parent: how it ended, as recorded when it did (None while it has not), so a
+    parent deleted since still tells."""
+
+    @property
+    def state(self) -> str:
+        """Its status, or for a job gone "gone (ended done)" or "gone"."""
+        if self.status is not None:
+            return self.status
+        return f"gone (ended {self.ended})" if self.ended else "gone"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "state": self.state}
+
+
+@dataclass
+class JobLinks:
+    """A job's place in its workflow: the jobs it depends on (in `depends_on` order) and
+    the jobs that depend on it (by id, at most `limit`; `more_children` if there are more)."""
+
+    parents: list[LinkedJob]
+    children: list[LinkedJob]
+    more_children: bool = False
+
+
+def job_links(bind: Bind, job_id: int, limit: int = MAX_LINKED) -> JobLinks:
+    """The parents and children of job `job_id` (edges outlive the jobs: a gone parent is
+    listed with how it ended). Children are capped at `limit` (1 to 1000)."""
+    (job_id,) = _job_ids([job_id])
+    check_count("limit", limit, 1, MAX_LIST_LIMIT)
+    parents = [
+        LinkedJob(**row)
+        for row in bind.execute(queries.workflows.job_parents(), {"job_id": job_id}).mappings()
+    ]
+    params = {"job_id": job_id, "limit": limit + 1}
+    children = [
+        LinkedJob(**row)
+        for row in bind.execute(queries.workflows.job_children(), params).mappings()
+    ]
+    return JobLinks(parents, children[:limit], len(children) > limit)
+
+
+@dataclass(frozen=True)
+class WorkflowJob:
+    """One job of a workflow, as `workflow_jobs` returns it."""
+
+    id: int
+    task: str
+    queue: str
+    status: str
+    deps_left: int | None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    archived: bool
+    """Found in the archive (a succeeded job of an `archive` queue)."""
+    parents: tuple[int, ...] = ()
+    """The ids of the jobs it depends on, in `depends_on` order (in this workflow or not,
+    listed or not)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO 8601 text."""
+        return {key: _jsonable(value) for key, value in dataclasses.asdict(self).items()}
+
+
+class WorkflowJobs(list[WorkflowJob]):
+    """What `workflow_jobs` found, by id; `truncated` if the workflow has more jobs."""
+
+    def __init__(self, found: Iterable[WorkflowJob], truncated: bool) -> None:
+        super().__init__(found)
+        self.truncated = truncated
+
+
+def workflow_jobs(bind: Bind, workflow_id: str, limit: int = MAX_WORKFLOW_JOBS) -> WorkflowJobs:
+    """The jobs of workflow `workflow_id` by id, from the jobs table and the archive (a job
+    deleted by its retention is gone), each with the ids of the jobs it depends on: a
+    workflow's graph. At most `limit` (1 to 10,000) jobs, the first ones; `.truncated`
+    says whether there are more (`list_jobs(workflow=...)` pages through all of them).
+    Reads the partial indexes on `workflow_id` and the edges' index: bounded by `limit`."""
+    workflow_id = _workflow_id(workflow_id)
+    check_count("limit", limit, 1, DEFAULT_DEPTH_CAP)
+    params = {"workflow_id": workflow_id, "limit": limit + 1}
+    rows = list(bind.execute(queries.workflows.workflow_jobs(), params).mappings())
+    found = rows[:limit]
+    parents: dict[int, list[int]] = {}
+    ids = [int(row["id"]) for row in found]
+    for parent_id, child_id, _ in bind.execute(queries.workflows.edges_into(), {"job_ids": ids}):
+        parents.setdefault(int(child_id), []).append(int(parent_id))
+    return WorkflowJobs(
+        (WorkflowJob(**row, parents=tuple(parents.get(int(row["id"]), ()))) for row in found),
+        truncated=len(rows) > limit,
+    )
+
+
+def cancel_workflow(bind: Bind, workflow_id: str) -> dict[int, str]:
+    """Cancel every unfinished job of workflow `workflow_id` (queued, waiting, running);
+    returns {id: status it had}. One `cancel_jobs`: the workers holding running ones are
+    told when the transaction commits. A job enqueued into the workflow afterwards that
+    depends on a cancelled one is cancelled as it is enqueued (its parent has failed)."""
+    workflow_id = _workflow_id(workflow_id)
+    ids = bind.execute(queries.workflows.unfinished_in_workflow(), {"workflow_id": workflow_id})
+    return cancel_jobs(bind, ids.scalars().all())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from typing import Any
 
 import click
@@ -43,18 +44,45 @@ def jobs() -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_ids", nargs=-1, type=JOB_ID, required=True)
-def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
-    """Cancel queued or running jobs by id; a running handler sees ctx.cancelled.
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
+@click.option(
+    "--workflow",
+    default=None,
+    help="Cancel every unfinished job (queued, waiting, running) of this workflow.",
+)
+def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...], workflow: str | None) -> None:
+    """Cancel queued, waiting or running jobs by id, or those of a workflow (--workflow);
+    a running handler sees ctx.cancelled, and the jobs that depend on a cancelled one are
+    cancelled too (unless they run on failure).
 
     Exit status 1 if any id names no job or a job that had already finished (done or
-    failed); a job that was already cancelled is reported as such and is not an error."""
+    failed), or if --workflow names a workflow without any job; a job that was already
+    cancelled is reported as such and is not an error."""
+    if bool(job_ids) == (workflow is not None):
+        raise click.UsageError("pass job ids or --workflow, not both (and not neither)")
+    if workflow is not None:
+        _cancel_workflow(database_url, workflow)
+        return
     with base.transaction(database_url) as conn:
         cancelled = admin.cancel_jobs(conn, job_ids)
         others = admin.job_statuses(conn, [i for i in job_ids if i not in cancelled])
     why = "it already finished"
     if _report_each(job_ids, cancelled, others, "cancelled", why, already=JobStatus.cancelled):
         sys.exit(1)
+
+
+def _cancel_workflow(database_url: str | None, workflow: str) -> None:
+    with base.transaction(database_url) as conn:
+        cancelled = admin.cancel_workflow(conn, workflow)
+        known = bool(cancelled) or bool(admin.workflow_jobs(conn, workflow, limit=1))
+    if not known:
+        raise click.ClickException(f"no job of workflow {workflow!r} ({GONE})")
+    by_status = Counter(cancelled.values())
+    counts = ", ".join(f"{by_status[s.value]} {s.value}" for s in JobStatus if s in by_status)
+    click.echo(
+        f"workflow {workflow}: cancelled {len(cancelled)} job(s)"
+        + (f" ({counts})" if counts else "; none was unfinished")
+    )
 
 
 @jobs.command("list")
@@ -72,6 +100,7 @@ def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...]) -> None:
 )
 @click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all of them).")
 @click.option("--before", type=JOB_ID, default=None, help="Ids below this only.")
+@click.option("--workflow", default=None, help="Only jobs of this workflow (its id).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 def jobs_list(
     database_url: str | None,
@@ -81,6 +110,7 @@ def jobs_list(
     tags: tuple[str, ...],
     limit: int,
     before: int | None,
+    workflow: str | None,
     as_json: bool,
 ) -> None:
     """List jobs newest first; page on with --before <the last id shown>."""
@@ -93,6 +123,7 @@ def jobs_list(
             tag=tags or None,
             limit=limit,
             before=before,
+            workflow=workflow,
         )
     if as_json:
         base.echo_json([job.as_dict() for job in found])
@@ -118,13 +149,22 @@ def jobs_list(
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
-    """Show one job: args, attempts, the last error with its traceback, timings."""
+    """Show one job: args, attempts, the last error with its traceback, timings, and in a
+    workflow the jobs it depends on (parents) and the jobs that depend on it (children)."""
     with base.transaction(database_url) as conn:
         job = admin.get_job(conn, job_id)
-    if job is None:
-        raise click.ClickException(f"no job {job_id} ({GONE})")
+        if job is None:
+            raise click.ClickException(f"no job {job_id} ({GONE})")
+        links = admin.job_links(conn, job_id)
     if as_json:
-        base.echo_json(job.as_dict())
+        base.echo_json(
+            {
+                **job.as_dict(),
+                "parents": [p.as_dict() for p in links.parents],
+                "children": [c.as_dict() for c in links.children],
+                "more_children": links.more_children,
+            }
+        )
         return
     for key, value in job.as_dict().items():
         if key in ("args", "meta", "last_error"):
@@ -132,9 +172,24 @@ def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
         click.echo(f"{key}: {'' if value is None else value}")
     click.echo(f"args: {json.dumps(job.args)}")
     click.echo(f"meta: {json.dumps(job.meta)}")
+    _echo_links(links)
     if job.last_error:
         click.echo("last_error:")
         click.echo(job.last_error)
+
+
+def _echo_links(links: admin.JobLinks) -> None:
+    """The parents (how each ended if gone, and what a failure of it does) and children."""
+    if links.parents:
+        click.echo("parents:")
+        for p in links.parents:
+            click.echo(f"  {p.id} {p.task or '-'} {p.state} on_failure={p.on_failure}")
+    if links.children:
+        click.echo("children:")
+        for c in links.children:
+            click.echo(f"  {c.id} {c.task or '-'} {c.state}")
+        if links.more_children:
+            click.echo(f"  ... (the first {len(links.children)} shown)")
 
 
 @jobs.command("retry")

@@ -154,14 +154,36 @@ def link_jobs(connection: Connection, links: Sequence[Link]) -> None:
                 "dependencies finish (in the same transaction is simplest), or keep them "
                 "(retention keep or archive)",
             )
-    _write(connection, links, status, workflow)
+    _write(connection, links, status, _workflows(links, workflow))
+
+
+def _workflows(links: Sequence[Link], flagged: Mapping[int, str | None]) -> dict[int, str | None]:
+    """Each new job's workflow: its own, else its first parent's. A parent enqueued in the
+    same batch passes on what it inherits itself (not the id the flag gave it as a parent,
+    before it was linked); another parent passes on what the flag returned."""
+    new = {link.child_id: link for link in links}
+    resolved: dict[int, str | None] = {}
+    for link in links:
+        chain: list[int] = []
+        job_id = link.child_id
+        while job_id in new and job_id not in resolved and not new[job_id].workflow_id:
+            chain.append(job_id)
+            job_id = new[job_id].parents[0][0]
+        if job_id in resolved:
+            found = resolved[job_id]
+        elif job_id in new:
+            found = new[job_id].workflow_id
+        else:
+            found = flagged.get(job_id)
+        resolved.update(dict.fromkeys(chain or [link.child_id], found))
+    return resolved
 
 
 def _write(
     connection: Connection,
     links: Sequence[Link],
     status: Mapping[int, str],
-    workflow: Mapping[int, str | None],
+    workflows: Mapping[int, str | None],
 ) -> None:
     edges: dict[str, list[Any]] = {
         "parent_ids": [],
@@ -198,7 +220,7 @@ def _write(
         places["statuses"].append(state.value)
         places["deps_left"].append(left)
         places["reasons"].append(reason)
-        places["workflows"].append(link.workflow_id or workflow.get(link.parents[0][0]))
+        places["workflows"].append(workflows[link.child_id])
     connection.execute(_EDGES, edges)
     connection.execute(_PLACE, places)
 

@@ -28,7 +28,7 @@ from sqla_queue.bounds import INT4_MAX
 from sqla_queue.job.states import JobStatus, statuses, unique_predicate
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS
 
-from .common import _is, archive, cancelled_held, job_ids_param, jobs
+from .common import _is, archive, cancelled_held, job_ids_param, jobs, of_workflow
 
 LISTED_COLUMNS = (
     jobs.c.id,
@@ -42,6 +42,7 @@ LISTED_COLUMNS = (
     jobs.c.created_at,
     jobs.c.finished_at,
     jobs.c.tags,
+    jobs.c.workflow_id,
 )
 """What `jobs list` shows of each job: never its args, which may be large."""
 
@@ -53,10 +54,12 @@ def list_jobs(
     status: JobStatus | None = None,
     tags: bool = False,
     before: bool = False,
+    workflow: bool = False,
 ) -> Select[Any]:
     """Jobs newest first, up to `:limit`; each flag adds its filter (`:queue`, `:task`,
     `:tags`: jobs having all of them, by the GIN index; `:before`: ids below it, the keyset
-    cursor). The status is a literal, as the partial indexes need."""
+    cursor; `:workflow_id`: the jobs of that workflow, by its partial index). The status
+    is a literal, as the partial indexes need."""
     statement = select(*LISTED_COLUMNS)
     if queue:
         statement = statement.where(jobs.c.queue == bindparam("queue", type_=Text))
@@ -69,6 +72,8 @@ def list_jobs(
             jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))),
             jobs.c.tags != NO_TAGS,  # the GIN index's predicate: it holds tagged jobs only
         )
+    if workflow:
+        statement = statement.where(*of_workflow())
     if before:
         statement = statement.where(jobs.c.id < bindparam("before", type_=BigInteger))
     return statement.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))

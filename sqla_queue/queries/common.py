@@ -37,6 +37,15 @@ workers = cast(Table, WorkerRegistration.__table__)
 queue_starts = cast(Table, QueueStart.__table__)
 
 
+def of_workflow(table: Any = jobs) -> list[ColumnElement[bool]]:
+    """`workflow_id = :workflow_id` with the predicate of the partial index on `workflow_id`
+    (`models.IN_WORKFLOW`) spelled out, so a generic plan can use that index too."""
+    return [
+        table.c.workflow_id == bindparam("workflow_id", type_=Text),
+        table.c.workflow_id.is_not(None),
+    ]
+
+
 def claimed_columns(table: Any = jobs) -> tuple[Any, ...]:
     """The columns a claim returns (of `jobs`, or of an alias of it)."""
     return (

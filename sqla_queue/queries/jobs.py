@@ -41,6 +41,7 @@ from sqlalchemy.sql.selectable import TableValuedAlias
 
 from sqla_queue.bounds import INT4_MAX
 from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
+from sqla_queue.job.states import statuses
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     NOTIFY_CHANNEL,
@@ -600,7 +601,8 @@ def reap_stale_jobs() -> Update:
 
 
 def cancel_jobs() -> Update:
-    """Cancel jobs `:job_ids` that are queued or running; returns (id, previous status).
+    """Cancel jobs `:job_ids` that are queued, waiting or running (the states whose
+    `cancel` is true); returns (id, previous status).
 
     `admin.cancel_jobs` then NOTIFYs `CANCEL_CHANNEL` so the workers holding running ones
     tell their handlers at once; a late finish is fenced off by the status condition.
@@ -609,10 +611,7 @@ def cancel_jobs() -> Update:
         select(jobs.c.id, jobs.c.status)
         .where(
             jobs.c.id == any_(job_ids_param()),
-            or_(
-                _is(JobStatus.queued),
-                _is(JobStatus.running),
-            ),
+            or_(*(_is(JobStatus(status)) for status in statuses(cancel=True))),
         )
         .with_for_update()
         .cte("before")

@@ -23,7 +23,9 @@ from sqlalchemy import (
     case,
     delete,
     exists,
+    false,
     func,
+    literal,
     literal_column,
     null,
     select,
@@ -34,10 +36,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from sqla_queue.job.states import JobStatus, sql_literal
+from sqla_queue.job.states import UNFINISHED, JobStatus, sql_literal, status_in, statuses
 from sqla_queue.models import JobDependency
 
-from .common import archive, jobs, queues
+from .common import archive, jobs, of_workflow, queues
 
 deps = cast(Table, JobDependency.__table__)
 
@@ -127,7 +129,9 @@ def insert_edges() -> Insert:
 def set_waiting() -> Update:
     """Give the just-inserted jobs `:child_ids` their place in the graph: `:statuses`
     (waiting, queued, or cancelled when a job they depend on already failed), `:deps_left`,
-    `:reasons` (the cancelled ones' error) and `:workflows` (where they have none)."""
+    `:reasons` (the cancelled ones' error) and `:workflows` (each one's own or inherited;
+    where NULL, the one it has: a job flagged as a parent in the same batch has its own id
+    until then)."""
     given = (
         func.unnest(
             _ids("child_ids"),
@@ -148,7 +152,7 @@ def set_waiting() -> Update:
             deps_left=given.c.deps_left,
             last_error=func.coalesce(given.c.reason, jobs.c.last_error),
             finished_at=case((cancelled, func.now()), else_=null()),
-            workflow_id=func.coalesce(jobs.c.workflow_id, given.c.workflow_id),
+            workflow_id=func.coalesce(given.c.workflow_id, jobs.c.workflow_id),
         )
     )
 
@@ -189,6 +193,110 @@ def children_of() -> Select[Any]:
     )
 
 
+def workflow_jobs() -> Select[Any]:
+    """The first `:limit` jobs (by id) of the workflow `:workflow_id`, from the jobs table
+    and the archive: (id, task, queue, status, deps_left, created_at, finished_at,
+    archived). Each side reads its partial index on `workflow_id`, at most `:limit` rows."""
+    limit = bindparam("limit", type_=Integer)
+
+    def members(table: Table, deps_left: Any, archived: Any) -> Any:
+        columns = [table.c[name] for name in ("id", "task", "queue", "status")]
+        return (
+            select(*columns, deps_left, table.c.created_at, table.c.finished_at, archived)
+            .where(*of_workflow(table))
+            .order_by(table.c.id)
+            .limit(limit)
+            .subquery()
+            .select()
+        )
+
+    live = members(jobs, jobs.c.deps_left, false().label("archived"))
+    kept = members(archive, literal(None, Integer).label("deps_left"), true().label("archived"))
+    both = union_all(live, kept).subquery("members")
+    return select(both).order_by(both.c.id).limit(limit)
+
+
+def unfinished_in_workflow() -> Select[Any]:
+    """The ids of the jobs of workflow `:workflow_id` that a cancel ends (queued, waiting,
+    running), from its partial index on `workflow_id`."""
+    return (
+        select(jobs.c.id)
+        .where(*of_workflow(jobs), status_in(jobs.c.status, statuses(cancel=True)))
+        .order_by(jobs.c.id)
+    )
+
+
+def edges_into() -> Select[Any]:
+    """The edges into the jobs `:job_ids` (their parents): (parent_id, child_id,
+    on_failure), by child and `depends_on` order (from `ix_job_deps_child_id`)."""
+    return (
+        select(deps.c.parent_id, deps.c.child_id, deps.c.on_failure)
+        .where(deps.c.child_id == any_(_ids("job_ids")))
+        .order_by(deps.c.child_id, deps.c.position)
+    )
+
+
+def _linked(edge_end: Any) -> list[Any]:
+    """The task and status of the job at `edge_end` (a column of `deps`): from the jobs
+    table, else the archive; NULL for a job in neither."""
+    live = jobs.alias("live")
+    kept = archive.alias("kept")
+
+    def of(name: str) -> Any:
+        return func.coalesce(
+            select(live.c[name]).where(live.c.id == edge_end).scalar_subquery(),
+            select(kept.c[name]).where(kept.c.id == edge_end).scalar_subquery(),
+        )
+
+    return [of("task").label("task"), of("status").label("status")]
+
+
+def job_parents() -> Select[Any]:
+    """The job `:job_id`'s parents in `depends_on` order: (id, on_failure, ended, task,
+    status); `ended` is how the parent ended as its edge recorded it (NULL while it has
+    not), task and status NULL for a parent gone from the jobs table and the archive."""
+    return (
+        select(
+            deps.c.parent_id.label("id"),
+            deps.c.on_failure,
+            deps.c.parent_status.label("ended"),
+            *_linked(deps.c.parent_id),
+        )
+        .where(deps.c.child_id == bindparam("job_id", type_=BigInteger))
+        .order_by(deps.c.position)
+    )
+
+
+def job_children() -> Select[Any]:
+    """The first `:limit` of the job `:job_id`'s dependents by id: (id, on_failure, task,
+    status), task and status NULL for one gone from the jobs table and the archive."""
+    return (
+        select(deps.c.child_id.label("id"), deps.c.on_failure, *_linked(deps.c.child_id))
+        .where(deps.c.parent_id == bindparam("job_id", type_=BigInteger))
+        .order_by(deps.c.child_id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def cancel_parents_of_queue() -> Update:
+    """Cancel the unfinished jobs of queue `:queue_name` that others wait for, before the
+    queue is deleted with them: their dependents are cancelled (a running one's row
+    deleted would count as succeeded)."""
+    return (
+        update(jobs)
+        .where(
+            jobs.c.queue == bindparam("queue_name", type_=Text),
+            jobs.c.has_dependents,
+            status_in(jobs.c.status, UNFINISHED),
+        )
+        .values(
+            status=JobStatus.cancelled.value,
+            finished_at=func.now(),
+            last_error=func.concat("cancelled: its queue ", jobs.c.queue, " was deleted"),
+        )
+    )
+
+
 def prune_edges() -> Delete:
     """Delete the edges whose dependent is gone from both the jobs table and the archive
     (its parents' outcomes are no longer needed by anyone who could read them)."""
@@ -199,13 +307,19 @@ def prune_edges() -> Delete:
 
 
 __all__ = [
+    "cancel_parents_of_queue",
     "children_of",
     "deps",
+    "edges_into",
     "flag_parents",
     "insert_edges",
+    "job_children",
+    "job_parents",
     "parent_results",
     "parents_of",
     "prune_edges",
     "recorded_outcomes",
     "set_waiting",
+    "unfinished_in_workflow",
+    "workflow_jobs",
 ]
