@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from . import queries
+from .health import Pulse
 
 log = logging.getLogger("sqla_queue.notify")
 
@@ -53,6 +54,7 @@ class Listener:
         wake: Callable[[], None],
         on_cancel: Callable[[list[int]], None] | None = None,
         max_backoff: float = 1.0,
+        pulse: Pulse | None = None,
     ) -> None:
         self._engine = engine
         self._queues = frozenset(queues) if queues is not None else None
@@ -63,6 +65,14 @@ class Listener:
         self._thread = threading.Thread(target=self._run, name="sqla-queue-listener", daemon=True)
         self._failing = False
         self.connected = threading.Event()
+        self.pulse = pulse or Pulse()
+        """Busy while it connects or handles a notification, idle while it waits for one
+        (or out a backoff): `/livez` (sqla_queue.worker.health)."""
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The listener's thread once started (None before)."""
+        return self._thread if self._thread.ident is not None else None
 
     def start(self) -> None:
         self._thread.start()
@@ -74,6 +84,7 @@ class Listener:
     def _run(self) -> None:
         backoff = 0.05
         while not self._stopping.is_set():
+            self.pulse.busy()
             try:
                 self._listen()
                 backoff = 0.05
@@ -88,6 +99,7 @@ class Listener:
                         text.splitlines()[0][:300] if text else type(exc).__name__,
                     )
                     self._failing = True
+                self.pulse.idle()
                 self._stopping.wait(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, self._max_backoff)
 
@@ -100,11 +112,14 @@ class Listener:
                     self._failing = False
                 self._wake()
                 while not self._stopping.is_set():
+                    self.pulse.idle()
                     for notification in conn.notifies(timeout=0.5):
+                        self.pulse.busy()
                         if notification.channel == queries.CANCEL_CHANNEL:
                             self._cancelled(notification.payload)
                         elif self._queues is None or notification.payload in self._queues:
                             self._wake()
+                        self.pulse.idle()
         finally:
             self.connected.clear()
 

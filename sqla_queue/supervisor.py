@@ -38,6 +38,7 @@ stdin, a pipe from the parent (`watch_parent`): when the parent dies without a w
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
@@ -46,6 +47,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +59,7 @@ from typing import Any, NoReturn
 import click
 
 from .errors import AppLoadError, ConfigurationError, SchemaElsewhereError, SchemaMissingError
+from .health import HealthServer
 from .retry import RetryPolicy
 
 log = logging.getLogger("sqla_queue.supervisor")
@@ -353,7 +357,15 @@ def exit_for_configuration_error(exc: Exception) -> NoReturn:
 
 
 PER_PARENT_OPTIONS = frozenset(
-    {"database_url", "processes", "supervised_slot", "log_format", "metrics_port"}
+    {
+        "database_url",
+        "processes",
+        "supervised_slot",
+        "log_format",
+        "metrics_port",
+        "health_port",
+        "health_host",
+    }
 )
 """`worker` options the parent of `--processes` does not pass on as given."""
 
@@ -364,7 +376,8 @@ def supervise_worker_command(
     """Run `processes` workers as children, each a fresh `python -m sqla_queue worker` with
     the options of the `worker` command in `ctx`; returns the parent's exit status. The URL
     travels in `env` (not on a command line, where `ps` shows passwords); child N serves
-    its metrics on --metrics-port + N - 1."""
+    its metrics on --metrics-port + N - 1. With --health-port P the parent serves P (on
+    --health-host) and child N answers on 127.0.0.1:P + N (`SupervisorHealth`)."""
     given: list[str] = []
     for param in ctx.command.params:
         name = param.name or ""
@@ -375,13 +388,104 @@ def supervise_worker_command(
         given.extend(_option_arguments(param, ctx.params[name]))
     base = [sys.executable, "-m", "sqla_queue", "worker", *given, "--log-format", log_format]
     metrics_port = ctx.params["metrics_port"]
+    health_port = ctx.params.get("health_port")
     commands = []
     for slot in range(1, processes + 1):
         slot_args = ["--supervised-slot", str(slot)]
         if metrics_port is not None:
             slot_args += ["--metrics-port", str(metrics_port + slot - 1)]
+        if health_port is not None:
+            slot_args += ["--health-port", str(health_port + slot), "--health-host", LOCALHOST]
         commands.append([*base, *slot_args])
-    return Supervisor(commands, burst=ctx.params["burst"], env=dict(os.environ, **env)).run()
+    supervisor = Supervisor(commands, burst=ctx.params["burst"], env=dict(os.environ, **env))
+    if health_port is None:
+        return supervisor.run()
+    health = SupervisorHealth(
+        supervisor, {slot: health_port + slot for slot in range(1, processes + 1)}
+    )
+    server = HealthServer(ctx.params["health_host"], health_port, health.livez, health.readyz)
+    server.start()
+    try:
+        return supervisor.run()
+    finally:
+        server.stop()
+
+
+LOCALHOST = "127.0.0.1"
+CHILD_HEALTH_TIMEOUT = 4.0
+"""Seconds the parent waits for a child's health answer (its database check takes 2 s at
+most)."""
+CHILD_STARTING_GRACE = 30.0
+"""Seconds after its start during which a child that does not answer yet is starting
+(live), not failing."""
+
+
+class SupervisorHealth:
+    """The `--processes` parent's `/livez` and `/readyz`: it asks each child's own, on
+    127.0.0.1, all at once, and reports them by child name.
+
+    Live while every running child answers 200 to `/livez`; a child being restarted, or
+    started less than `CHILD_STARTING_GRACE` seconds ago and not answering yet, counts as
+    live: the parent restarts crashed children itself, and gives up (exits) when they crash
+    on. Ready only while every child runs and answers 200 to `/readyz`."""
+
+    def __init__(self, supervisor: Supervisor, ports: Mapping[int, int]) -> None:
+        self.supervisor = supervisor
+        self.ports = dict(ports)
+
+    def livez(self) -> tuple[bool, dict[str, Any]]:
+        return self._ask("/livez", lenient=True)
+
+    def readyz(self) -> tuple[bool, dict[str, Any]]:
+        return self._ask("/readyz", lenient=False)
+
+    def _ask(self, path: str, lenient: bool) -> tuple[bool, dict[str, Any]]:
+        children = list(self.supervisor.children)
+        answers: dict[str, tuple[bool, dict[str, Any]]] = {}
+
+        def ask(child: Child) -> None:
+            answers[child.name] = self._ask_child(child, path, lenient)
+
+        threads = [threading.Thread(target=ask, args=(child,), daemon=True) for child in children]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + CHILD_HEALTH_TIMEOUT + 1
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        report: dict[str, Any] = {}
+        ok = not self.supervisor.failure
+        for child in children:
+            child_ok, child_report = answers.get(
+                child.name, (False, {"status": "no answer in time"})
+            )
+            ok = ok and child_ok
+            report[child.name] = child_report
+        return ok, {"status": "ok" if ok else "failing", "processes": report}
+
+    def _ask_child(self, child: Child, path: str, lenient: bool) -> tuple[bool, dict[str, Any]]:
+        process = child.process
+        if process is None:
+            state = "restarting" if child.restart_at is not None else "stopped"
+            return lenient and state == "restarting", {"status": state}
+        url = f"http://{LOCALHOST}:{self.ports[child.slot]}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=CHILD_HEALTH_TIMEOUT) as response:
+                return True, _json_object(response.read())
+        except urllib.error.HTTPError as exc:
+            return False, _json_object(exc.read())
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if time.monotonic() - child.started_at < CHILD_STARTING_GRACE:
+                return lenient, {"status": "starting", "error": str(reason)}
+            return False, {"status": "unreachable", "error": str(reason)}
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {"status": "not JSON", "body": data[:200].decode(errors="replace")}
+    return value if isinstance(value, dict) else {"status": "not an object", "body": value}
 
 
 def _option_arguments(option: click.Option, value: Any) -> list[str]:
@@ -420,6 +524,7 @@ __all__ = [
     "EXIT_USAGE",
     "RestartPolicy",
     "Supervisor",
+    "SupervisorHealth",
     "child_name",
     "describe_exit",
     "exit_for_configuration_error",

@@ -119,6 +119,25 @@ def _supervised_child_exits(func: F) -> F:
     help="Serve Prometheus metrics on this port (needs sqla-queue[metrics]).",
 )
 @click.option(
+    "--health-port",
+    type=PORT,
+    default=None,
+    help="Serve /livez, /readyz and /health over HTTP on this port (with --processes, "
+    "the parent serves it for all its workers).",
+)
+@_config_option(
+    "--health-host",
+    type=click.STRING,
+    help="The address the health port listens on (0.0.0.0: every interface, as "
+    "Kubernetes probes need; 127.0.0.1: this machine only).",
+)
+@_config_option(
+    "--health-stuck-after",
+    type=DURATION,
+    help="How long one round of a worker loop (a statement, a connection attempt) may take "
+    "before /livez calls it stuck.",
+)
+@click.option(
     "--from",
     "broker_url",
     default=None,
@@ -174,6 +193,9 @@ def worker(
     log_level: str,
     log_format: str | None,
     metrics_port: int | None,
+    health_port: int | None,
+    health_host: str,
+    health_stuck_after: float,
     broker_url: str | None,
     ack_wait: float,
     dedup: bool | None,
@@ -194,6 +216,17 @@ def worker(
             f"with --processes {processes} the workers serve metrics on ports {metrics_port} "
             f"to {metrics_port + processes - 1}; the last must be at most 65535",
             param_hint="'--metrics-port'",
+        )
+    if health_port is not None and broker_url is not None:
+        raise click.BadParameter(
+            "health checks are not served by a worker with --from yet", param_hint="'--health-port'"
+        )
+    if health_port is not None and processes > 1 and health_port + processes > 65535:
+        raise click.BadParameter(
+            f"with --processes {processes} the workers answer the parent's health checks on "
+            f"127.0.0.1 ports {health_port + 1} to {health_port + processes}; the last must "
+            "be at most 65535",
+            param_hint="'--health-port'",
         )
     if processes > 1:
         from sqla_queue.supervisor import supervise_worker_command

@@ -32,6 +32,7 @@ from sqlalchemy.exc import OperationalError
 
 from sqla_queue import queries
 from sqla_queue.database import create_queue_engine
+from sqla_queue.health import HealthServer, Pulse
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.run import resources_of
 from sqla_queue.migrate import check_schema
@@ -45,6 +46,7 @@ from .completer import Completer
 from .config import WorkerConfig, WorkerStats
 from .connection import DatabaseLink, FailureLog, backoff_delays, describe
 from .executor import Executor
+from .health import DatabaseCheck, ThreadOf, WorkerHealth
 from .jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
 from .keeper import Keeper
 from .producer import Producer, ProducerSettings
@@ -86,6 +88,11 @@ class Worker:
         self._wake = threading.Event()
         self._signals = 0
         self._listener: Listener | None = None
+        self._listener_pulse = Pulse()
+        self._running = False
+        self._run_thread: threading.Thread | None = None
+        self.health: HealthServer | None = None
+        """The health server while `run()` serves one (`WorkerConfig.health_port`)."""
         self.resources = resources_of(registry, cfg.resources)
         hooks = registry.hooks
         self.board = JobBoard(cfg.concurrency, cfg.batch, self._wake.set)
@@ -134,12 +141,19 @@ class Worker:
             install_signal_handlers = threading.current_thread() is threading.main_thread()
         previous = self._install_signals() if install_signal_handlers else {}
         started = False
+        database_check: DatabaseCheck | None = None
         try:
+            self._run_thread = threading.current_thread()
+            if self.config.health_port is not None:
+                database_check = DatabaseCheck(self.engine)
+                self.health = self._health_server(database_check)
+                self.health.start()
             known = self._prepare()
             if known is None:  # stopped while waiting for the database
                 return self.stats
             started = True
             self._start_threads()
+            self._running = True
             cfg = self.config
             log.info(
                 "worker %s started: queues=%s concurrency=%d batch=%d max_batch=%s lease=%ss%s",
@@ -163,6 +177,12 @@ class Worker:
             hooks.emit(hooks.worker_stopping, self)
             self.shutdown.drain()
         finally:
+            self._running = False
+            if self.health is not None:
+                self.health.stop()
+                self.health = None
+            if database_check is not None:
+                database_check.dispose()
             self._stop_threads()
             if started:
                 self._deregister()
@@ -192,7 +212,9 @@ class Worker:
                 self.db.failures.failed(
                     "start", "database connection lost while starting (%s); retrying", describe(exc)
                 )
+                self.db.pulse.idle()
                 self._stopping.wait(next(delays))
+                self.db.pulse.busy()
 
     def _make_job(self, row: Any, columns: ClaimColumns) -> ClaimedJob:
         return ClaimedJob(
@@ -224,7 +246,13 @@ class Worker:
         if any(self.registry[name].is_async for name in self.registry):
             self.executor.loop()
         if not cfg.poll_only:
-            self._listener = Listener(self.engine, cfg.queues, self._on_notify, self._on_cancel)
+            self._listener = Listener(
+                self.engine,
+                cfg.queues,
+                self._on_notify,
+                self._on_cancel,
+                pulse=self._listener_pulse,
+            )
             self._listener.start()
         self.keeper.start()
 
@@ -242,6 +270,34 @@ class Worker:
                 self.keeper.deregister(conn)
         except Exception as exc:  # it expires by itself within dead_after seconds
             log.warning("could not remove this worker's registration: %s", describe(exc))
+
+    # -- health ---------------------------------------------------------------------------
+
+    def _health_server(self, database: DatabaseCheck) -> HealthServer:
+        cfg = self.config
+        assert cfg.health_port is not None
+        loops: dict[str, tuple[Pulse, ThreadOf]] = {
+            "producer": (self.db.pulse, lambda: self._run_thread),
+            "keeper": (self.keeper.pulse, lambda: self.keeper.thread),
+        }
+        if not cfg.poll_only:
+            loops["listener"] = (
+                self._listener_pulse,
+                lambda: self._listener.thread if self._listener is not None else None,
+            )
+        checks = WorkerHealth(
+            loops,
+            cfg.health_stuck_after,
+            database,
+            lambda: self.executor.loop_lag() if self.executor.has_loop else None,
+            self._state,
+        )
+        return HealthServer(cfg.health_host, cfg.health_port, checks.livez, checks.readyz)
+
+    def _state(self) -> str:
+        if self._stopping.is_set():
+            return "stopping"
+        return "running" if self._running else "starting"
 
     # -- signals ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqla_queue.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
 from sqla_queue.errors import ConfigurationError, InvalidJobError
+from sqla_queue.health import DEFAULT_HEALTH_HOST
 from sqla_queue.models import validate_name
 from sqla_queue.registry import MIN_LEASE
 
@@ -63,6 +64,15 @@ class WorkerConfig:
     vacuum_threshold: int | None = 1000
     """Dead rows in the jobs table (beyond a tenth of its live rows) at which a worker runs
     VACUUM on it itself, one worker at a time; None leaves the table to autovacuum."""
+    health_port: int | None = None
+    """Serve `/livez`, `/readyz` and `/health` over HTTP on this port while the worker runs
+    (`sqla_queue.worker.health`); None serves nothing."""
+    health_host: str = DEFAULT_HEALTH_HOST
+    """The address the health server listens on: every interface by default, as a
+    Kubernetes probe needs; 127.0.0.1 keeps it to this machine."""
+    health_stuck_after: float = 60.0
+    """Seconds one round of a worker loop (a statement, a connection attempt) may take
+    before `/livez` calls the loop stuck. Waiting (idle, or out a database outage) never is."""
     resources: Mapping[str, Any] = field(default_factory=dict)
     """Handed to every job as `ctx.resources`, over the registry's own of the same name."""
     worker_id: str = field(
@@ -80,7 +90,20 @@ class WorkerConfig:
             )
         if self.vacuum_threshold is not None:
             check_count("vacuum_threshold", self.vacuum_threshold, 0)
-        for name in ("lease", "poll_interval", "shutdown_timeout", "heartbeat", "dead_after"):
+        if self.health_port is not None:
+            check_count("health_port", self.health_port, 1, 65535)
+        if not isinstance(self.health_host, str) or not self.health_host:
+            raise ConfigurationError(
+                detail=f"health_host must be a host name or address, got {self.health_host!r}"
+            )
+        for name in (
+            "lease",
+            "poll_interval",
+            "shutdown_timeout",
+            "heartbeat",
+            "dead_after",
+            "health_stuck_after",
+        ):
             setattr(self, name, check_duration(name, getattr(self, name)))  # a timedelta too
         if self.give_up_after is not None:
             self.give_up_after = check_duration("give_up_after", self.give_up_after)
@@ -92,6 +115,10 @@ class WorkerConfig:
             ),
             (self.poll_interval > 0, f"poll interval must be positive, got {self.poll_interval}"),
             (self.heartbeat > 0, f"heartbeat must be positive, got {self.heartbeat}"),
+            (
+                self.health_stuck_after > 0,
+                f"health_stuck_after must be positive, got {self.health_stuck_after}",
+            ),
             (
                 self.dead_after >= 2 * self.heartbeat,
                 f"dead_after ({self.dead_after}) must be at least twice the heartbeat "

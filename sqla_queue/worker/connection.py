@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from sqla_queue.errors import DatabaseUnavailableError
+from sqla_queue.health import Pulse
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -259,6 +260,9 @@ class DatabaseLink:
     waits for ever."""
     failures: FailureLog
     synchronous_commit: bool = True
+    pulse: Pulse = field(default_factory=Pulse)
+    """The pulse of the loop using the link (the producer's): idle while it waits out the
+    database between attempts, so an outage is never a stuck loop."""
     conn: Connection | None = field(default=None, init=False)
     """The open connection; None until `connect`, and after `close`."""
 
@@ -294,7 +298,9 @@ class DatabaseLink:
                     raise DatabaseUnavailableError(
                         seconds=self.give_up_after, reason=message
                     ) from None
+                self.pulse.idle()
                 self.stopping.wait(delay)
+                self.pulse.busy()
             else:
                 self.failures.recovered()
                 return self.conn
@@ -334,8 +340,10 @@ class DatabaseLink:
                     describe(exc),
                     delay,
                 )
+                self.pulse.idle()
                 if self.stopping.wait(delay):
                     raise Stopped from None
+                self.pulse.busy()
             else:
                 if self.failures.failing_for:
                     self.failures.recovered()

@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from sqla_queue import queries
+from sqla_queue.health import Pulse
 from sqla_queue.models import JobStatus
 from sqla_queue.registry import Registry
 
@@ -69,6 +70,8 @@ class Keeper:
         self._on_reaped = on_reaped
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.pulse = Pulse()
+        """Busy during a round (its statements), idle between: `/livez` (worker.health)."""
         self.failures = FailureLog()
         self.vacuum = SelfVacuum(engine, config.vacuum_threshold, FailureLog())
         self.task_leases: dict[str, float] = {}
@@ -111,6 +114,11 @@ class Keeper:
         self._thread = threading.Thread(target=self._run, name="sqla-queue-keeper", daemon=True)
         self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The keeper thread, once started."""
+        return self._thread
+
     def stop(self) -> None:
         self._stopping.set()
         if self._thread is not None:
@@ -128,7 +136,12 @@ class Keeper:
         next_reap = now + random.uniform(0, self.config.heartbeat)
         beat_worker, reap = queries.beat_worker(), queries.reap_stale_jobs()
         notify, expired = queries.notify_queues(), queries.delete_expired_workers()
-        while not self._stopping.wait(self.tick):
+        pulse = self.pulse
+        while True:
+            pulse.idle()
+            if self._stopping.wait(self.tick):
+                return
+            pulse.busy()
             self._watch_loop()  # needs no database: watched even while it is away
             self._watch_overruns()
             try:

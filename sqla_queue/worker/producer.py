@@ -113,8 +113,10 @@ class Producer:
         next_poll = 0.0
         flush_after = 0.0
         self._check_statistics()  # before the first claim: it is planned with them
+        pulse = self.db.pulse  # busy while a round works, idle while it waits
         try:
             while not self.stopping.is_set():
+                pulse.busy()
                 now = time.monotonic()
                 if self.notified or now >= next_poll:
                     self.notified = False
@@ -172,10 +174,13 @@ class Producer:
                     timeouts.append(self.keeper.tick)
                 if board.ready and board.wake_waiting(now):
                     timeouts.append(WAKE_MORE_AFTER)
+                pulse.idle()
                 self.wake.wait(max(0.0, min(timeouts)) if timeouts else None)
                 self.wake.clear()
         except Stopped:
             return
+        finally:
+            pulse.idle()
 
     def _check_statistics(self) -> None:
         """ANALYZE the jobs table if its statistics are missing or far off (one worker does)."""

@@ -1,0 +1,143 @@
+"""What a worker's health endpoints answer (`WorkerConfig.health_port`; the server is
+`sqla_queue.health`).
+
+Liveness: each of the worker's loops has a `Pulse`, which the loop marks busy when it
+starts a round of work and idle when it waits (for a notification, for room, for its next
+tick, or out a database outage between reconnection attempts). A loop is stuck once one
+round has kept it busy for `WorkerConfig.health_stuck_after` seconds: a statement that does
+not return, a connection attempt that hangs. Waiting is never stuck, however long, so an
+idle worker or one waiting out an outage stays live (readiness says the database is away).
+The loops: the producer (the dispatcher, which also writes outcomes: the completer), the
+keeper (heartbeats, leases, the reaper), the listener (LISTEN; not with `poll_only`) and,
+with async tasks, the event loop (stuck when it has not run a probe for that long). A loop
+whose thread has exited is dead.
+
+Readiness: live, started (registered; not while waiting for the database at start or
+after a stop was asked), and the database answers `SELECT 1` on a connection of its own
+within `DATABASE_TIMEOUT` seconds; that answer is kept for `DATABASE_CACHE` seconds, so
+probes do not add load.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, pool, text
+
+from sqla_queue.health import Pulse
+
+from .connection import describe
+
+DATABASE_TIMEOUT = 2.0
+"""Seconds the readiness check's `SELECT 1` (its connection included) may take."""
+DATABASE_CACHE = 1.0
+"""Seconds a readiness check's database answer is reused for."""
+
+
+ThreadOf = Callable[[], threading.Thread | None]
+"""The thread a loop runs on; None until it has started."""
+
+
+class DatabaseCheck:
+    """`SELECT 1` on a connection of its own, its answer cached for `cache` seconds."""
+
+    def __init__(
+        self, engine: Engine, timeout: float = DATABASE_TIMEOUT, cache: float = DATABASE_CACHE
+    ) -> None:
+        self.timeout = timeout
+        self.cache = cache
+        # A pool of none: the worker's own pool may be busy or broken, which is not the
+        # database's health; connect_timeout is in whole seconds (libpq's least is 2).
+        self._engine = create_engine(
+            engine.url,
+            poolclass=pool.NullPool,
+            connect_args={
+                "connect_timeout": max(2, round(timeout)),
+                "options": f"-c statement_timeout={int(timeout * 1000)}",
+            },
+        )
+        self._lock = threading.Lock()
+        self._checked_at = float("-inf")
+        self._error: str | None = "not checked yet"
+
+    def __call__(self) -> str | None:
+        """None when the database answered, else why not. Probes at once share one check."""
+        with self._lock:
+            if time.monotonic() - self._checked_at >= self.cache:
+                self._error = self._check()
+                self._checked_at = time.monotonic()
+            return self._error
+
+    def _check(self) -> str | None:
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            return describe(exc)
+        return None
+
+    def dispose(self) -> None:
+        self._engine.dispose()
+
+
+class WorkerHealth:
+    """The answers of one worker's `/livez` and `/readyz`."""
+
+    def __init__(
+        self,
+        loops: dict[str, tuple[Pulse, ThreadOf]],
+        stuck_after: float,
+        database: Callable[[], str | None],
+        loop_lag: Callable[[], float | None],
+        state: Callable[[], str],
+    ) -> None:
+        """`loops`: each loop's pulse and thread; `loop_lag`: how long the event loop has
+        left a probe unrun (None without one); `state`: "starting", "running", "stopping"."""
+        self.loops = loops
+        self.stuck_after = stuck_after
+        self.database = database
+        self.loop_lag = loop_lag
+        self.state = state
+
+    def loop_report(self) -> dict[str, str]:
+        """Each loop's state: "ok", "not started", "stuck for N s" or "exited"."""
+        now = time.monotonic()
+        report: dict[str, str] = {}
+        for name, (pulse, thread_of) in self.loops.items():
+            thread = thread_of()
+            if thread is None:
+                report[name] = "not started"
+            elif not thread.is_alive():
+                report[name] = "exited"
+            elif (busy := pulse.stuck_for(now)) >= self.stuck_after:
+                report[name] = f"stuck for {busy:.0f} s"
+            else:
+                report[name] = "ok"
+        lag = self.loop_lag()
+        if lag is not None:
+            report["event_loop"] = f"stuck for {lag:.0f} s" if lag >= self.stuck_after else "ok"
+        return report
+
+    def livez(self) -> tuple[bool, dict[str, Any]]:
+        loops = self.loop_report()
+        ok = all(state in ("ok", "not started") for state in loops.values())
+        return ok, {"status": "ok" if ok else "failing", "worker": self.state(), "loops": loops}
+
+    def readyz(self) -> tuple[bool, dict[str, Any]]:
+        live, report = self.livez()
+        state = report["worker"]
+        error = self.database() if live and state == "running" else None
+        report["database"] = "ok" if error is None else error
+        if not live:
+            report["database"] = "not checked (not live)"
+        elif state != "running":
+            report["database"] = f"not checked (worker {state})"
+        ok = live and state == "running" and error is None
+        report["status"] = "ok" if ok else "failing"
+        return ok, report
+
+
+__all__ = ["DATABASE_CACHE", "DATABASE_TIMEOUT", "DatabaseCheck", "WorkerHealth"]
