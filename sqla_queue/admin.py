@@ -66,16 +66,16 @@ def set_retention(bind: Bind, name: str, retention: str) -> None:
 
 
 def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
-    """Delete queue `name` and its finished jobs. Refuses while it has queued or running
-    jobs unless `force`, which deletes those too. Returns how many jobs were deleted."""
+    """Delete queue `name` and its finished jobs. Refuses while it has queued, running or
+    waiting jobs unless `force`, which deletes those too. Returns how many jobs were deleted."""
     validate_name("queue", name, task="(none)")
     if bind.execute(queries.lock_queue(), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
     unfinished = bind.execute(queries.count_unfinished_in_queue(), {"queue_name": name}).scalar()
     if unfinished and not force:
         raise ConfigurationError(
-            detail=f"queue {name!r} still has {unfinished} queued or running job(s); "
-            "wait for them, or pass --force to delete them with the queue"
+            detail=f"queue {name!r} still has {unfinished} unfinished job(s) (queued, running "
+            "or waiting); wait for them, or pass --force to delete them with the queue"
         )
     # Without --force only finished jobs go: a job enqueued since the count (possible once
     # the foreign key is dropped) is never deleted by accident.

@@ -66,7 +66,7 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
         (["queues", "create", "q", "--retention", "forever"], 2, "'forever' is not one of"),
         (["queues", "pause", "nope"], 1, "Queue 'nope' does not exist"),
         (["queues", "delete", "nope"], 1, "Queue 'nope' does not exist"),
-        (["queues", "delete", "default"], 1, "still has 3 queued or running job(s)"),
+        (["queues", "delete", "default"], 1, "still has 3 unfinished job(s)"),
         (["jobs", "cancel", "abc"], 2, "'abc' is not a valid integer"),
         (["prune", "--older-than", "soon"], 2, "'soon' is not a duration"),
         (["prune", "--older-than", "1h", "--status", "queued"], 1, "can only prune finished"),

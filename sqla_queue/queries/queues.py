@@ -26,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete
 
+from sqla_queue.job.states import UNFINISHED
 from sqla_queue.models import JobStatus
 
 from .common import (
@@ -118,10 +119,10 @@ def set_queue_result_ttl() -> Update:
 
 
 def count_unfinished_in_queue() -> Select[Any]:
-    """How many jobs of `:queue_name` are queued or running."""
+    """How many jobs of `:queue_name` are unfinished (queued, running or waiting)."""
     return select(func.count()).where(
         jobs.c.queue == bindparam("queue_name"),
-        or_(_is(JobStatus.queued), _is(JobStatus.running)),
+        or_(*(_is(JobStatus(status)) for status in UNFINISHED)),
     )
 
 
