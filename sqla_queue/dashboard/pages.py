@@ -1,5 +1,5 @@
-"""The dashboard's pages and actions over one engine: queues, jobs, one job, workers and
-doctor's findings; retry, cancel and delete jobs, pause and resume queues."""
+"""The dashboard's pages and actions over one engine: queues, jobs, one job, a workflow's
+tree, workers and doctor's findings; retry, cancel and delete jobs, pause and resume queues."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hmac
 import json
 import threading
 import time
+from collections import Counter
 from typing import Any, TypedDict
 from urllib.parse import urlencode
 
@@ -82,6 +83,7 @@ class Dashboard:
             Route("/jobs", self.jobs_page, name="jobs"),
             Route("/jobs/action", self.jobs_action, methods=["POST"], name="jobs_action"),
             Route("/jobs/{job_id}", self.job_page, name="job"),
+            Route("/workflows/{workflow_id:path}", self.workflow_page, name="workflow"),
             Route("/queues/{name:path}/pause", self.pause, methods=["POST"], name="pause"),
             Route("/queues/{name:path}/resume", self.resume, methods=["POST"], name="resume"),
             Route("/workers", self.workers_page, name="workers"),
@@ -180,6 +182,7 @@ class Dashboard:
                 task=checks.text_filter(params.get("task"), "task"),
                 status=JobStatus(status) if status else None,
                 tag=checks.text_filter(params.get("tag"), "tag"),
+                workflow=checks.text_filter(params.get("workflow"), "workflow"),
             )
             before = checks.job_id(params["before"], "before") if params.get("before") else None
         except checks.BadParameter as exc:
@@ -191,6 +194,7 @@ class Dashboard:
             "task": where.task or "",
             "status": where.status.value if where.status else "",
             "tag": where.tag or "",
+            "workflow": where.workflow or "",
         }
         return self._render(
             request,
@@ -208,6 +212,7 @@ class Dashboard:
             return self._bad_request(request, f"no such job: {exc}", status=404)
         with self.engine.connect() as conn:
             job = admin.get_job(conn, job_id)
+            links = admin.job_links(conn, job_id) if job is not None else None
         if job is None:
             return self._render(
                 request,
@@ -224,7 +229,35 @@ class Dashboard:
         }
         args = json.dumps(job.args, indent=2, ensure_ascii=False, sort_keys=True)
         meta = json.dumps(job.meta, indent=2, ensure_ascii=False, sort_keys=True)
-        return self._render(request, "job.html", job=job, args=args, meta=meta, timings=timings)
+        return self._render(
+            request, "job.html", job=job, args=args, meta=meta, timings=timings, links=links
+        )
+
+    def workflow_page(self, request: Request) -> Response:
+        workflow_id = request.path_params["workflow_id"]
+        try:
+            checks.text_filter(workflow_id, "the workflow id")
+            with self.engine.connect() as conn:
+                found = admin.workflow_jobs(conn, workflow_id)
+        except (checks.BadParameter, SqlaQueueError) as exc:
+            return self._bad_request(request, f"no such workflow: {exc}", status=404)
+        if not found:
+            return self._render(
+                request,
+                "error.html",
+                status=404,
+                message=f"no job of workflow {workflow_id}: never enqueued, or its jobs were "
+                "deleted once finished (by their queues' retention, prune, or by hand)",
+            )
+        counts = Counter(job.status for job in found)
+        return self._render(
+            request,
+            "workflow.html",
+            workflow_id=workflow_id,
+            found=found,
+            tree=reads.workflow_tree(found),
+            counts=[(s.value, counts[s.value]) for s in JobStatus if counts[s.value]],
+        )
 
     def workers_page(self, request: Request) -> Response:
         with self.engine.connect() as conn:

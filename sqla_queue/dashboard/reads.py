@@ -8,6 +8,7 @@ matches few jobs or none still answers in milliseconds on a table of millions.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,7 @@ class JobFilter:
     task: str | None = None
     status: JobStatus | None = None
     tag: str | None = None
+    workflow: str | None = None
 
 
 @dataclass
@@ -105,7 +107,12 @@ def list_jobs(
     offered as the next page (each such search reads another window, perhaps for nothing).
     """
     statement = statements.job_page(
-        where.queue, where.task, where.status, before is not None, where.tag
+        where.queue,
+        where.task,
+        where.status,
+        before is not None,
+        where.tag,
+        where.workflow is not None,
     )
     params: dict[str, Any] = {
         "tags": [where.tag] if where.tag is not None else None,
@@ -113,6 +120,7 @@ def list_jobs(
         "window": window,
         "queue": where.queue,
         "task": where.task,
+        "workflow_id": where.workflow,
     }
     if before is not None:
         params["before_id"] = before
@@ -123,6 +131,66 @@ def list_jobs(
     if searched < window:
         return JobPage(rows, None)
     return JobPage(rows, None, int(searched), int(oldest))
+
+
+MAX_TREE_ROWS = 2000
+"""Rows a workflow's tree shows at most: a job under each of its parents is a row each."""
+DEEPEST_DRAWN = 40
+"""Levels of a tree drawn as branches; a deeper row says its depth instead."""
+
+
+@dataclass(frozen=True)
+class TreeRow:
+    """One row of a workflow's tree: a job under one of its parents (or a root)."""
+
+    job: admin.WorkflowJob
+    depth: int
+    branch: str
+    """The tree's lines before it ("│  ├─ "), plain text."""
+    parents_shown: int
+    """How many of its parents are in the tree: more than one, it appears under each."""
+    first: bool
+    """Its first row: its children follow this one; a later row refers back to it."""
+
+
+@dataclass
+class Tree:
+    rows: list[TreeRow]
+    cut: bool
+    """Rows were left out (more than `MAX_TREE_ROWS`)."""
+
+
+def workflow_tree(found: Sequence[admin.WorkflowJob], max_rows: int = MAX_TREE_ROWS) -> Tree:
+    """The jobs `found` as an indented tree: roots (no parent among them) by id, each job's
+    children (by id) under it. A job with several parents appears under each; its
+    children follow its first row only, so a diamond-rich graph stays linear in its edges."""
+    by_id = {job.id: job for job in found}
+    children: dict[int, list[int]] = {}
+    shown: dict[int, int] = {}
+    for job in found:
+        parents = [p for p in dict.fromkeys(job.parents) if p in by_id]
+        shown[job.id] = len(parents)
+        for parent in parents:
+            children.setdefault(parent, []).append(job.id)
+    roots = [job.id for job in found if not shown[job.id]]
+    rows: list[TreeRow] = []
+    seen: set[int] = set()
+    # (job, depth, its branch, the lines its children's branches continue)
+    stack = [(job_id, 0, "", "") for job_id in reversed(roots)]
+    while stack and len(rows) < max_rows:
+        job_id, depth, branch, below = stack.pop()
+        first = job_id not in seen
+        seen.add(job_id)
+        if depth > DEEPEST_DRAWN:
+            branch = f"… level {depth} ─ "
+        rows.append(TreeRow(by_id[job_id], depth, branch, shown[job_id], first))
+        kids = children.get(job_id, []) if first else []
+        for i, kid in reversed(list(enumerate(kids))):
+            last = i == len(kids) - 1
+            kid_branch = below + ("└─ " if last else "├─ ")
+            kid_below = below + ("   " if last else "│  ") if depth < DEEPEST_DRAWN else below
+            stack.append((kid, depth + 1, kid_branch, kid_below))
+    return Tree(rows, bool(stack))
 
 
 def live_workers(conn: Connection) -> list[dict[str, Any]]:

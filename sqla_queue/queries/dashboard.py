@@ -58,6 +58,7 @@ LISTED = (
     "created_at",
     "finished_at",
     "tags",
+    "workflow_id",
 )
 
 
@@ -76,6 +77,7 @@ def job_page(
     status: JobStatus | None,
     before: bool,
     tag: str | None = None,
+    workflow: bool = False,
 ) -> Select[Any]:
     """One page of jobs, newest first: `:limit` rows matching the filters given among the
     `:window` newest jobs (older than `:before_id` if `before`).
@@ -102,6 +104,8 @@ def job_page(
         statement = statement.where(window.c.status == literal_column(f"'{status.value}'", Text))
     if tag is not None:
         statement = statement.where(window.c.tags.contains(bindparam("tags", type_=ARRAY(Text))))
+    if workflow:
+        statement = statement.where(window.c.workflow_id == bindparam("workflow_id", type_=Text))
     return statement
 
 
