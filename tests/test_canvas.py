@@ -349,3 +349,16 @@ def test_a_job_without_dependencies_has_no_parent_results(kept: Engine) -> None:
         handle = registry["collect"].s().enqueue(session)
     drain(kept, registry)
     assert wait_for(kept, handle.last_id, timeout=5) == []
+
+
+@pytest.mark.parametrize("task", ["silent", "step"])
+def test_a_burst_worker_runs_a_chain_to_its_end(kept: Engine, task: str) -> None:
+    # Each step's finish makes the next due, in the statement that writes it: a burst worker
+    # must look again after writing outcomes before it takes the queue for empty (a success
+    # folded into the claim, "silent"; a kept result written apart, "step").
+    registry = canvas_registry()
+    with Session(kept) as session, session.begin():
+        handle = chain(registry[task].s(name=str(i)) for i in range(6)).enqueue(session)
+    stats = run_until_empty(kept, registry, WorkerConfig(concurrency=2, poll_only=True))
+    assert stats.succeeded == 6
+    assert {row.status for row in rows_of(kept, handle.job_ids)} == {"done"}

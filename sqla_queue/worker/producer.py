@@ -134,12 +134,15 @@ class Producer:
                     and (want == size or board.running == 0)
                     and not self._keeper_behind()
                 ):
+                    wrote = cfg.burst and bool(board.outcomes)
                     claimed = self.claim(want)  # writes pending outcomes first
                     self.sizes.claimed(size, claimed, time.monotonic(), board.finished)
                     self.stats.largest_claim = max(self.stats.largest_claim, want)
                     flush_after = 0.0
                     if claimed < want:
-                        queue_empty = True
+                        # A burst looks again after writing outcomes: a job that depends on
+                        # one became due in that statement, after its claim's snapshot.
+                        queue_empty = not wrote
                         next_poll = time.monotonic() + idle_backoff
                         idle_backoff = min(idle_backoff * 2, cfg.poll_interval)
                     else:
@@ -154,6 +157,7 @@ class Producer:
                 ):
                     self.completer.flush()
                     flush_after = 0.0
+                    queue_empty = queue_empty and not cfg.burst  # as after a claim's writes
                     continue
                 if (
                     cfg.burst
