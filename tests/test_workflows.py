@@ -6,6 +6,7 @@ Every enqueue path links; bad dependencies are refused with what to do."""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Dependency, DependencyError, Job, admin, enqueue, enqueue_many, queries
+from sqla_queue.inserts.links import Link, link_jobs
 
 
 def claim_all(engine: Engine) -> dict[int, int]:
@@ -253,3 +255,71 @@ def test_a_job_with_no_dependencies_costs_no_statement(engine: Engine) -> None:
         ).scalar_one()
     assert before == after == 0
     assert flagged == 0
+
+
+def test_a_run_edge_waits_again_for_a_retried_parent_and_counts_its_end_once(
+    engine: Engine,
+) -> None:
+    """A clean-up that counted its failed parent (or a parent cancelled by it) as ended
+    waits for it again once that is retried or revived: the parent's second end counts
+    once, and the clean-up still waits for its other parent."""
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        other = enqueue(session, "t.other", {})
+        direct = enqueue(session, "t.direct", {}, depends_on=[Dependency(a, "run"), other])
+        deep = enqueue(session, "t.deep", {}, depends_on=[Dependency(b, "run"), other])
+        session.flush()
+        ids = (a.id, b.id, other.id, direct.id, deep.id)
+    claimed = claim_all(engine)
+    fail(engine, {ids[0]: claimed[ids[0]]})
+    assert states(engine, ids[3], ids[4]) == [("waiting", 1), ("waiting", 1)]
+    retry(engine, ids[0])  # a runs again, b waits for it again
+    assert states(engine, ids[3], ids[4]) == [("waiting", 2), ("waiting", 2)]
+    succeed(engine, claim_all(engine))  # a
+    succeed(engine, claim_all(engine))  # b
+    assert states(engine, ids[3], ids[4]) == [("waiting", 1), ("waiting", 1)]
+    succeed(engine, {ids[2]: claimed[ids[2]]})
+    assert states(engine, ids[3], ids[4]) == [("queued", 0), ("queued", 0)]
+
+
+def test_a_failure_at_the_head_of_a_long_chain_cancels_it_all_in_one_statement(
+    engine: Engine,
+) -> None:
+    # 3,000 links: one nested trigger per link would exhaust the server's stack depth
+    with engine.begin() as conn:
+        ids = enqueue_many(conn, [{"task": "t.link"} for _ in range(3_000)])
+        link_jobs(
+            conn, [Link(child, "t.link", [(parent, "cancel")]) for parent, child in pairwise(ids)]
+        )
+    fail(engine, claim_all(engine))
+    with engine.connect() as conn:
+        counts = dict(
+            conn.execute(text("SELECT status, count(*) FROM sqla_queue.jobs GROUP BY status")).all()
+        )
+        last_error = conn.execute(
+            text("SELECT last_error FROM sqla_queue.jobs WHERE id = :id"), {"id": ids[-1]}
+        ).scalar_one()
+    assert counts == {"failed": 1, "cancelled": 2_999}
+    assert f"job {ids[-2]} (t.link), which it depends on, ended cancelled" in last_error
+
+
+def test_a_fan_in_child_is_updated_once_per_finishing_statement(engine: Engine) -> None:
+    with engine.begin() as conn:
+        parents = enqueue_many(conn, [{"task": "t.parent"} for _ in range(200)])
+        (child,) = enqueue_many(conn, [{"task": "t.child", "depends_on": parents}])
+    claimed = claim_all(engine)
+    ids = list(claimed)
+    with engine.begin() as conn:
+        for batch in (ids[:150], ids[150:]):
+            conn.execute(
+                queries.complete_jobs(),
+                {"job_ids": batch, "job_attempts": [claimed[i] for i in batch]},
+            )
+            if batch is ids[:150]:
+                assert states(engine, child) == [("waiting", 200)]  # not committed yet
+        (versions,) = conn.execute(
+            text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'jobs'")
+        ).one()
+    assert versions == 2  # the child, once per statement, not once per parent
+    assert states(engine, child) == [("queued", 0)]

@@ -15,7 +15,9 @@ finishes a job, whichever statement does it (the worker's, the reaper's, an admi
 - failed or cancelled (or deleted before it ended): dependents by an `on_failure = 'run'`
   edge count it as ended; the others, and their own dependents, are cancelled, each with a
   reason naming the job it depended on;
-- retried (failed or cancelled back to queued): the dependents it had cancelled wait again.
+- retried (failed or cancelled back to queued): the dependents it had cancelled wait again,
+  and a waiting one that had counted it as ended (an `on_failure = 'run'` edge) waits for it
+  again.
 
 `job_retried` (BEFORE UPDATE) sends a retried dependent back to `waiting` while a job it
 depends on has not succeeded.
@@ -66,14 +68,11 @@ CREATE OR REPLACE FUNCTION {SCHEMA}.job_ended() RETURNS trigger
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     job_id bigint;
-    job_task text;
     ended text;
     frontier bigint[];
-    sent bigint;
 BEGIN
     IF TG_OP = 'DELETE' THEN
         job_id := OLD.id;
-        job_task := OLD.task;
         IF OLD.status IN ('done', 'failed', 'cancelled') THEN
             RETURN NULL;  -- its outcome was recorded when it ended
         END IF;
@@ -82,7 +81,6 @@ BEGIN
         ended := CASE WHEN OLD.status = 'running' THEN 'done' ELSE 'cancelled' END;
     ELSE
         job_id := NEW.id;
-        job_task := NEW.task;
         IF NEW.status IN ('done', 'failed', 'cancelled')
            AND OLD.status NOT IN ('done', 'failed', 'cancelled') THEN
             ended := NEW.status;
@@ -90,10 +88,22 @@ BEGIN
             IF pg_trigger_depth() > 1 THEN
                 RETURN NULL;  -- revived below, by the retry that started it
             END IF;
-            -- retried: its dependents that ended cancelled wait again, level by level
-            UPDATE {SCHEMA}.job_deps SET parent_status = NULL WHERE parent_id = job_id;
+            -- retried: its dependents that ended cancelled wait again, level by level;
+            -- a waiting one that counted it (or a revived job) as ended through an
+            -- on_failure = 'run' edge waits for it again (its next end counts once)
             frontier := ARRAY[job_id];
             LOOP
+                UPDATE {SCHEMA}.jobs c
+                SET deps_left = c.deps_left + (
+                    SELECT count(*) FROM {SCHEMA}.job_deps d
+                    WHERE d.child_id = c.id AND d.parent_id = ANY (frontier)
+                      AND d.on_failure = 'run' AND d.parent_status IN ('failed', 'cancelled'))
+                WHERE c.status = 'waiting'
+                  AND c.id IN (SELECT d.child_id FROM {SCHEMA}.job_deps d
+                               WHERE d.parent_id = ANY (frontier) AND d.on_failure = 'run'
+                                 AND d.parent_status IN ('failed', 'cancelled'));
+                UPDATE {SCHEMA}.job_deps SET parent_status = NULL
+                WHERE parent_id = ANY (frontier);
                 WITH revived AS (
                     UPDATE {SCHEMA}.jobs c
                     SET status = 'waiting', finished_at = NULL, last_error = NULL,
@@ -111,8 +121,6 @@ BEGIN
                     RETURNING c.id)
                 SELECT array_agg(id) INTO frontier FROM revived;
                 EXIT WHEN frontier IS NULL;
-                UPDATE {SCHEMA}.job_deps SET parent_status = NULL
-                WHERE parent_id = ANY (frontier);
             END LOOP;
             RETURN NULL;
         ELSE
@@ -120,45 +128,101 @@ BEGIN
         END IF;
     END IF;
 
-    IF ended = 'done' THEN
-        WITH recorded AS (
-            UPDATE {SCHEMA}.job_deps d SET parent_status = ended
-            WHERE d.parent_id = job_id AND d.parent_status IS NULL
-            RETURNING d.child_id),
-        promoted AS (
-            UPDATE {SCHEMA}.jobs c
-            SET deps_left = c.deps_left - 1,
-                status = CASE WHEN c.deps_left <= 1 THEN 'queued' ELSE c.status END
-            FROM recorded r
-            WHERE c.id = r.child_id AND c.status = 'waiting'
-            RETURNING c.queue, c.deps_left)
-        SELECT count(pg_notify('{NOTIFY_CHANNEL}', p.queue)) INTO sent
-        FROM promoted p WHERE p.deps_left = 0;
+    -- recorded here, acted on once per statement (jobs_ended), in child id order
+    PERFORM set_config(
+        'sqla_queue.ended',
+        coalesce(current_setting('sqla_queue.ended', true), '') || job_id || ':' || ended || ',',
+        true);
+    RETURN NULL;
+END
+$$
+"""
+
+JOBS_ENDED = f"""
+CREATE OR REPLACE FUNCTION {SCHEMA}.jobs_ended() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    pending text := current_setting('sqla_queue.ended', true);
+    ended_ids bigint[];
+    ended_as text[];
+    kids bigint[];
+    satisfied bigint[];
+    causes bigint[];
+    caused_as text[];
+    sent bigint;
+BEGIN
+    IF pending IS NULL OR pending = '' THEN
+        RETURN NULL;  -- this statement ended no job that others wait for
+    END IF;
+    PERFORM set_config('sqla_queue.ended', '', true);
+    SELECT array_agg(split_part(e, ':', 1)::bigint), array_agg(split_part(e, ':', 2))
+    INTO ended_ids, ended_as
+    FROM unnest(string_to_array(rtrim(pending, ','), ',')) AS e;
+    -- their waiting dependents, locked in id order: two statements ending parents of the
+    -- same jobs never take those locks in opposite orders (no deadlock)
+    PERFORM 1 FROM {SCHEMA}.jobs c
+    WHERE c.id IN (SELECT d.child_id FROM {SCHEMA}.job_deps d
+                   WHERE d.parent_id = ANY (ended_ids) AND d.parent_status IS NULL)
+      AND c.status = 'waiting'
+    ORDER BY c.id
+    FOR NO KEY UPDATE;
+    -- record each outcome on its edges; per dependent: how many of its parents count as
+    -- ended well (done, or any end through an on_failure = 'run' edge), and the first
+    -- that ended failed or cancelled through a 'cancel' edge
+    WITH ended AS (
+        SELECT * FROM unnest(ended_ids, ended_as) AS t(id, status)),
+    recorded AS (
+        UPDATE {SCHEMA}.job_deps d SET parent_status = e.status
+        FROM ended e
+        WHERE d.parent_id = e.id AND d.parent_status IS NULL
+        RETURNING d.child_id, d.parent_id, d.on_failure, e.status),
+    counted AS (
+        SELECT r.child_id,
+               count(*) FILTER (WHERE r.status = 'done' OR r.on_failure = 'run') AS ok,
+               min(r.parent_id) FILTER (
+                   WHERE r.status <> 'done' AND r.on_failure = 'cancel') AS cause
+        FROM recorded r GROUP BY r.child_id)
+    SELECT array_agg(k.child_id), array_agg(k.ok), array_agg(k.cause),
+           array_agg((SELECT e.status FROM ended e WHERE e.id = k.cause))
+    INTO kids, satisfied, causes, caused_as
+    FROM counted k;
+    IF kids IS NULL THEN
         RETURN NULL;
     END IF;
-
-    -- failed or cancelled: 'run' edges count it as ended, 'cancel' edges cancel
-    WITH recorded AS (
-        UPDATE {SCHEMA}.job_deps d SET parent_status = ended
-        WHERE d.parent_id = job_id AND d.parent_status IS NULL
-        RETURNING d.child_id, d.on_failure),
-    ran AS (
+    -- one UPDATE per dependent for the whole statement (a fan-in's child is written
+    -- once per finishing batch, not once per parent); at 0 it is due, its queue told
+    WITH promoted AS (
         UPDATE {SCHEMA}.jobs c
-        SET deps_left = c.deps_left - 1,
-            status = CASE WHEN c.deps_left <= 1 THEN 'queued' ELSE c.status END
-        FROM recorded r
-        WHERE r.on_failure = 'run' AND c.id = r.child_id AND c.status = 'waiting'
-        RETURNING c.queue, c.deps_left),
-    notified AS (
-        SELECT pg_notify('{NOTIFY_CHANNEL}', r.queue) FROM ran r WHERE r.deps_left = 0)
-    UPDATE {SCHEMA}.jobs c
-    SET status = 'cancelled', finished_at = now(),
-        last_error = format('cancelled: job %s (%s), which it depends on, ended %s',
-                            job_id, job_task, ended)
-    FROM recorded r
-    WHERE r.on_failure = 'cancel' AND c.id = r.child_id AND c.status = 'waiting'
-      AND (SELECT count(*) FROM notified) >= 0;
-    -- their own dependents are cancelled by this same trigger, fired by that UPDATE
+        SET deps_left = c.deps_left - k.ok,
+            status = CASE WHEN c.deps_left - k.ok <= 0 THEN 'queued' ELSE 'waiting' END
+        FROM unnest(kids, satisfied, causes) AS k(id, ok, cause)
+        WHERE c.id = k.id AND k.cause IS NULL AND k.ok > 0 AND c.status = 'waiting'
+        RETURNING c.queue, c.status)
+    SELECT count(pg_notify('{NOTIFY_CHANNEL}', p.queue)) INTO sent
+    FROM promoted p WHERE p.status = 'queued';
+    IF EXISTS (SELECT 1 FROM unnest(causes) AS c WHERE c IS NOT NULL) THEN
+        -- cancelled, with every waiting job that waits for them through 'cancel' edges,
+        -- in one statement (a chain of any length is one UPDATE, not one nested trigger
+        -- per link); each one's error names the job it waited for
+        WITH RECURSIVE doomed(id, cause, how) AS (
+            SELECT k.id, k.cause, k.how
+            FROM unnest(kids, causes, caused_as) AS k(id, cause, how)
+            WHERE k.cause IS NOT NULL
+          UNION
+            SELECT d.child_id, d.parent_id, 'cancelled'
+            FROM doomed x
+            JOIN {SCHEMA}.job_deps d ON d.parent_id = x.id AND d.on_failure = 'cancel'
+            JOIN {SCHEMA}.jobs c ON c.id = d.child_id AND c.status = 'waiting')
+        UPDATE {SCHEMA}.jobs c
+        SET status = 'cancelled', finished_at = now(),
+            last_error = format(
+                'cancelled: job %s%s, which it depends on, ended %s', x.cause,
+                coalesce(' (' || (SELECT p.task FROM {SCHEMA}.jobs p WHERE p.id = x.cause)
+                         || ')', ''),
+                x.how)
+        FROM (SELECT DISTINCT ON (id) id, cause, how FROM doomed ORDER BY id, cause) x
+        WHERE c.id = x.id AND c.status = 'waiting';
+    END IF;
     RETURN NULL;
 END
 $$
@@ -187,6 +251,10 @@ CREATE TRIGGER job_ended_update AFTER UPDATE ON {SCHEMA}.jobs
 CREATE TRIGGER job_ended_delete AFTER DELETE ON {SCHEMA}.jobs
     FOR EACH ROW WHEN (OLD.has_dependents)
     EXECUTE FUNCTION {SCHEMA}.job_ended();
+CREATE TRIGGER jobs_ended_update AFTER UPDATE ON {SCHEMA}.jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.jobs_ended();
+CREATE TRIGGER jobs_ended_delete AFTER DELETE ON {SCHEMA}.jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {SCHEMA}.jobs_ended();
 CREATE TRIGGER job_retried BEFORE UPDATE ON {SCHEMA}.jobs
     FOR EACH ROW WHEN (NEW.deps_left IS NOT NULL AND OLD.status IN ('failed', 'cancelled')
                        AND NEW.status = 'queued')
@@ -246,15 +314,23 @@ def upgrade() -> None:
         postgresql_where=sa.text(_unique_predicate(True)),
     )
     op.execute(JOB_ENDED)
+    op.execute(JOBS_ENDED)
     op.execute(JOB_RETRIED)
     op.execute(TRIGGERS)
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 
 
 def downgrade() -> None:
-    for trigger in ("job_ended_update", "job_ended_delete", "job_retried"):
+    for trigger in (
+        "job_ended_update",
+        "job_ended_delete",
+        "jobs_ended_update",
+        "jobs_ended_delete",
+        "job_retried",
+    ):
         op.execute(f"DROP TRIGGER {trigger} ON {SCHEMA}.jobs")
     op.execute(f"DROP FUNCTION {SCHEMA}.job_ended()")
+    op.execute(f"DROP FUNCTION {SCHEMA}.jobs_ended()")
     op.execute(f"DROP FUNCTION {SCHEMA}.job_retried()")
     # a waiting job has no status to go back to: it is cancelled, saying why
     op.execute(
