@@ -208,3 +208,50 @@ def test_pause_a_queue_from_the_page_and_the_worker_stops_claiming_from_it(
         expect(page.locator(".notice")).to_have_text("queue mail resumed")
         wait_for(lambda: {j.status for j in jobs_by_id(engine, held).values()} == {"done"})
         expect(mail.locator(".count-done")).to_have_text("3", timeout=10_000)
+
+
+def test_a_workflows_page_draws_its_tree_and_links_each_job(engine: Engine, page: Any) -> None:
+    from sqlalchemy.orm import Session
+
+    from sqla_queue import Dependency, enqueue, queries
+
+    expect = playwright_api.expect
+    with engine.begin() as conn:
+        admin.create_queue(conn, "etl", retention="keep")
+    with Session(engine) as session, session.begin():
+        extract = enqueue(
+            session,
+            "etl.extract",
+            {"day": "2026-12-01"},
+            queue="etl",
+            workflow_id="nightly-2026-12-01",
+        )
+        orders = enqueue(session, "etl.transform_orders", {}, queue="etl", depends_on=[extract])
+        users = enqueue(session, "etl.transform_users", {}, queue="etl", depends_on=[extract])
+        load = enqueue(session, "etl.load", {}, queue="etl", depends_on=[orders, users])
+        enqueue(session, "etl.report", {}, queue="etl", depends_on=[load])
+        enqueue(
+            session, "etl.cleanup", {}, queue="etl", depends_on=[Dependency(load, on_failure="run")]
+        )
+        session.flush()
+        ids = [extract.id, orders.id, users.id, load.id]
+    # the extract succeeds, one transform runs now, the other waits for a worker
+    with engine.begin() as conn:
+        (row,) = conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "w1"}).all()
+        conn.execute(
+            queries.complete_jobs(),
+            {"job_ids": [row.id], "job_attempts": [row.attempts], "job_results": [None]},
+        )
+        conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "w1"}).all()
+
+    page.goto(f"/jobs/{ids[3]}")
+    expect(page.locator("#parents tr[data-parent]")).to_have_count(2)
+    page.locator("#workflow-link").click()
+    expect(page.locator("h1")).to_have_text("Workflow nightly-2026-12-01")
+    rows = page.locator("#workflow-tree tbody tr")
+    expect(rows).to_have_count(7)  # load and its dependents under both transforms
+    expect(rows.first.locator(".status")).to_have_text("done")
+    expect(page.locator(f'tr[data-node="{ids[3]}"] .shared').first).to_have_text("2 parents")
+    screenshot(page, "workflow.png")
+    rows.nth(1).locator("a").click()
+    expect(page.locator("h1")).to_contain_text(f"Job {ids[1]}")
