@@ -310,16 +310,15 @@ def test_a_fan_in_child_is_updated_once_per_finishing_statement(engine: Engine) 
         (child,) = enqueue_many(conn, [{"task": "t.child", "depends_on": parents}])
     claimed = claim_all(engine)
     ids = list(claimed)
+    # PostgreSQL 15's pg_stat_xact_* hold this connection's counts not yet flushed: compare
+    updated = text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'jobs'")
     with engine.begin() as conn:
+        before = conn.execute(updated).scalar_one()
         for batch in (ids[:150], ids[150:]):
             conn.execute(
                 queries.complete_jobs(),
                 {"job_ids": batch, "job_attempts": [claimed[i] for i in batch]},
             )
-            if batch is ids[:150]:
-                assert states(engine, child) == [("waiting", 200)]  # not committed yet
-        (versions,) = conn.execute(
-            text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'jobs'")
-        ).one()
-    assert versions == 2  # the child, once per statement, not once per parent
+        after = conn.execute(updated).scalar_one()
+    assert after - before == 2  # the child, once per statement, not once per parent
     assert states(engine, child) == [("queued", 0)]
