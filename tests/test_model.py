@@ -14,7 +14,10 @@ snooze, overrun their timeout, return what jsonb refuses (a lone surrogate, NaN)
 commit through `ctx.session()`); kill a worker (the worker's claim statement under a
 worker id of its own, optionally reporting the handler started, then the connection goes
 away without finishing); a reaper round; cancel, retry, delete, prune, pause/resume,
-concurrency and rate limits, result TTLs; `wait_for(timeout=0)`; time passing.
+concurrency and rate limits, result TTLs; `wait_for(timeout=0)`; time passing; enqueue
+with `depends_on` (1-3 jobs still in the table or the archive, each edge on_failure
+'cancel' or 'run'), whose parents then run, fail, are cancelled, retried or deleted by the
+rules above.
 
 Time: the test controls the queue's clock by moving every timestamp of the test database
 back (`model_kit.shift_clock`): delayed jobs and retries become due, leases and worker
@@ -35,7 +38,12 @@ What must hold (checked after each step; a rule checks what its own command prom
 - a worker that returns has written the outcome of every job it claimed, and the outcome
   its handler asked for; a burst worker leaves no due job it could have run;
 - every admin command does what it says or names the job it left alone;
-- no command ends in a raw database error, and no worker statement is refused.
+- no command ends in a raw database error, and no worker statement is refused;
+- workflows: a job runs only once each parent has succeeded (or, through a 'run' edge,
+  ended), a parent run in the same step having ended first; a waiting job's deps_left is
+  the number of its parents not yet ended as it needs, never 0 (the last end makes it due
+  in its own transaction); a job whose 'cancel' parent failed or was cancelled is
+  cancelled (or, retried itself, waits for that parent to be retried).
 
 Profiles (tests/conftest.py): "default" (short, in the README's fast test run) and
 "long" (`SQLA_QUEUE_HYPOTHESIS_PROFILE=long`; `test_queue_model_long` runs it under the
@@ -81,9 +89,11 @@ from model_kit import (
     reaper_round,
     shift_clock,
 )
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
+    Dependency,
     JobFailedError,
     ResultMissingError,
     ResultTimeoutError,
@@ -105,10 +115,28 @@ HUGE_TTL = 99999999999999 * 7 * 86400.0
 SLACK = 3.0
 """Seconds of wall time a step may take: ages compared across steps allow this much."""
 UNIQUE_STATUSES = ("queued", "running")
+ENDED = ("done", "failed", "cancelled")
+KEPT_DONE = ("finished (retention delete)", "result expired")
+"""Reasons a job is gone after it succeeded."""
+
+
+def _gone_as(reason: str, last: Row | None) -> str:
+    """How a removed job ended, as the jobs that depend on it count it: done when its
+    success removed it; a job deleted before it ended counts as cancelled."""
+    if reason in KEPT_DONE:
+        return "done"
+    return last.status if last is not None and last.status in ENDED else "cancelled"
+
+
+def _counts_as_ended(outcome: str | None, on_failure: str) -> bool:
+    """Whether an edge's parent, ended as `outcome` (None: not ended), lets its child run."""
+    return outcome == "done" or (on_failure == "run" and outcome is not None)
+
 
 task_and_behaviour = st.sampled_from(
     [(task, b) for task, behaviours in BEHAVIOURS.items() for b in behaviours]
 )
+edge_kinds = st.lists(st.sampled_from(["cancel", "run"]), min_size=3, max_size=3)
 job_spec = st.fixed_dictionaries(
     {
         "tb": task_and_behaviour,
@@ -135,6 +163,8 @@ class Model:
     budget: int
     spent: int = 0
     removed: str | None = None
+    gone_as: str | None = None
+    """How a removed job had ended, as its dependents count it (see `_gone_as`)."""
 
 
 @dataclass
@@ -179,6 +209,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.paused: set[str] = set()
         self.ttl = dict.fromkeys(QUEUES, 86400.0)
         self.orphans: dict[int, Orphan] = {}
+        self.parents: dict[int, list[tuple[int, str]]] = {}
+        """Workflows: each dependent's parents, with their edges' on_failure."""
         self.numbers = itertools.count(1)
         self.steps = 0
         self.task_max_attempts = {t: o["max_attempts"] for t, o in TASKS.items()}
@@ -233,6 +265,7 @@ class QueueMachine(RuleBasedStateMachine):
                     "that removes jobs removed it: a committed job was lost"
                 )
                 job.removed = reason
+                job.gone_as = _gone_as(reason, last)
             elif job.removed is not None and job.id in after:
                 raise AssertionError(f"after {why}: job {job.id} was {job.removed} but is back")
         for job_id in list(self.orphans):
@@ -331,6 +364,59 @@ class QueueMachine(RuleBasedStateMachine):
             self._record(model, job_id, duplicate, holder, after)
         self._settle(after, "enqueue_many", lambda _: None)
 
+    # -- workflows ------------------------------------------------------------------------
+
+    def _outcome(self, job_id: int) -> str | None:
+        """How the job ended (None: it has not), from the latest observation."""
+        row = self.seen.get(job_id)
+        if row is not None:
+            return row.status if row.status in ENDED else None
+        return self.jobs[job_id].gone_as
+
+    @precondition(lambda self: self.seen)
+    @rule(spec=job_spec, indices=picks, kinds=edge_kinds)
+    def enqueue_dependent(self, spec: dict[str, Any], indices: list[int], kinds: list[str]) -> None:
+        """A job that depends on 1-3 jobs still in the table (or the archive), each edge
+        'cancel' or 'run'; it is cancelled at once if a 'cancel' parent already failed."""
+        live = sorted(self.seen)
+        parents = sorted({live[i % len(live)] for i in indices})
+        pairs = list(zip(parents, kinds, strict=False))
+        row, model = self._new({**spec, "letter": None})
+        depends = [Dependency(p, on_failure=kind) for p, kind in pairs]
+        with no_raw_database_error("enqueue with depends_on"), self.engine.begin() as conn:
+            job_id = enqueue(
+                conn, row.pop("task"), row.pop("args"), registry=self.registry,
+                depends_on=depends, **row,
+            )  # fmt: skip
+        after = self._observe()
+        outcomes = [(self._outcome(p), kind) for p, kind in pairs]
+        doomed = any(k == "cancel" and o in ("failed", "cancelled") for o, k in outcomes)
+        pending = sum(1 for o, k in outcomes if not _counts_as_ended(o, k))
+        expected = "cancelled" if doomed else "waiting" if pending else "queued"
+        got = after.get(job_id)
+        assert job_id not in self.jobs, f"enqueue returned job {job_id}, an existing one"
+        ok = got is not None and got.status == expected
+        assert ok, f"job {job_id} depends on {outcomes} and should be {expected}, is {got}"
+        model.id = job_id
+        self.jobs[job_id] = model
+        self.parents[job_id] = pairs
+        self._settle(after, "enqueue with depends_on", lambda _: None)
+
+    def _check_ran_after_parents(self, runs: list[Run]) -> None:
+        """Every job run in a step had all its parents ended as its edges let it run; a
+        parent run in the same step ended before it started."""
+        ended_at = {r.job_id: r.ended for r in runs if r.raised is None and r.ended}
+        for run in runs:
+            for parent, kind in self.parents.get(run.job_id, ()):
+                outcome = self._outcome(parent)
+                assert _counts_as_ended(outcome, kind), (
+                    f"job {run.job_id} ran though its parent {parent} ({kind} edge) is {outcome}"
+                )
+                ended = ended_at.get(parent)
+                assert ended is None or ended <= run.started, (
+                    f"job {run.job_id} started before its parent {parent}'s handler ended"
+                )
+
     # -- workers --------------------------------------------------------------------------
 
     def _runnable(self, row: Row | None, served: list[str] | None) -> bool:
@@ -340,6 +426,8 @@ class QueueMachine(RuleBasedStateMachine):
             return False
         if row.status == "queued":
             return row.due
+        if row.status == "waiting":  # its last parent may end in the same step
+            return row.id in self.parents and row.due
         orphan = self.orphans.get(row.id)
         return row.status == "running" and orphan is not None and orphan.reapable
 
@@ -422,6 +510,7 @@ class QueueMachine(RuleBasedStateMachine):
             return None
 
         self._settle(after, f"worker step {step}", gone_ok)
+        self._check_ran_after_parents(runs)
 
     def _check_outcome(self, run: Run, after: dict[int, Row]) -> None:
         """The job's row says what its handler's run asked for."""
@@ -562,7 +651,9 @@ class QueueMachine(RuleBasedStateMachine):
         with no_raw_database_error("cancel_jobs"), self.engine.begin() as conn:
             result = admin.cancel_jobs(conn, ids)
         after = self._observe()
-        expected = {i for i in ids if i in before and before[i].status in ("queued", "running")}
+        expected = {
+            i for i in ids if i in before and before[i].status in ("queued", "running", "waiting")
+        }
         assert set(result) == expected, f"cancel_jobs({ids}) returned {result}, not {expected}"
         for job_id in ids:
             if job_id in expected:
@@ -607,7 +698,9 @@ class QueueMachine(RuleBasedStateMachine):
         for job_id in expected:
             row = after[job_id]
             if job_id in retried:
-                ok = row.status == "queued" and row.due
+                ok = (row.status == "queued" and row.due) or (
+                    row.status == "waiting" and job_id in self.parents
+                )
                 assert ok, f"job {job_id} retried but is {row}"
                 job = self.jobs[job_id]
                 job.spent = 0
@@ -727,6 +820,39 @@ class QueueMachine(RuleBasedStateMachine):
         )
 
     # -- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def workflows_hold(self) -> None:
+        """A waiting job's deps_left is the count of its parents that have not ended as its
+        edges need (and is never 0: the last end makes it due); a job whose 'cancel' parent
+        failed or was cancelled has not run and is cancelled (or waits, retried, for that
+        parent to be retried)."""
+        if not self.parents:
+            return
+        with no_raw_database_error("reading deps_left"), self.engine.connect() as conn:
+            deps_left = dict(
+                conn.execute(
+                    text("SELECT id, deps_left FROM sqla_queue.jobs WHERE status = 'waiting'")
+                ).all()
+            )
+        for child, pairs in self.parents.items():
+            row = self.seen.get(child)
+            if row is None or row.archived:
+                continue
+            outcomes = [(p, self._outcome(p), kind) for p, kind in pairs]
+            pending = sum(1 for _, o, k in outcomes if not _counts_as_ended(o, k))
+            doomed = [p for p, o, k in outcomes if k == "cancel" and o in ("failed", "cancelled")]
+            if row.status == "waiting":
+                assert deps_left.get(child) == pending, (
+                    f"job {child} waits with deps_left {deps_left.get(child)} but {pending} of "
+                    f"its parents have not ended as it needs: {outcomes}"
+                )
+                assert pending, f"job {child} waits though all its parents ended: {outcomes}"
+            if doomed:
+                assert row.status in ("cancelled", "waiting"), (
+                    f"job {child} is {row.status} though its parent(s) {doomed} ended "
+                    f"failed or cancelled: {outcomes}"
+                )
 
     @invariant()
     def holds(self) -> None:

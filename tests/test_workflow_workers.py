@@ -137,7 +137,7 @@ def unended(db: FaultDatabase) -> int:
 def start_workers(workers: StartWorker, url: str, count: int, *options: str) -> list[WorkerProcess]:
     started = [workers(url, "-q", QUEUE, *options, app=APP) for _ in range(count)]
     for worker in started:
-        worker.wait_started()
+        worker.wait_started(90)  # a process's start takes tens of seconds on a loaded box
     return started
 
 
