@@ -243,6 +243,8 @@ class Job(QueueBase):
             postgresql_where=text(UNIQUE_PREDICATE),
         ),
         Index("ix_jobs_workflow_id", "workflow_id", postgresql_where=text(IN_WORKFLOW)),
+        # the few waiting jobs, for doctor and stats without a scan of the table
+        Index("ix_jobs_waiting", "id", postgresql_where=text("status = 'waiting'")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)

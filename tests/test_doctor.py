@@ -48,6 +48,7 @@ EVERY_CHECK = {
     "jobs_vacuum",
     "claim_plan",
     "stuck_jobs",
+    "waiting_jobs",
     "workers",
     "backlog",
     "failed_jobs",

@@ -322,3 +322,29 @@ def test_a_fan_in_child_is_updated_once_per_finishing_statement(engine: Engine) 
         after = conn.execute(updated).scalar_one()
     assert after - before == 2  # the child, once per statement, not once per parent
     assert states(engine, child) == [("queued", 0)]
+
+
+def test_doctor_names_waiting_jobs_held_by_a_failed_dependency_and_orphans(
+    engine: Engine,
+) -> None:
+    from sqla_queue.doctor import DoctorOptions, Severity, diagnose
+
+    def finding() -> Any:
+        found = {f.name: f for f in diagnose(engine, DoctorOptions(sample=0))}
+        return found["waiting_jobs"]
+
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        session.flush()
+        ids = (a.id, b.id)
+    assert finding().severity is Severity.ok
+    assert finding().details == {"waiting": 1, "held": 0, "orphaned": 0}
+    fail(engine, claim_all(engine))
+    retry(engine, ids[1])  # the dependent alone: it waits for a failed job
+    assert finding().severity is Severity.warn
+    assert finding().details["held"] == 1
+    with engine.begin() as conn:  # by hand: its edge says the parent succeeded
+        conn.execute(text("UPDATE sqla_queue.job_deps SET parent_status = 'done'"))
+    assert finding().severity is Severity.critical
+    assert "can never run" in finding().value

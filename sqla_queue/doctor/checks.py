@@ -35,6 +35,7 @@ from .findings import (
     FIX_UNKNOWN,
     FIX_UPGRADE,
     FIX_VACUUM,
+    FIX_WAITING,
     MULTIXACT_CRITICAL_AGE,
     Check,
     DoctorOptions,
@@ -401,6 +402,26 @@ def check_stuck_jobs(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("stuck_jobs", severity, value, FIX_STUCK, details)
 
 
+def check_waiting_jobs(conn: Connection, options: DoctorOptions) -> Finding:
+    """Jobs waiting for others (workflows): those held by a dependency that ended failed or
+    cancelled, and those that wait for no unfinished job (which can never run)."""
+    waiting, held, orphaned, oldest = conn.execute(queries.workflows.waiting_health()).one()
+    details = {"waiting": int(waiting), "held": int(held), "orphaned": int(orphaned)}
+    if orphaned:
+        value = f"{orphaned} waiting job(s) wait for no unfinished job: they can never run"
+        return Finding("waiting_jobs", Severity.critical, value, FIX_WAITING, details)
+    if held:
+        value = (
+            f"{held} waiting job(s) held by a dependency that ended failed or cancelled "
+            "(they run once it is retried and succeeds)"
+        )
+        return Finding("waiting_jobs", Severity.warn, value, FIX_WAITING, details)
+    value = f"{waiting} job(s) waiting for their dependencies" if waiting else "no waiting job"
+    if waiting:
+        value += f" (oldest enqueued {float(oldest):.0f} s ago)"
+    return Finding("waiting_jobs", Severity.ok, value, FIX_WAITING, details)
+
+
 def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
     """The live workers, from their registrations (each beats every few seconds)."""
     rows = conn.execute(queries.live_workers()).mappings().all()
@@ -532,6 +553,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_jobs_vacuum,
     check_claim_plan,
     check_stuck_jobs,
+    check_waiting_jobs,
     check_workers,
     check_backlog,
     check_failed_jobs,

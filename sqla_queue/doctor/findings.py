@@ -150,6 +150,13 @@ FIX_STUCK = (
     "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
     "jobs of workers that stopped heartbeating."
 )
+FIX_WAITING = (
+    "A job waits (status waiting) until every job it depends on has ended. One held by a "
+    "failed or cancelled dependency runs once that job is retried and succeeds: retry it "
+    "(`sqla-queue jobs retry ID`; `sqla-queue jobs show ID` lists a job's parents), or "
+    "cancel the waiting job. One that waits for no unfinished job cannot run: its edges "
+    "(sqla_queue.job_deps) or its counter were changed by hand; cancel it and enqueue it again."
+)
 FIX_BACKLOG = (
     "Run more workers for these queues, or claim more per poll (--batch, --concurrency): "
     "poll less, claim more."

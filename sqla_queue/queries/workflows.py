@@ -297,6 +297,31 @@ def cancel_parents_of_queue() -> Update:
     )
 
 
+def waiting_health() -> Select[Any]:
+    """(waiting, held, orphaned, oldest seconds) over the waiting jobs: `held` wait for
+    a job that ended failed or cancelled (a dependent retried alone: it runs once that job
+    is retried and succeeds); `orphaned` wait for no job that has not ended (should never
+    be: the edges or the counter were changed by hand); the oldest waiting job's age."""
+    edge = deps.alias("d")
+    unfinished = exists().where(edge.c.child_id == jobs.c.id, edge.c.parent_status.is_(None))
+    failed = exists().where(
+        edge.c.child_id == jobs.c.id,
+        edge.c.on_failure == literal_column("'cancel'", Text),
+        status_in(edge.c.parent_status, (JobStatus.failed.value, JobStatus.cancelled.value)),
+    )
+    columns: list[Any] = [
+        func.count(),
+        func.count().filter(failed),
+        func.count().filter(~unfinished, ~failed),
+        func.extract("epoch", func.now() - func.min(jobs.c.created_at)),
+    ]
+    return select(*columns).where(_is_waiting())
+
+
+def _is_waiting() -> Any:
+    return jobs.c.status == literal_column(sql_literal(JobStatus.waiting), Text)
+
+
 def prune_edges() -> Delete:
     """Delete the edges whose dependent is gone from both the jobs table and the archive
     (its parents' outcomes are no longer needed by anyone who could read them)."""
@@ -321,5 +346,6 @@ __all__ = [
     "recorded_outcomes",
     "set_waiting",
     "unfinished_in_workflow",
+    "waiting_health",
     "workflow_jobs",
 ]

@@ -279,6 +279,13 @@ def upgrade() -> None:
         postgresql_where=sa.text("workflow_id IS NOT NULL"),
     )
     op.create_index(
+        "ix_jobs_waiting",
+        "jobs",
+        ["id"],
+        schema=SCHEMA,
+        postgresql_where=sa.text("status = 'waiting'"),
+    )
+    op.create_index(
         "ix_jobs_archive_workflow_id",
         "jobs_archive",
         ["workflow_id"],
@@ -355,6 +362,7 @@ def downgrade() -> None:
     op.drop_table("job_deps", schema=SCHEMA)
     op.drop_index("ix_jobs_archive_workflow_id", table_name="jobs_archive", schema=SCHEMA)
     op.drop_index("ix_jobs_workflow_id", table_name="jobs", schema=SCHEMA)
+    op.drop_index("ix_jobs_waiting", table_name="jobs", schema=SCHEMA)
     for table in ("jobs", "jobs_archive"):
         op.drop_column(table, "workflow_id", schema=SCHEMA)
     op.drop_column("jobs", "has_dependents", schema=SCHEMA)
