@@ -44,6 +44,9 @@ from .queries import (
 from .queries.metrics import heartbeat_lag, queue_depth, worker_overruns
 from .worker.connection import STATEMENT_KIND
 
+_DEPTH_STATUSES = ("queued", "running", "waiting")
+"""The statuses `sqla_queue_queue_jobs` counts per queue (`queries.metrics.queue_depth`)."""
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -129,7 +132,8 @@ class QueueMetrics:
         )
         self.queue_jobs = gauge(
             "sqla_queue_queue_jobs",
-            "Unfinished jobs per queue: status queued (due or not) or running.",
+            "Unfinished jobs per queue: status queued (due or not), running, or waiting (for the "
+            "jobs it depends on).",
             ["queue", "status"],
         )
         self.queue_due = gauge(
@@ -273,13 +277,13 @@ class QueueMetrics:
             for row in rows:
                 queue = row["queue"]
                 seen.add(queue)
-                self.queue_jobs.labels(queue, "queued").set(row["queued"])
-                self.queue_jobs.labels(queue, "running").set(row["running"])
+                for status in _DEPTH_STATUSES:
+                    self.queue_jobs.labels(queue, status).set(row[status])
                 self.queue_due.labels(queue).set(row["due"])
                 self.oldest_due.labels(queue).set(float(row["oldest_due_seconds"] or 0))
             for queue in self._queues - seen:  # emptied since the last read: zero, not stale
-                self.queue_jobs.labels(queue, "queued").set(0)
-                self.queue_jobs.labels(queue, "running").set(0)
+                for status in _DEPTH_STATUSES:
+                    self.queue_jobs.labels(queue, status).set(0)
                 self.queue_due.labels(queue).set(0)
                 self.oldest_due.labels(queue).set(0)
             self._queues |= seen

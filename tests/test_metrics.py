@@ -139,12 +139,16 @@ def test_queue_depth_and_oldest_due_age_per_queue(engine: Engine) -> None:
     with Session(engine) as session, session.begin():
         now = session.scalar(text("SELECT now()"))
         assert isinstance(now, dt.datetime)
-        enqueue(session, "a", queue="default", run_at=now - dt.timedelta(minutes=5))
+        first = enqueue(session, "a", queue="default", run_at=now - dt.timedelta(minutes=5))
         enqueue(session, "a", queue="default")
         enqueue(session, "a", queue="default", run_at=now + dt.timedelta(hours=1))
+        session.flush()
+        first_id = first.id
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO sqla_queue.queues (name) VALUES ('other')"))
     enqueue_jobs(engine, "a", 2, queue="other", delay=3600)
+    with Session(engine) as session, session.begin():
+        enqueue(session, "b", queue="other", depends_on=[first_id])
 
     metrics.refresh(engine)
 
@@ -159,6 +163,8 @@ def test_queue_depth_and_oldest_due_age_per_queue(engine: Engine) -> None:
     assert age is not None
     assert 295 <= age < 400
     assert gauge("sqla_queue_queue_jobs", queue="other", status="queued") == 2
+    assert gauge("sqla_queue_queue_jobs", queue="other", status="waiting") == 1
+    assert gauge("sqla_queue_queue_jobs", queue="default", status="waiting") == 0
     assert gauge("sqla_queue_queue_due_jobs", queue="other") == 0
     assert gauge("sqla_queue_queue_oldest_due_job_age_seconds", queue="other") == 0
 
@@ -166,6 +172,8 @@ def test_queue_depth_and_oldest_due_age_per_queue(engine: Engine) -> None:
         conn.execute(text("DELETE FROM sqla_queue.jobs WHERE queue = 'default'"))
     metrics.refresh(engine)
     assert gauge("sqla_queue_queue_jobs", queue="default", status="queued") == 0
+    # its dependency deleted before it ended: the waiting job was cancelled
+    assert gauge("sqla_queue_queue_jobs", queue="other", status="waiting") == 0
     assert gauge("sqla_queue_queue_oldest_due_job_age_seconds", queue="default") == 0
 
 

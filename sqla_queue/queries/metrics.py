@@ -13,12 +13,14 @@ from .common import _is, jobs, seconds_since, workers
 
 
 def queue_depth() -> Select[Any]:
-    """Per queue with unfinished jobs: (queue, queued, due, running, oldest_due_seconds).
+    """Per queue with unfinished jobs: (queue, queued, due, running, waiting,
+    oldest_due_seconds).
 
-    Reads only queued and running rows (the partial indexes' rows), never finished ones,
-    so its cost follows the backlog, not the table's history.
+    Reads only queued, running and waiting rows (the partial indexes' rows), never finished
+    ones, so its cost follows the backlog, not the table's history.
     """
     queued, running = _is(JobStatus.queued), _is(JobStatus.running)
+    waiting = _is(JobStatus.waiting)
     due = and_(queued, jobs.c.run_at <= func.now())
     return (
         select(
@@ -26,9 +28,10 @@ def queue_depth() -> Select[Any]:
             func.count().filter(queued).label("queued"),
             func.count().filter(due).label("due"),
             func.count().filter(running).label("running"),
+            func.count().filter(waiting).label("waiting"),
             seconds_since(func.min(jobs.c.run_at).filter(due)).label("oldest_due_seconds"),
         )
-        .where(or_(queued, running))
+        .where(or_(queued, running, waiting))
         .group_by(jobs.c.queue)
     )
 
