@@ -151,6 +151,13 @@ SECTIONS = (
         call=_limits,
     ),
     Section(
+        name="workflows",
+        module="benchmarks.workflows",
+        title="Workflows (issue 23)",
+        what="a fan-out/fan-in and a chain of dependent jobs drained by real worker processes, "
+        "dependent pairs against independent jobs, and the triggers' cost for plain jobs",
+    ),
+    Section(
         name="results_wait",
         module="benchmarks.results_wait",
         title="wait_for: finish to wake-up (issue 10)",

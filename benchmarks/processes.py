@@ -31,10 +31,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 @contextmanager
 def supervised_workers(
-    db: BenchDatabase, processes: int, batch: int, concurrency: int
+    db: BenchDatabase,
+    processes: int,
+    batch: int,
+    concurrency: int,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`sqla-queue worker --processes N` on `db`, from its children's registration until
-    SIGTERM (each child finishes or releases its jobs; the parent exits once they have)."""
+    SIGTERM (each child finishes or releases its jobs; the parent exits once they have).
+    `extra_env`: more environment variables for it (the `mark` task's folder)."""
     command = [
         sys.executable, "-m", "sqla_queue", "worker", "--app", "benchmarks.tasks:registry",
         "--processes", str(processes), "--batch", str(batch), "-c", str(concurrency),
@@ -42,6 +47,7 @@ def supervised_workers(
     ]  # fmt: skip
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, SQLA_QUEUE_DATABASE_URL=db.url, PYTHONPATH=pythonpath)
+    env.update(extra_env or {})
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

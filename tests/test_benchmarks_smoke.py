@@ -29,7 +29,7 @@ TINY = [
 
 SCENARIOS = [
     "backlog", "bulk_enqueue", "ceiling", "drain", "enqueue_paths", "enqueue_single",
-    "latency", "limits", "multixacts", "processes", "results_wait", "table_size",
+    "latency", "limits", "multixacts", "processes", "results_wait", "table_size", "workflows",
 ]  # fmt: skip
 
 
@@ -56,6 +56,13 @@ def test_harness_writes_every_scenario_at_tiny_sizes(admin_url: str, tmp_path: P
     assert limits["available"] is True, limits
     assert limits["limit_cost"]["ratio"] > 0
     assert limits["binding_limit"]["share_of_limit"] > 0
+    flows = results["scenarios"]["workflows"]
+    assert flows["available"] is True, flows
+    assert flows["fan"]["width"] == 500
+    assert flows["fan"]["fan_in_ms"]["median"] > 0
+    assert flows["chain"]["link_p99_ms"]["median"] >= flows["chain"]["link_p50_ms"]["median"] > 0
+    assert flows["pairs"]["ratio"]["median"] > 0
+    assert flows["finish_cost"]["delete"]["ratio"]["median"] > 0
     wait = results["scenarios"]["results_wait"]
     assert wait["available"] is True, wait
     assert wait["jobs"] == 100
