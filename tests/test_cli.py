@@ -174,7 +174,7 @@ def test_queues_create_list_pause_resume_delete(database_url: str, engine: Engin
 
     enqueue_jobs(engine, "t", 2, queue="emails")
     refused = cli("queues", "delete", "emails", url=database_url)
-    assert_one_line_error(refused, "2 queued or running", "--force")
+    assert_one_line_error(refused, "2 unfinished job(s)", "--force")
     forced = cli("queues", "delete", "emails", "--force", url=database_url)
     assert forced.exit_code == 0, forced.output
     assert "2 job(s) deleted" in forced.stdout
