@@ -6,6 +6,7 @@ Every enqueue path links; bad dependencies are refused with what to do."""
 from __future__ import annotations
 
 import json
+import time
 from itertools import pairwise
 from typing import Any
 
@@ -348,3 +349,27 @@ def test_doctor_names_waiting_jobs_held_by_a_failed_dependency_and_orphans(
         conn.execute(text("UPDATE sqla_queue.job_deps SET parent_status = 'done'"))
     assert finding().severity is Severity.critical
     assert "can never run" in finding().value
+
+
+@pytest.mark.slow
+def test_a_wide_fan_out_is_promoted_by_its_parent_without_a_runaway_plan(engine: Engine) -> None:
+    """Statistics taken while no job waited say ix_jobs_waiting holds one row; a nested loop
+    over it and the 10,000 dependents took 35 s to finish the parent (0.4 s now). Not a
+    speed target (those are in benchmarks/workflows.py): a guard against that plan."""
+    with engine.begin() as conn:
+        enqueue_many(conn, [{"task": "t.later", "delay": 3600} for _ in range(2_000)])
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE sqla_queue.jobs"))
+    with engine.begin() as conn:
+        (root,) = enqueue_many(conn, [{"task": "t.root"}])
+        kids = enqueue_many(conn, [{"task": "t.kid"} for _ in range(10_000)])
+        link_jobs(conn, [Link(kid, "t.kid", [(root, "cancel")]) for kid in kids])
+    claimed = claim_all(engine)
+    started = time.perf_counter()
+    succeed(engine, claimed)
+    assert time.perf_counter() - started < 10
+    with engine.connect() as conn:
+        queued = conn.execute(
+            text("SELECT count(*) FROM sqla_queue.jobs WHERE status = 'queued'")
+        ).scalar_one()
+    assert queued == 12_000
