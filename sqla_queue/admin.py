@@ -321,7 +321,8 @@ class JobSummary:
 
 @dataclass
 class JobDetail(JobSummary):
-    """One job in full, as `get_job` returns it: args, the last error, timings."""
+    """One job in full, as `get_job` returns it: args, the last error, each attempt's
+    error, timings."""
 
     args: dict[str, Any]
     meta: dict[str, Any]
@@ -336,6 +337,11 @@ class JobDetail(JobSummary):
     deps_left: int | None
     """While `waiting`: how many of the jobs it depends on have not ended (None without
     `depends_on`)."""
+    errors: list[dict[str, Any]] | None
+    """Its error history, oldest first: one entry per attempt that ended without success
+    ({attempt, worker, started_at, finished_at, class, message, traceback}; times as ISO
+    8601 text), at most 20, the first and the latest (`sqla_queue.job.history`); None
+    until its first error."""
 
 
 def _jsonable(value: Any) -> Any:

@@ -292,6 +292,9 @@ class Job(QueueBase):
     enqueued without `depends_on`."""
     has_dependents: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     """Some job depends on it: its end fires the workflow triggers (migration sqlaq_0009)."""
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
+    """Its error history: one entry per attempt that ended without success, at most 20
+    (`sqla_queue.job.history`); NULL until its first error (migration sqlaq_0010)."""
 
     duplicate = False
     """Set True on the job `enqueue(..., unique=...)` returns when one with the same key was
@@ -383,6 +386,8 @@ class ArchivedJob(QueueBase):
     meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
     result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
     workflow_id: Mapped[str | None] = mapped_column(Text)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
+    """Its error history, as the job kept it (`Job.errors`)."""
 
 
 class JobDependency(QueueBase):

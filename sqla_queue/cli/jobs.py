@@ -11,6 +11,7 @@ import click
 
 from sqla_queue import admin
 from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
+from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.models import JobStatus
 
 from . import base
@@ -147,10 +148,17 @@ def jobs_list(
 
 @jobs.command("show")
 @click.argument("job_id", type=JOB_ID)
+@click.option(
+    "--traceback",
+    "tracebacks",
+    is_flag=True,
+    help="Print each failed attempt's traceback under it (else one line per attempt).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
-def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
-    """Show one job: args, attempts, the last error with its traceback, timings, and in a
-    workflow the jobs it depends on (parents) and the jobs that depend on it (children)."""
+def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: bool) -> None:
+    """Show one job: args, attempts, each failed attempt's error (when, which worker, its
+    class and message), the last error with its traceback, timings, and in a workflow the
+    jobs it depends on (parents) and the jobs that depend on it (children)."""
     with base.transaction(database_url) as conn:
         job = admin.get_job(conn, job_id)
         if job is None:
@@ -167,15 +175,38 @@ def jobs_show(database_url: str | None, job_id: int, as_json: bool) -> None:
         )
         return
     for key, value in job.as_dict().items():
-        if key in ("args", "meta", "last_error"):
+        if key in ("args", "meta", "last_error", "errors"):
             continue
         click.echo(f"{key}: {'' if value is None else value}")
     click.echo(f"args: {json.dumps(job.args)}")
     click.echo(f"meta: {json.dumps(job.meta)}")
     _echo_links(links)
+    _echo_errors(job.errors or [], tracebacks)
     if job.last_error:
         click.echo("last_error:")
         click.echo(job.last_error)
+
+
+def _echo_errors(errors: list[dict[str, Any]], tracebacks: bool) -> None:
+    """Each failed attempt kept: attempt, when it ended, its worker, class: message (its
+    first line); with `tracebacks`, its traceback indented under it."""
+    if not errors:
+        return
+    note = (
+        f", at most {MAX_ENTRIES}: the first and the latest" if len(errors) >= MAX_ENTRIES else ""
+    )
+    click.echo(f"errors ({len(errors)} kept{note}):")
+    for entry in errors:
+        message = str(entry.get("message") or "")
+        first, _, more = message.partition("\n")
+        click.echo(
+            f"  attempt {entry.get('attempt')}  {entry.get('finished_at')}  "
+            f"{entry.get('worker') or '-'}  {entry.get('class')}: {first}{' ...' if more else ''}"
+        )
+        traceback = entry.get("traceback")
+        if tracebacks and traceback:
+            for line in str(traceback).rstrip().splitlines():
+                click.echo(f"    {line}")
 
 
 def _echo_links(links: admin.JobLinks) -> None:

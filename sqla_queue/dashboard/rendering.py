@@ -8,6 +8,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.job.states import STATES
 
 HERE = Path(__file__).parent
@@ -30,9 +31,17 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 86400:.0f} d"
 
 
-def when(value: dt.datetime | None) -> str:
-    """A moment in UTC to the second; "—" for none."""
-    return "—" if value is None else value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+def when(value: dt.datetime | str | None) -> str:
+    """A moment in UTC to the second (a datetime, or ISO 8601 text as an error history
+    entry holds it: shown as it is if it does not parse); "—" for none."""
+    if value is None:
+        return "—"
+    if not isinstance(value, str):
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return when(dt.datetime.fromisoformat(value))
+    except ValueError:
+        return value
 
 
 def bar_chart(values: list[int], failed: list[int], width: int = 240, height: int = 32) -> str:
@@ -71,4 +80,5 @@ def templates() -> Environment:
     environment.filters["duration"] = duration
     environment.filters["when"] = when
     environment.globals["states"] = STATES  # which buttons a job's status offers
+    environment.globals["max_errors"] = MAX_ENTRIES  # a job's error history's bound
     return environment

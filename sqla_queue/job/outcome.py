@@ -125,6 +125,9 @@ class Outcome:
     result_pending: bool = False
     """The handler's `ctx.session()` commit finished the job with its result pending (its
     task keeps results): the completer stores `result`, or fails the job with `error`."""
+    error_class: str | None = None
+    """The class its error history entry names, when not its exception's (or it has none):
+    see `sqla_queue.job.history`."""
 
     @property
     def committed(self) -> bool:

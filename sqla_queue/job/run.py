@@ -43,6 +43,11 @@ MAX_RETRY_DELAY = MAX_SNOOZE.total_seconds()
 """Seconds a retry may be put off at most (10 years, as a snooze): a retry policy's longer,
 negative or NaN delay is replaced by the default backoff (the retry could not be stored)."""
 
+ARGS_CLASS = "ArgsNotDecoded"
+"""The error history's class for a job whose args could not be decoded (it never ran)."""
+RESULT_CLASS = "ResultNotKept"
+"""The error history's class for a job whose handler's result could not be kept."""
+
 _HANDLER_KINDS = frozenset(
     {OutcomeKind.succeeded, OutcomeKind.retried, OutcomeKind.failed, OutcomeKind.snoozed}
 )
@@ -107,7 +112,7 @@ class JobRunner:
         if task is None:  # never spend an attempt on it: a worker that knows it runs it
             return self._unknown_task(job)
         if job.decode_error is not None:
-            return Outcome(OutcomeKind.failed, job, job.decode_error)
+            return Outcome(OutcomeKind.failed, job, job.decode_error, error_class=ARGS_CLASS)
         try:
             chain = self._chains[task.name]
         except KeyError:
@@ -150,7 +155,7 @@ class JobRunner:
         if task.keep_result:
             kept, problem = encode_result(task.name, result)
             if problem is not None:  # retrying would not help: the same value comes back
-                return Outcome(OutcomeKind.failed, job, problem)
+                return Outcome(OutcomeKind.failed, job, problem, error_class=RESULT_CLASS)
             return Outcome(OutcomeKind.succeeded, job, result=kept)
         return Outcome(OutcomeKind.succeeded, job)
 
@@ -290,7 +295,9 @@ def committed(job: JobAttempt, task: Task, result: Any, problem: str | None = No
         if problem is None:
             return Outcome(OutcomeKind.succeeded, job, result=kept, result_pending=True)
     error = f"its session committed the job, but no result can be kept: {problem}"
-    return Outcome(OutcomeKind.failed, job, storable(error), result_pending=True)
+    return Outcome(
+        OutcomeKind.failed, job, storable(error), result_pending=True, error_class=RESULT_CLASS
+    )
 
 
 def snoozed(job: JobAttempt, task: Task, snooze: Snooze) -> Outcome:

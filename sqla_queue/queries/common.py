@@ -7,6 +7,7 @@ job was reaped (and perhaps claimed again) changes nothing when it wakes up late
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -131,11 +132,16 @@ def _seconds(name: str, *, optional: bool = False) -> Any:
     return seconds_interval(bindparam(name, type_=Float))
 
 
-def _claimed_batch(*extra: tuple[str, str, Any], optional: bool = False) -> TableValuedAlias:
+def _claimed_batch(
+    *extra: tuple[str, str, Any],
+    optional: bool = False,
+    defaulted: Sequence[tuple[str, str, Any]] = (),
+) -> TableValuedAlias:
     """`unnest(:job_ids, :job_attempts, ...) AS f(id, attempt, ...)`: one row per claimed job.
 
     `extra` adds (parameter, column, element type) triples of further parallel arrays;
-    with `optional` they default to NULL (unnest reads a NULL array as NULLs).
+    with `optional` they default to NULL (unnest reads a NULL array as NULLs), as those of
+    `defaulted` always do.
     """
     arrays = [
         job_ids_param(),
@@ -146,8 +152,9 @@ def _claimed_batch(*extra: tuple[str, str, Any], optional: bool = False) -> Tabl
             else bindparam(param, type_=ARRAY(type_))
             for param, _, type_ in extra
         ),
+        *(bindparam(param, None, type_=ARRAY(type_)) for param, _, type_ in defaulted),
     ]
-    names = ["id", "attempt", *(name for _, name, _ in extra)]
+    names = ["id", "attempt", *(name for _, name, _ in (*extra, *defaulted))]
     return func.unnest(*arrays).table_valued(*names).render_derived(name="f")
 
 

@@ -41,6 +41,7 @@ from sqlalchemy.sql.selectable import TableValuedAlias
 
 from sqla_queue.bounds import INT4_MAX
 from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
+from sqla_queue.job.history import LOST_CLASS, MAX_ENTRIES
 from sqla_queue.job.states import statuses
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
@@ -87,6 +88,63 @@ def _started(table: Any = jobs) -> Any:
     """A finished job's `started_at`: the one its heartbeats recorded, else its claim's time
     (a job that ran without a heartbeat has no other)."""
     return func.coalesce(table.c.started_at, table.c.locked_at)
+
+
+# -- error history (sqla_queue.job.history) ---------------------------------------------------
+
+ERROR_ENTRY_ARRAYS = (
+    ("job_error_classes", "error_class", Text),
+    ("job_error_messages", "error_message", Text),
+    ("job_error_tracebacks", "error_traceback", Text),
+)
+"""The parallel arrays of a failed attempt's history entry (optional: NULL class, no entry)."""
+
+
+def _error_entry(table: Any, error_class: Any, message: Any, traceback: Any) -> Any:
+    """The history entry of the attempt `table`'s row ends now (read before the UPDATE
+    clears its claim: SET reads the old row)."""
+    started = table.c.started_at if "started_at" in table.c else table.c.locked_at
+    return func.jsonb_build_object(
+        _text("attempt"),
+        table.c.attempts,
+        _text("worker"),
+        table.c.locked_by,
+        _text("started_at"),
+        func.coalesce(started, table.c.locked_at),
+        _text("finished_at"),
+        func.now(),
+        _text("class"),
+        error_class,
+        _text("message"),
+        message,
+        _text("traceback"),
+        traceback,
+    )
+
+
+def _appended_errors(entry: Any, table: Any = jobs) -> Any:
+    """`table.errors` with `entry` appended, at most `MAX_ENTRIES`: the first entry and the
+    latest ones (a jsonb path keeps them; it reads the old array once more, on errors only)."""
+    old = table.c.errors
+    full = func.coalesce(func.jsonb_array_length(old), 0) >= literal_column(
+        str(MAX_ENTRIES), Integer
+    )
+    kept = func.jsonb_path_query_array(
+        old, literal_column(f"'$[0, last - {MAX_ENTRIES - 3} to last]'")
+    )
+    added = func.jsonb_build_array(entry)
+    return case(
+        (full, kept.op("||", return_type=JSONB)(added)),
+        else_=func.coalesce(old, literal_column("'[]'::jsonb")).op("||", return_type=JSONB)(added),
+    )
+
+
+def _batch_errors(batch: TableValuedAlias, table: Any = jobs) -> Any:
+    """`table.errors` with the entry the batch's history arrays give (none: unchanged)."""
+    entry = _error_entry(table, batch.c.error_class, batch.c.error_message, batch.c.error_traceback)
+    return case(
+        (batch.c.error_class.is_(None), table.c.errors), else_=_appended_errors(entry, table)
+    )
 
 
 def _update_fenced(batch: TableValuedAlias) -> Update:
@@ -243,7 +301,10 @@ def store_results() -> Select[Any]:
 
     def stored(table: Any, name: str) -> CTE:
         batch = _claimed_batch(
-            ("job_results", "result", Text), ("job_errors", "error", Text), optional=True
+            ("job_results", "result", Text),
+            ("job_errors", "error", Text),
+            *ERROR_ENTRY_ARRAYS,
+            optional=True,
         )
         failed = batch.c.error.is_not(None)
         return (
@@ -258,6 +319,7 @@ def store_results() -> Select[Any]:
                 result=batch.c.result.cast(JSONB),
                 status=case((failed, _text(JobStatus.failed.value)), else_=table.c.status),
                 last_error=func.coalesce(batch.c.error, table.c.last_error),
+                errors=_batch_errors(batch, table),
             )
             .returning(table.c.id)
             .cte(name)
@@ -279,15 +341,19 @@ def complete_archive() -> Insert:
 def retry_jobs() -> Update:
     """Put failed attempts back to `queued`, due after their own delay.
 
-    Parameters: `job_ids`, `job_attempts`, `job_delays` (seconds), `job_errors` (tracebacks).
+    Parameters: `job_ids`, `job_attempts`, `job_delays` (seconds), `job_errors` (tracebacks);
+    optionally the history entries' `ERROR_ENTRY_ARRAYS`, appended to `errors`.
     """
-    batch = _claimed_batch(("job_delays", "delay", Float), ("job_errors", "error", Text))
+    batch = _claimed_batch(
+        ("job_delays", "delay", Float), ("job_errors", "error", Text), defaulted=ERROR_ENTRY_ARRAYS
+    )
     return (
         _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
             run_at=func.now() + seconds_interval(batch.c.delay),
             last_error=batch.c.error,
+            errors=_batch_errors(batch),
             locked_at=None,
             **_ENDED,
         )
@@ -377,11 +443,12 @@ def defer_jobs() -> Update:
 
 
 def fail_jobs() -> Update:
-    """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`.
+    """Mark jobs `failed` for good. Parameters: `job_ids`, `job_attempts`, `job_errors`;
+    optionally the history entries' `ERROR_ENTRY_ARRAYS`, appended to `errors`.
 
     On commit it NOTIFYs `RESULTS_CHANNEL` with each job's id (a waiter raises its error),
     and the queue's channel for limited queues."""
-    batch = _claimed_batch(("job_errors", "error", Text))
+    batch = _claimed_batch(("job_errors", "error", Text), defaulted=ERROR_ENTRY_ARRAYS)
     return (
         _update_fenced(batch)
         .values(
@@ -389,6 +456,7 @@ def fail_jobs() -> Update:
             finished_at=func.now(),
             started_at=_started(),
             last_error=batch.c.error,
+            errors=_batch_errors(batch),
             heartbeat_at=None,
             lease_expires_at=None,
         )
@@ -558,6 +626,21 @@ def reap_stale_jobs() -> Update:
     )
     exhausted = and_(~refund, jobs.c.attempts >= _max_attempts())
     worker = func.coalesce(jobs.c.locked_by, "?")
+    why = case(
+        (refund, func.concat(unstarted, worker, " stopped heartbeating")),
+        (
+            exhausted,
+            func.concat(
+                "lease expired: worker ",
+                worker,
+                " stopped heartbeating during attempt ",
+                jobs.c.attempts,
+                ", the last of ",
+                _max_attempts(),
+            ),
+        ),
+        else_=func.concat("lease expired: worker ", worker, " stopped heartbeating"),
+    )
     return (
         update(jobs)
         .where(jobs.c.id == stale.c.id, _is(JobStatus.running))
@@ -573,21 +656,9 @@ def reap_stale_jobs() -> Update:
             ),
             run_at=func.now(),
             finished_at=case((exhausted, func.now())),
-            last_error=case(
-                (refund, func.concat(unstarted, worker, " stopped heartbeating")),
-                (
-                    exhausted,
-                    func.concat(
-                        "lease expired: worker ",
-                        worker,
-                        " stopped heartbeating during attempt ",
-                        jobs.c.attempts,
-                        ", the last of ",
-                        _max_attempts(),
-                    ),
-                ),
-                else_=func.concat("lease expired: worker ", worker, " stopped heartbeating"),
-            ),
+            last_error=why,
+            # a lost attempt is an error of its own (even a refunded one: its worker died)
+            errors=_appended_errors(_error_entry(jobs, _text(LOST_CLASS), why, null())),
             locked_at=None,
             **_ENDED,
         )

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import queries
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.context import JobContext
+from sqla_queue.job.history import error_entry
 from sqla_queue.job.outcome import WRITES_NOTHING, JobAttempt, Outcome, OutcomeKind, storable
 from sqla_queue.job.run import JobRunner, resources_of
 from sqla_queue.models import Job
@@ -265,11 +266,22 @@ def _write(run: Any, outcome: Outcome, result: DrainResult) -> None:
         if job.ctx.cancelled:  # its slot of a limited queue is free again
             run(queries.free_cancelled_jobs(), fence)
     elif outcome.requeues:
-        run(queries.retry_jobs(), {**fence, **errors, "job_delays": [outcome.retry_in]})
+        params = {**fence, **errors, **_entry(outcome), "job_delays": [outcome.retry_in]}
+        run(queries.retry_jobs(), params)
         result.retried += 1
     else:
-        run(queries.fail_jobs(), {**fence, **errors})
+        run(queries.fail_jobs(), {**fence, **errors, **_entry(outcome)})
         result.failed += 1
+
+
+def _entry(outcome: Outcome) -> dict[str, list[str | None]]:
+    """The failed attempt's error history entry, as the worker's completer sends it."""
+    error_class, message, traceback = error_entry(outcome)
+    return {
+        "job_error_classes": [error_class],
+        "job_error_messages": [message],
+        "job_error_tracebacks": [traceback],
+    }
 
 
 def run_until_empty(

@@ -29,7 +29,7 @@ from .connection import (
     is_row_error,
     refusal,
 )
-from .jobs import WRITES_NOTHING, ClaimedJob, Outcome, OutcomeKind, storable
+from .jobs import WRITES_NOTHING, ClaimedJob, Outcome, OutcomeKind, error_entry, storable
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -89,10 +89,10 @@ class Completer:
         refused += self._write(
             self._retry,
             retried,
-            lambda o: {"job_delays": o.retry_in, "job_errors": storable(o.error)},
+            lambda o: {"job_delays": o.retry_in, **_failed(o)},
         )
         self.stats.retried += len(retried)
-        refused += self._write(self._fail, failed, _with_error)
+        refused += self._write(self._fail, failed, _failed)
         self.stats.failed += len(failed)
         refused += self._write(self._snooze, snoozed, _snoozed)
         self.stats.snoozed += len(snoozed)
@@ -157,10 +157,16 @@ class Completer:
             # the reason is storable text; if even it is refused, a plain one surely goes in
             # a job its session committed keeps its row: its pending result becomes the error
             pending = outcome.result_pending
-            statement, extra = (self._store, _stored) if pending else (self._fail, _with_error)
+            statement, extra = (self._store, _stored) if pending else (self._fail, _failed)
             for text in (reason, FALLBACK_REASON):
                 failure = Outcome(
-                    OutcomeKind.failed, job, text, None, outcome.exception, result_pending=pending
+                    OutcomeKind.failed,
+                    job,
+                    text,
+                    None,
+                    None,  # its history entry says why it was refused, not what it raised
+                    result_pending=pending,
+                    error_class=REFUSED_CLASS,
                 )
                 if not self._write(statement, [failure], extra):
                     break
@@ -183,6 +189,8 @@ class Completer:
         stats.failed += 1
 
 
+REFUSED_CLASS = "OutcomeNotStored"
+"""The error history's class for a job failed because its outcome could not be stored."""
 FALLBACK_REASON = "the job's outcome could not be stored (PostgreSQL refused it); see the log"
 """What a failed job records when PostgreSQL refused even the reason written for it."""
 
@@ -209,12 +217,27 @@ def _with_error(outcome: Outcome) -> dict[str, Any]:
     return {"job_errors": storable(outcome.error)}
 
 
-def _stored(outcome: Outcome) -> dict[str, Any]:
-    failed = outcome.kind is not OutcomeKind.succeeded
+def _failed(outcome: Outcome) -> dict[str, Any]:
+    """A failed attempt's error for last_error, and its history entry (`job.history`)."""
+    error_class, message, traceback = error_entry(outcome)
     return {
-        "job_results": None if failed else outcome.result,
-        "job_errors": storable(outcome.error) if failed else None,
+        "job_errors": storable(outcome.error),
+        "job_error_classes": error_class,
+        "job_error_messages": message,
+        "job_error_tracebacks": traceback,
     }
+
+
+def _stored(outcome: Outcome) -> dict[str, Any]:
+    if outcome.kind is OutcomeKind.succeeded:
+        return {
+            "job_results": outcome.result,
+            "job_errors": None,
+            "job_error_classes": None,
+            "job_error_messages": None,
+            "job_error_tracebacks": None,
+        }
+    return {"job_results": None, **_failed(outcome)}
 
 
 def _snoozed(outcome: Outcome) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqla_queue.job.context import JobContext
+from sqla_queue.job.history import error_entry
 from sqla_queue.job.outcome import (
     MAX_ERROR_CHARS,
     WRITES_NOTHING,
@@ -29,6 +30,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "decode_args",
+    "error_entry",
     "error_text",
     "storable",
 ]
