@@ -284,6 +284,28 @@ def test_a_run_edge_waits_again_for_a_retried_parent_and_counts_its_end_once(
     assert states(engine, ids[3], ids[4]) == [("queued", 0), ("queued", 0)]
 
 
+def test_a_clean_up_due_on_its_failed_parent_waits_again_when_that_is_retried(
+    engine: Engine,
+) -> None:
+    """Queued (not started) because its only parent failed through a run edge: retrying
+    the parent sends it back to waiting for the parent's new end (found by the model)."""
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        cleanup = enqueue(session, "t.cleanup", {}, depends_on=[Dependency(a, "run")])
+        session.flush()
+        ids = (a.id, cleanup.id)
+    fail(engine, claim_all(engine))
+    assert states(engine, ids[1]) == [("queued", 0)]
+    retry(engine, ids[0])
+    assert states(engine, ids[1]) == [("waiting", 1)]
+    assert set(claim_all(engine)) == {ids[0]}
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET status = 'done' WHERE id = :id"), {"id": ids[0]}
+        )
+    assert states(engine, ids[1]) == [("queued", 0)]
+
+
 def test_a_failure_at_the_head_of_a_long_chain_cancels_it_all_in_one_statement(
     engine: Engine,
 ) -> None:

@@ -93,12 +93,14 @@ BEGIN
             -- on_failure = 'run' edge waits for it again (its next end counts once)
             frontier := ARRAY[job_id];
             LOOP
+                -- (one that had become due on it goes back to waiting, if not started)
                 UPDATE {SCHEMA}.jobs c
-                SET deps_left = c.deps_left + (
+                SET deps_left = coalesce(c.deps_left, 0) + (
                     SELECT count(*) FROM {SCHEMA}.job_deps d
                     WHERE d.child_id = c.id AND d.parent_id = ANY (frontier)
-                      AND d.on_failure = 'run' AND d.parent_status IN ('failed', 'cancelled'))
-                WHERE c.status = 'waiting'
+                      AND d.on_failure = 'run' AND d.parent_status IN ('failed', 'cancelled')),
+                    status = 'waiting'
+                WHERE c.status IN ('waiting', 'queued')
                   AND c.id IN (SELECT d.child_id FROM {SCHEMA}.job_deps d
                                WHERE d.parent_id = ANY (frontier) AND d.on_failure = 'run'
                                  AND d.parent_status IN ('failed', 'cancelled'));
