@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, event
 
 from .errors import ConfigurationError
+from .job.states import UNFINISHED
 from .queries import (
     claim_jobs,
     complete_and_claim,
@@ -44,8 +45,9 @@ from .queries import (
 from .queries.metrics import heartbeat_lag, queue_depth, worker_overruns
 from .worker.connection import STATEMENT_KIND
 
-_DEPTH_STATUSES = ("queued", "running", "waiting")
-"""The statuses `sqla_queue_queue_jobs` counts per queue (`queries.metrics.queue_depth`)."""
+_DEPTH_STATUSES = UNFINISHED
+"""The statuses `sqla_queue_queue_jobs` counts per queue (`queries.metrics.queue_depth`):
+the unfinished ones of the states table."""
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -41,7 +41,7 @@ from sqlalchemy.sql.selectable import TableValuedAlias
 
 from sqla_queue.bounds import INT4_MAX
 from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
-from sqla_queue.job.history import LOST_CLASS, MAX_ENTRIES
+from sqla_queue.job.history import LOST_CLASS
 from sqla_queue.job.states import statuses
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
@@ -72,6 +72,7 @@ from .common import (
     seconds_interval,
     workers,
 )
+from .history import ERROR_ENTRY_ARRAYS, _appended_errors, _batch_errors, _error_entry
 
 # -- finish ----------------------------------------------------------------------------------
 
@@ -88,63 +89,6 @@ def _started(table: Any = jobs) -> Any:
     """A finished job's `started_at`: the one its heartbeats recorded, else its claim's time
     (a job that ran without a heartbeat has no other)."""
     return func.coalesce(table.c.started_at, table.c.locked_at)
-
-
-# -- error history (sqla_queue.job.history) ---------------------------------------------------
-
-ERROR_ENTRY_ARRAYS = (
-    ("job_error_classes", "error_class", Text),
-    ("job_error_messages", "error_message", Text),
-    ("job_error_tracebacks", "error_traceback", Text),
-)
-"""The parallel arrays of a failed attempt's history entry (optional: NULL class, no entry)."""
-
-
-def _error_entry(table: Any, error_class: Any, message: Any, traceback: Any) -> Any:
-    """The history entry of the attempt `table`'s row ends now (read before the UPDATE
-    clears its claim: SET reads the old row)."""
-    started = table.c.started_at if "started_at" in table.c else table.c.locked_at
-    return func.jsonb_build_object(
-        _text("attempt"),
-        table.c.attempts,
-        _text("worker"),
-        table.c.locked_by,
-        _text("started_at"),
-        func.coalesce(started, table.c.locked_at),
-        _text("finished_at"),
-        func.now(),
-        _text("class"),
-        error_class,
-        _text("message"),
-        message,
-        _text("traceback"),
-        traceback,
-    )
-
-
-def _appended_errors(entry: Any, table: Any = jobs) -> Any:
-    """`table.errors` with `entry` appended, at most `MAX_ENTRIES`: the first entry and the
-    latest ones (a jsonb path keeps them; it reads the old array once more, on errors only)."""
-    old = table.c.errors
-    full = func.coalesce(func.jsonb_array_length(old), 0) >= literal_column(
-        str(MAX_ENTRIES), Integer
-    )
-    kept = func.jsonb_path_query_array(
-        old, literal_column(f"'$[0, last - {MAX_ENTRIES - 3} to last]'")
-    )
-    added = func.jsonb_build_array(entry)
-    return case(
-        (full, kept.op("||", return_type=JSONB)(added)),
-        else_=func.coalesce(old, literal_column("'[]'::jsonb")).op("||", return_type=JSONB)(added),
-    )
-
-
-def _batch_errors(batch: TableValuedAlias, table: Any = jobs) -> Any:
-    """`table.errors` with the entry the batch's history arrays give (none: unchanged)."""
-    entry = _error_entry(table, batch.c.error_class, batch.c.error_message, batch.c.error_traceback)
-    return case(
-        (batch.c.error_class.is_(None), table.c.errors), else_=_appended_errors(entry, table)
-    )
 
 
 def _update_fenced(batch: TableValuedAlias) -> Update:
