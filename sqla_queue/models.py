@@ -482,6 +482,52 @@ class PeriodicSlot(QueueBase):
     )
 
 
+class JobCount(QueueBase):
+    """Jobs finished per minute, per queue and task: the rollup the workers write (each
+    adds its own counts about once a minute), so charts and `stats` read a few hundred
+    rows whatever the jobs table holds. Kept for `ROLLUP_KEEP` (a day), then pruned."""
+
+    __tablename__ = "job_counts"
+
+    minute: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    """The minute the jobs ended in (truncated, UTC)."""
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    task: Mapped[str] = mapped_column(Text, primary_key=True)
+    succeeded: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    failed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """Attempts that ended the job failed (its last attempt raised, or it was lost)."""
+    retried: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """Attempts that raised and were scheduled again."""
+    run_seconds: Mapped[float] = mapped_column(Float, server_default=text("0"))
+    """The handlers' run time summed over those attempts (divide for the mean)."""
+
+
+class StoppedWorker(QueueBase):
+    """A worker that stopped: gracefully (it deregistered) or lost (its registration
+    expired, and the reaper took its jobs back). Kept for a day, for the workers page."""
+
+    __tablename__ = "stopped_workers"
+    __table_args__ = (
+        CheckConstraint("how IN ('graceful', 'lost')", name="how"),
+        Index("ix_stopped_workers_stopped_at", "stopped_at"),
+    )
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    """Its last heartbeat."""
+    stopped_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    """When it deregistered, or when a reaper found it expired."""
+    how: Mapped[str] = mapped_column(Text)
+    """`graceful` or `lost`."""
+
+
 RENAMED = {
     "Base": (
         QueueBase,
