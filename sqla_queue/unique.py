@@ -29,6 +29,9 @@ STATE_BITS = UNIQUE_BITS
 DEFAULT_STATES = frozenset({JobStatus.queued.value, JobStatus.running.value})
 """The states every unique job blocks in (the worker moves jobs between them)."""
 EVERY_STATE = frozenset(STATE_BITS)
+ON_CONFLICT = ("keep", "replace", "replace_args")
+"""What a duplicate does to the job holding its key: nothing (`keep`), or give it its args
+and run_at (`replace`: debounce) or its args only (`replace_args`: throttle)."""
 """`states=EVERY_STATE`: once ever, while the row is kept (see the retention note)."""
 
 
@@ -41,7 +44,13 @@ class Unique:
     job. `key`: your own text, added to the key. `period`: seconds (or a timedelta): at most
     one job per key per period, by UTC time slots of that length from the epoch. `states`:
     the statuses in which a job blocks its duplicates: queued and running (the default)
-    and any of done, failed, cancelled.
+    and any of done, failed, cancelled. `on_conflict`: what a duplicate does to the job
+    holding its key, if that job has not started (queued, or waiting on dependencies):
+    `keep` leaves it as it is; `replace` gives it the duplicate's args and run_at, so it
+    runs `delay` after the last call (debounce); `replace_args` gives it the args and keeps
+    its run_at (throttle: at most one run per window, with the latest args). A holder that
+    already runs is never touched, except that it lets its key go so the duplicate is
+    written as a new job, to run after it; a finished holder (finished `states`) is kept.
     A done job stays in the table only under retention `keep`: "once ever" (adding done,
     failed and cancelled) holds as long as the row does.
     """
@@ -51,8 +60,15 @@ class Unique:
     key: str | None = None
     period: float | dt.timedelta | None = None
     states: Collection[str] = field(default=DEFAULT_STATES)
+    on_conflict: str = "keep"
 
     def __post_init__(self) -> None:
+        if self.on_conflict not in ON_CONFLICT:
+            raise ConfigurationError(
+                detail=f"Unique(on_conflict=...) is one of {', '.join(ON_CONFLICT)}, got "
+                f"{self.on_conflict!r}: 'replace' to debounce (the last call's args and "
+                "run_at win), 'replace_args' to throttle (its args, the first run_at)"
+            )
         if self.args is not None and (
             isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args)
         ):
