@@ -61,6 +61,7 @@ class Unique:
     period: float | dt.timedelta | None = None
     states: Collection[str] = field(default=DEFAULT_STATES)
     on_conflict: str = "keep"
+    about: bool = False
 
     def __post_init__(self) -> None:
         if self.on_conflict not in ON_CONFLICT:
@@ -118,10 +119,19 @@ class Unique:
         return sum(STATE_BITS[s] for s in frozenset(self.states) | {JobStatus.waiting.value})
 
     def key_for(
-        self, task: str, queue: str, args: Mapping[str, Any], now: float | None = None
+        self,
+        task: str,
+        queue: str,
+        args: Mapping[str, Any],
+        now: float | None = None,
+        about: str | None = None,
     ) -> bytes:
-        """The job's uniqueness key: 32 bytes of SHA-256 over its canonical JSON parts."""
-        chosen = dict(args) if self.args is None else {name: args.get(name) for name in self.args}
+        """The job's uniqueness key: 32 bytes of SHA-256 over its canonical JSON parts
+        (with `about=True`, the row the job is about: `about`, its `<table>:<key>` text)."""
+        if self.args is not None:
+            chosen = {name: args.get(name) for name in self.args}
+        else:
+            chosen = {} if self.about else dict(args)
         slot = None
         seconds = self.period_seconds
         if seconds is not None:
@@ -133,6 +143,13 @@ class Unique:
             "key": self.key,
             "slot": slot,
         }
+        if self.about:
+            if about is None:
+                raise ConfigurationError(
+                    detail=f"Unique(about=True) makes a job of task {task!r} unique per row it "
+                    "is about, but it was enqueued without about=: pass the row (about=order)"
+                )
+            parts["about"] = about
         canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).digest()
 

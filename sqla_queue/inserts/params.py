@@ -37,7 +37,7 @@ def _row_params(new: NewJob) -> dict[str, Any]:
         )
     unique = new.unique
     if unique is not None:
-        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args)
+        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args, about=new.about)
         params["job_unique_states"] = unique.state_bits
         if unique.on_conflict != "keep":
             params[ON_CONFLICT] = unique.on_conflict
