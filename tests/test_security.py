@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import uuid
 from collections.abc import Callable, Iterator
@@ -166,6 +167,7 @@ WORKER_GRANTS = [
     "GRANT INSERT ON sqla_queue.jobs_archive TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.workers TO {role}",
     "GRANT SELECT, INSERT, DELETE ON sqla_queue.queue_starts TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.stopped_workers TO {role}",
 ]
 """Exactly what docs/production.md ("Security") lists for the worker's role."""
 
@@ -281,10 +283,12 @@ def test_worker_role_cannot_touch_anything_else(worker_role: WorkerRole) -> None
 
 @pytest.mark.parametrize("grant", WORKER_GRANTS)
 def test_each_documented_privilege_is_needed(
-    fault_db: FaultDatabase, worker_role: WorkerRole, grant: str
+    fault_db: FaultDatabase, worker_role: WorkerRole, grant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without any one grant, a job in a rate-limited archive queue cannot be claimed and
-    finished (the limit makes the claim record its start in queue_starts)."""
+    finished (the limit makes the claim record its start in queue_starts); without the one
+    on stopped_workers, the job runs but the worker cannot deregister (its stop is recorded
+    there in the same statement): it says so, and its registration is left to expire."""
     registry = Registry()
     registry.task(name="noop")(lambda: None)
     admin_engine = create_engine(fault_db.url)
@@ -296,15 +300,27 @@ def test_each_documented_privilege_is_needed(
             admin.set_rate(session, "archived", "1000/s")
             enqueue(session, "noop", queue="archived")
         fault_db.conn.execute(worker_role.revoke(grant))
-        with pytest.raises(Exception, match="permission denied"):
-            run_until_empty(role_engine, registry, config)
+        if "stopped_workers" in grant:
+            with caplog.at_level(logging.WARNING, logger="sqla_queue.worker"):
+                assert run_until_empty(role_engine, registry, config).succeeded == 1
+            assert "could not remove this worker's registration" in caplog.text
+            assert "permission denied" in caplog.text
+            assert fault_db.value("SELECT count(*) FROM sqla_queue.workers") == 1
+            fault_db.conn.execute("DELETE FROM sqla_queue.workers")
+            with Session(admin_engine) as session, session.begin():
+                enqueue(session, "noop", queue="archived")
+        else:
+            with pytest.raises(Exception, match="permission denied"):
+                run_until_empty(role_engine, registry, config)
         role_engine.dispose()
         fault_db.conn.execute(worker_role.sql(grant))
         fault_db.conn.execute(
             "UPDATE sqla_queue.jobs SET status = 'queued' WHERE status = 'running'"
         )
         assert run_until_empty(role_engine, registry, config).succeeded == 1
-        assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_archive") == 1
+        archived = 2 if "stopped_workers" in grant else 1  # one more job ran above
+        assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_archive") == archived
+        assert fault_db.value("SELECT how FROM sqla_queue.stopped_workers") == "graceful"
     finally:
         role_engine.dispose()
         admin_engine.dispose()

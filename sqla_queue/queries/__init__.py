@@ -142,6 +142,8 @@ from .workers import (
     delete_expired_workers,
     deregister_worker,
     live_workers,
+    running_jobs_of_workers,
+    stopped_workers,
 )
 
 __all__ = [
@@ -233,6 +235,7 @@ __all__ = [
     "reserve_job_ids",
     "retry_failed_jobs",
     "retry_jobs",
+    "running_jobs_of_workers",
     "schema_revision",
     "server_settings",
     "set_queue_concurrency",
@@ -242,6 +245,7 @@ __all__ = [
     "set_queue_retention",
     "set_queue_route",
     "snooze_jobs",
+    "stopped_workers",
     "store_results",
     "stuck_condition",
     "stuck_jobs",
