@@ -9,13 +9,14 @@ import threading
 
 import pytest
 from multixact_support import admin_engine, count_multixacts
-from sqlalchemy import Engine, ForeignKeyConstraint, create_engine, delete, select
+from sqlalchemy import Engine, ForeignKeyConstraint, create_engine, delete, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import ConfigurationError, InvalidJobError, Job, Unique, enqueue, enqueue_many
 from sqla_queue.database import normalize_url
 from sqla_queue.migrate import drop_queue_fk
 from sqla_queue.orm import HasJobs, about_key, cancel_jobs_about, jobs_of
+from sqla_queue.orm_triggers import cancel_on_delete, enqueue_on_update
 
 
 class Shop(DeclarativeBase):
@@ -213,3 +214,46 @@ def test_eight_processes_enqueueing_about_one_hot_row_mint_no_multixacts(
         admin.dispose()
     assert len(updates) == 200
     assert minted == 0
+
+
+def test_generated_triggers_act_on_changes_that_bypass_the_orm(shop: Engine) -> None:
+    remove = cancel_on_delete("orders", ["id"])
+    paid = enqueue_on_update("orders", ["id"], "status", "paid", "shop.receipt")
+    lines = cancel_on_delete("order_lines", ["order_id", "number"])
+    with shop.begin() as conn:
+        for sql in (remove, paid, lines):
+            conn.exec_driver_sql(sql.create)
+    with Session(shop, expire_on_commit=False) as session, session.begin():
+        order, other = Order(), Order()
+        session.add_all([order, other])
+        session.flush()
+        line = Line(order_id=order.id, number=1)
+        session.add(line)
+        session.flush()
+        about_line = enqueue(session, "shop.pack", {}, about=line, flush=True)
+    with Session(shop) as session, session.begin():  # Core statements: no ORM event
+        session.execute(update(Order).where(Order.id == order.id).values(status="paid"))
+        session.execute(update(Order).where(Order.id == order.id).values(status="paid"))
+        session.execute(update(Order).where(Order.id == other.id).values(status="shipped"))
+    with Session(shop) as session:
+        (receipt,) = jobs_of(session, order)
+        assert (receipt.task, receipt.args, receipt.status) == (
+            "shop.receipt",
+            {"id": order.id},
+            "queued",
+        )
+        assert jobs_of(session, other) == []
+    with Session(shop) as session, session.begin():
+        session.execute(delete(Line))
+        session.execute(delete(Order).where(Order.id == order.id))
+    with Session(shop) as session:
+        assert session.get_one(Job, receipt.id).status == "cancelled"
+        assert session.get_one(Job, about_line.id).status == "cancelled"
+        assert session.get_one(Job, about_line.id).last_error == (
+            f"cancelled: order_lines:[{order.id}, 1], the row it was about, was deleted"
+        )
+    with shop.begin() as conn:
+        for sql in (remove, paid, lines):
+            conn.exec_driver_sql(sql.drop)
+        left = conn.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname ~ '^sqla_queue_'"))
+        assert left.scalar() == 0

@@ -1,0 +1,140 @@
+"""Database triggers for your own tables, for the changes that bypass the ORM's events
+(`session.execute(delete(Order))`, bulk updates, SQL from elsewhere): generated SQL for an
+Alembic migration of your application.
+
+    from sqla_queue.orm_triggers import cancel_on_delete, enqueue_on_update
+
+    def upgrade() -> None:
+        op.execute(cancel_on_delete("orders", ["id"]).create)
+        op.execute(enqueue_on_update("orders", ["id"], "status", "paid", "shop.receipt").create)
+
+    def downgrade() -> None:
+        op.execute(enqueue_on_update("orders", ["id"], "status", "paid", "shop.receipt").drop)
+        op.execute(cancel_on_delete("orders", ["id"]).drop)
+
+`cancel_on_delete`: deleting a row, by any statement, cancels its queued and waiting jobs
+(those enqueued `about=` it), as `sqla_queue.orm.HasJobs` does for ORM deletes (both may
+be on: the second finds nothing left to cancel). `enqueue_on_update`: an UPDATE that
+changes `column` to `value` enqueues one job about the row, args its primary key, and wakes
+the queue's workers. It counts per statement, not per transaction as `Registry.on_change`
+does: use one or the other for a rule, not both (both would enqueue two jobs).
+
+Names are quoted; the key columns' text must match `about=`'s (`sqla_queue.orm`): one
+column as its text, several as a JSON array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.dialects import postgresql
+
+from .job.states import JobStatus
+from .models import DEFAULT_QUEUE, NOTIFY_CHANNEL, SCHEMA
+
+_QUOTE: Any = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class TriggerSql:
+    """A trigger's `create` and `drop` SQL (each one string of statements, for op.execute)."""
+
+    create: str
+    drop: str
+
+
+def _name(table: str) -> str:
+    """`table` ("orders" or "shop.orders") quoted for SQL."""
+    return ".".join(_QUOTE.quote(part) for part in table.split("."))
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _about(table: str, key_columns: Sequence[str], row: str) -> str:
+    """The SQL expression of a row's `about` text (`row` is OLD or NEW)."""
+    if not key_columns:
+        raise ValueError("key_columns names the table's primary key columns")
+    columns = [f"{row}.{_QUOTE.quote(c)}" for c in key_columns]
+    key = (
+        f"{columns[0]}::text"
+        if len(columns) == 1
+        else f"jsonb_build_array({', '.join(columns)})::text"
+    )
+    return f"{_literal(table + ':')} || {key}"
+
+
+def _function(table: str, purpose: str) -> str:
+    """The trigger function's name: in the table's schema, named after table and purpose."""
+    schema, _, name = table.rpartition(".")
+    function = _QUOTE.quote(f"sqla_queue_{purpose}_{name}")
+    return f"{_QUOTE.quote(schema)}.{function}" if schema else function
+
+
+def cancel_on_delete(table: str, key_columns: Sequence[str]) -> TriggerSql:
+    """A row trigger on `table` (AFTER DELETE) that cancels the queued and waiting jobs
+    about the deleted row, naming it in their error."""
+    function = _function(table, "cancel_jobs")
+    trigger = _QUOTE.quote(f"sqla_queue_cancel_jobs_{table.rpartition('.')[2]}")
+    statuses = ", ".join(_literal(s.value) for s in (JobStatus.queued, JobStatus.waiting))
+    create = f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $sqlaq$
+DECLARE
+    row_about text := {_about(table, key_columns, "OLD")};
+BEGIN
+    UPDATE {SCHEMA}.jobs
+       SET status = {_literal(JobStatus.cancelled.value)}, finished_at = now(),
+           last_error = 'cancelled: ' || row_about || ', the row it was about, was deleted'
+     WHERE jobs.about = row_about AND jobs.status IN ({statuses});
+    RETURN NULL;
+END
+$sqlaq$;
+CREATE TRIGGER {trigger} AFTER DELETE ON {_name(table)}
+    FOR EACH ROW EXECUTE FUNCTION {function}();
+"""
+    drop = (
+        f"DROP TRIGGER IF EXISTS {trigger} ON {_name(table)}; DROP FUNCTION IF EXISTS {function}();"
+    )
+    return TriggerSql(create, drop)
+
+
+def enqueue_on_update(
+    table: str,
+    key_columns: Sequence[str],
+    column: str,
+    value: str,
+    task: str,
+    queue: str = DEFAULT_QUEUE,
+) -> TriggerSql:
+    """A row trigger on `table` (AFTER UPDATE OF `column`) that enqueues a job of `task`
+    into `queue` about each row whose `column` changed to `value` (compared as text), with
+    the row's primary key as args (`{"id": 42}`), and notifies the queue's workers."""
+    function = _function(table, f"enqueue_{column}")
+    trigger = _QUOTE.quote(f"sqla_queue_enqueue_{table.rpartition('.')[2]}_{column}")
+    col = _QUOTE.quote(column)
+    args = ", ".join(f"{_literal(c)}, NEW.{_QUOTE.quote(c)}" for c in key_columns)
+    create = f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $sqlaq$
+BEGIN
+    INSERT INTO {SCHEMA}.jobs (task, args, queue, about)
+    VALUES ({_literal(task)}, jsonb_build_object({args}), {_literal(queue)},
+            {_about(table, key_columns, "NEW")});
+    PERFORM pg_notify({_literal(NOTIFY_CHANNEL)}, {_literal(queue)});
+    RETURN NULL;
+END
+$sqlaq$;
+CREATE TRIGGER {trigger} AFTER UPDATE OF {col} ON {_name(table)}
+    FOR EACH ROW
+    WHEN (NEW.{col}::text = {_literal(value)} AND OLD.{col} IS DISTINCT FROM NEW.{col})
+    EXECUTE FUNCTION {function}();
+"""
+    drop = (
+        f"DROP TRIGGER IF EXISTS {trigger} ON {_name(table)}; DROP FUNCTION IF EXISTS {function}();"
+    )
+    return TriggerSql(create, drop)
+
+
+__all__ = ["TriggerSql", "cancel_on_delete", "enqueue_on_update"]
