@@ -22,7 +22,8 @@ def set_status(engine: Engine, ids: list[int], status: str, error: str = "boom")
                 "UPDATE sqla_queue.jobs SET status = :status, attempts = 1, max_attempts = 1, "
                 "last_error = :error, finished_at = CASE WHEN :status IN "
                 "('done', 'failed', 'cancelled') THEN now() END, locked_by = CASE WHEN "
-                ":status = 'running' THEN 'w1' END WHERE id = ANY(:ids)"
+                ":status = 'running' THEN 'w1' END, lease_expires_at = CASE WHEN "
+                ":status = 'running' THEN now() + interval '1 hour' END WHERE id = ANY(:ids)"
             ),
             {"status": status, "ids": ids, "error": error},
         )
