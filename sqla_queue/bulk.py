@@ -52,6 +52,16 @@ def args_at(path: str | Sequence[str], value: Any) -> dict[str, Any]:
     return dict(document)
 
 
+def args_from_text(path: str, value: str) -> dict[str, Any]:
+    """`args_at(path, value)` with `value` as typed on a command line or in a form: JSON
+    when it parses (`42`, `true`, `"42"`, `[1]`), else the text itself (`bob`)."""
+    try:
+        parsed: Any = json.loads(value)
+    except ValueError:
+        parsed = value
+    return args_at(path, parsed)
+
+
 def _when(name: str, value: object) -> dt.datetime | None:
     if value is None:
         return None

@@ -3,7 +3,6 @@ the bulk action they start: count, confirm, act in batches (`sqla_queue.bulk`)."
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -103,13 +102,7 @@ def _args(given: dict[str, Any]) -> dict[str, Any] | None:
                 "must be a JSON object, e.g. '{\"user\": 42}'", param_hint="--args"
             )
         return found
-    if path is None:
-        return None
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        parsed = value  # not JSON: the text itself
-    return bulk.args_at(path, parsed)
+    return None if path is None else bulk.args_from_text(path, value)
 
 
 def filters_given(given: dict[str, Any]) -> bool:
