@@ -236,14 +236,21 @@ def _echo_links(links: admin.JobLinks) -> None:
 @jobs.command("retry")
 @click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--failed", "all_failed", is_flag=True, help="Retry every failed job.")
-@click.option("--queue", default=None, help="With --failed: only this queue's.")
+@click.option(
+    "--queue", default=None, help="Only jobs of this queue (with --failed, or as a filter)."
+)
 @click.option(
     "--attempts",
     type=count(1, MAX_ATTEMPTS),
     default=None,
     help="Attempts each job gets again (default: its own max_attempts).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print {id: previous status} as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {id: previous status} as JSON (with filters: the counts).",
+)
 @filter_options(queue=False)
 @bulk_options
 def jobs_retry(
@@ -348,7 +355,12 @@ GONE = "never enqueued, or deleted once finished by its queue's retention or by 
 
 @jobs.command("delete")
 @click.argument("job_ids", nargs=-1, type=JOB_ID)
-@click.option("--json", "as_json", is_flag=True, help="Print {id: status it had} as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {id: status it had} as JSON (with filters: the counts).",
+)
 @filter_options()
 @bulk_options
 def jobs_delete(
