@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -246,6 +246,18 @@ class Row:
             self.locked_by,
             self.archived,
         )
+
+
+def key_holders(row: Row, seen: Mapping[int, Row]) -> list[int]:
+    """The other jobs that hold `row`'s unique key (queued or running with the same key)."""
+    return [
+        other.id
+        for other in seen.values()
+        if other.id != row.id
+        and row.unique_key is not None
+        and other.unique_key == row.unique_key
+        and other.status in ("queued", "running")
+    ]
 
 
 def observe(conn: Connection) -> dict[int, Row]:

@@ -295,3 +295,34 @@ def test_the_workers_page_shows_running_jobs_and_a_stopped_worker(
     screenshot(page, "workers.png")
     running.locator("a").click()
     expect(page.locator("h1")).to_contain_text(f"Job {job_id}")
+
+
+def test_retry_every_job_matching_a_filter_after_confirming_the_count(
+    engine: Engine, page: Any
+) -> None:
+    from test_bulk import set_status
+
+    expect = playwright_api.expect
+    make_queues(engine)
+    smtp = enqueue_jobs(engine, "send", 3, queue="mail", args={"to": "ada@example.com"})
+    set_status(engine, smtp, "failed", "ConnectionError: SMTP server refused ada@example.com")
+    other = enqueue_jobs(engine, "resize", 2, queue="images", args={"size": 128})
+    set_status(engine, other, "failed", "MemoryError")
+
+    page.goto("/jobs")
+    page.locator('form.filters input[name="error"]').fill("smtp server")
+    page.locator('select[name="status"]').select_option("failed")
+    page.get_by_role("button", name="Filter").click()
+    rows = page.locator("#jobs tbody tr[data-job]")
+    expect(rows).to_have_count(3)
+    page.locator("#select-all").check()
+    for box in page.locator('#jobs input[name="job_id"]').all():
+        expect(box).to_be_checked()
+    page.get_by_role("button", name="Retry all…", exact=True).click()
+    expect(page.locator("#bulk-count")).to_contain_text("3 jobs that retry takes match")
+    assert {j.status for j in jobs_by_id(engine, smtp).values()} == {"failed"}
+    page.get_by_role("button", name="Retry 3 jobs").click()
+    expect(page.locator(".notice")).to_have_text("retried 3 jobs")
+    expect(page.locator('form.filters input[name="error"]')).to_have_value("smtp server")
+    assert {j.status for j in jobs_by_id(engine, smtp).values()} == {"queued"}
+    assert {j.status for j in jobs_by_id(engine, other).values()} == {"failed"}

@@ -77,15 +77,13 @@ def million(engine: Engine) -> Engine:
 
 def explain(conn: Connection, filters: dict[str, str], before: int | None) -> dict[str, Any]:
     status = JobStatus(filters["status"]) if "status" in filters else None
-    statement = statements.job_page(
-        filters.get("queue"), filters.get("task"), status, before is not None, filters.get("tag")
+    where = reads.JobFilter(
+        queue=filters.get("queue"), task=filters.get("task"), status=status, tag=filters.get("tag")
     )
+    statement = statements.job_page(where, before is not None)
     params: dict[str, Any] = {
         "limit": reads.PAGE_SIZE + 1,
         "window": reads.SEARCH_WINDOW,
-        "queue": filters.get("queue"),
-        "task": filters.get("task"),
-        "tags": [filters["tag"]] if "tag" in filters else None,
         "before_id": before,
     }
     compiled = statement.compile(dialect=conn.dialect)

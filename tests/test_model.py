@@ -18,7 +18,8 @@ away without finishing); a reaper round; cancel, retry, delete, prune, pause/res
 concurrency and rate limits, result TTLs; `wait_for(timeout=0)`; time passing; enqueue
 with `depends_on` (1-3 jobs still in the table or the archive, each edge on_failure
 'cancel' or 'run'), whose parents then run, fail, are cancelled, retried or deleted by the
-rules above.
+rules above; bulk retry, cancel and delete by a filter of queue, task and status
+(tests/model_bulk.py: exactly the matching jobs change).
 
 Time: the test controls the queue's clock by moving every timestamp of the test database
 back (`model_kit.shift_clock`): delayed jobs and retries become due, leases and worker
@@ -73,6 +74,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from model_bulk import BulkRules
 from model_kit import (
     BEHAVIOURS,
     KILL_LEASE,
@@ -86,6 +88,7 @@ from model_kit import (
     TroubleLog,
     build_registry,
     engine_for,
+    key_holders,
     kill_claim,
     no_raw_database_error,
     observe,
@@ -194,7 +197,7 @@ class Orphan:
         return self.reapable_at(time.monotonic())
 
 
-class QueueMachine(RuleBasedStateMachine):
+class QueueMachine(BulkRules, RuleBasedStateMachine):
     pool: ClassVar[ClonePool | Clones | None] = None
 
     def __init__(self) -> None:
@@ -747,14 +750,7 @@ class QueueMachine(RuleBasedStateMachine):
                 job.spent = 0
                 job.budget = attempts or before[job_id].max_attempts or DEFAULT_MAX_ATTEMPTS
                 continue
-            holders = [
-                other.id
-                for other in after.values()
-                if other.id != job_id
-                and row.unique_key is not None
-                and other.unique_key == row.unique_key
-                and other.status in UNIQUE_STATUSES
-            ]
+            holders = key_holders(row, after)
             assert holders, (
                 f"retry_jobs left job {job_id} ({row.status}) alone though no other job holds "
                 "its unique key"

@@ -9,13 +9,20 @@ from typing import Any
 
 import click
 
-from sqla_queue import admin
+from sqla_queue import admin, bulk
 from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
 from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.models import JobStatus
 
 from . import base
 from .base import Command, Group
+from .job_filters import (
+    bulk_options,
+    filter_from_cli,
+    filter_options,
+    filters_given,
+    run_bulk,
+)
 from .job_options import job_options, options_from_cli
 
 
@@ -51,16 +58,36 @@ def jobs() -> None:
     default=None,
     help="Cancel every unfinished job (queued, waiting, running) of this workflow.",
 )
-def jobs_cancel(database_url: str | None, job_ids: tuple[int, ...], workflow: str | None) -> None:
-    """Cancel queued, waiting or running jobs by id, or those of a workflow (--workflow);
-    a running handler sees ctx.cancelled, and the jobs that depend on a cancelled one are
-    cancelled too (unless they run on failure).
+@filter_options(workflow=False)
+@bulk_options
+@click.option("--json", "as_json", is_flag=True, help="With filters: print the counts as JSON.")
+def jobs_cancel(
+    database_url: str | None,
+    job_ids: tuple[int, ...],
+    workflow: str | None,
+    yes: bool,
+    batch: int,
+    as_json: bool,
+    **filters: Any,
+) -> None:
+    """Cancel queued, waiting or running jobs by id, those of a workflow (--workflow), or
+    every one matching the filter options (counted and confirmed first, unless --yes; in
+    batches); a running handler sees ctx.cancelled, and the jobs that depend on a
+    cancelled one are cancelled too (unless they run on failure).
 
     Exit status 1 if any id names no job or a job that had already finished (done or
     failed), or if --workflow names a workflow without any job; a job that was already
     cancelled is reported as such and is not an error."""
+    where = filter_from_cli({**filters, "workflow": workflow if filters_given(filters) else None})
+    if where is not None:
+        if job_ids:
+            raise click.UsageError("pass job ids or filter options, not both")
+        run_bulk(database_url, "cancel", where, yes=yes, batch=batch, as_json=as_json)
+        return
     if bool(job_ids) == (workflow is not None):
-        raise click.UsageError("pass job ids or --workflow, not both (and not neither)")
+        raise click.UsageError(
+            "pass job ids, --workflow or filter options, not both (and not neither)"
+        )
     if workflow is not None:
         _cancel_workflow(database_url, workflow)
         return
@@ -87,11 +114,7 @@ def _cancel_workflow(database_url: str | None, workflow: str) -> None:
 
 
 @jobs.command("list")
-@click.option("--queue", default=None, help="Only jobs of this queue.")
-@click.option("--task", default=None, help="Only jobs of this task (its registered name).")
-@click.option(
-    "--status", type=click.Choice([s.value for s in JobStatus]), default=None, help="Only these."
-)
+@filter_options()
 @click.option(
     "--limit",
     type=count(1, admin.MAX_LIST_LIMIT),
@@ -99,33 +122,20 @@ def _cancel_workflow(database_url: str | None, workflow: str) -> None:
     show_default=True,
     help="Most jobs shown.",
 )
-@click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all of them).")
 @click.option("--before", type=JOB_ID, default=None, help="Ids below this only.")
-@click.option("--workflow", default=None, help="Only jobs of this workflow (its id).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 def jobs_list(
     database_url: str | None,
-    queue: str | None,
-    task: str | None,
-    status: str | None,
-    tags: tuple[str, ...],
     limit: int,
     before: int | None,
-    workflow: str | None,
     as_json: bool,
+    **filters: Any,
 ) -> None:
-    """List jobs newest first; page on with --before <the last id shown>."""
+    """List jobs newest first, filtered (each filter option narrows); page on with
+    --before <the last id shown>."""
+    where = filter_from_cli(filters) or bulk.JobFilter()
     with base.transaction(database_url) as conn:
-        found = admin.list_jobs(
-            conn,
-            queue=queue,
-            task=task,
-            status=status,
-            tag=tags or None,
-            limit=limit,
-            before=before,
-            workflow=workflow,
-        )
+        found = bulk.search_jobs(conn, where, limit=limit, before=before)
     if as_json:
         base.echo_json([job.as_dict() for job in found])
         return
@@ -226,14 +236,23 @@ def _echo_links(links: admin.JobLinks) -> None:
 @jobs.command("retry")
 @click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--failed", "all_failed", is_flag=True, help="Retry every failed job.")
-@click.option("--queue", default=None, help="With --failed: only this queue's.")
+@click.option(
+    "--queue", default=None, help="Only jobs of this queue (with --failed, or as a filter)."
+)
 @click.option(
     "--attempts",
     type=count(1, MAX_ATTEMPTS),
     default=None,
     help="Attempts each job gets again (default: its own max_attempts).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print {id: previous status} as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {id: previous status} as JSON (with filters: the counts).",
+)
+@filter_options(queue=False)
+@bulk_options
 def jobs_retry(
     database_url: str | None,
     job_ids: tuple[int, ...],
@@ -241,12 +260,34 @@ def jobs_retry(
     queue: str | None,
     attempts: int | None,
     as_json: bool,
+    yes: bool,
+    batch: int,
+    **filters: Any,
 ) -> None:
-    """Put failed or cancelled jobs (by id, or all failed with --failed) back to queued.
+    """Put failed or cancelled jobs (by id, all failed with --failed, or every one matching
+    the filter options: counted and confirmed first unless --yes, then in batches) back to
+    queued.
 
-    A unique job whose key another job holds stays where it is, and is named with that job.
-    Exit status 1 if an id names no job or one that is not failed or cancelled, or if a job
-    was left alone for its unique key."""
+    A unique job whose key another job holds stays where it is, and is named with that job
+    (with filters: counted). Exit status 1 if an id names no job or one that is not failed
+    or cancelled, or if a job was left alone for its unique key."""
+    if filters_given(filters) or (queue is not None and not all_failed):
+        if job_ids:
+            raise click.UsageError(
+                "--queue goes with --failed or the other filter options; ids name their jobs"
+            )
+        where = filter_from_cli({**filters, "queue": queue}, ("failed",) if all_failed else ())
+        assert where is not None
+        run_bulk(
+            database_url,
+            "retry",
+            where,
+            yes=yes,
+            batch=batch,
+            as_json=as_json,
+            attempts=attempts,
+        )
+        return
     if bool(job_ids) == all_failed:
         raise click.UsageError("pass job ids or --failed, not both (and not neither)")
     if queue is not None and not all_failed:
@@ -313,12 +354,34 @@ GONE = "never enqueued, or deleted once finished by its queue's retention or by 
 
 
 @jobs.command("delete")
-@click.argument("job_ids", nargs=-1, type=JOB_ID, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print {id: status it had} as JSON.")
-def jobs_delete(database_url: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
-    """Delete jobs by id (also archived ones); a running job is refused: cancel it first.
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {id: status it had} as JSON (with filters: the counts).",
+)
+@filter_options()
+@bulk_options
+def jobs_delete(
+    database_url: str | None,
+    job_ids: tuple[int, ...],
+    as_json: bool,
+    yes: bool,
+    batch: int,
+    **filters: Any,
+) -> None:
+    """Delete jobs by id (also archived ones), or every job matching the filter options
+    (counted and confirmed first unless --yes, then in batches; not the archive); a
+    running job is refused: cancel it first.
 
     Exit status 1 if an id names no job or a running one."""
+    where = filter_from_cli(filters)
+    if (where is None) == (not job_ids):
+        raise click.UsageError("pass job ids or filter options, not both (and not neither)")
+    if where is not None:
+        run_bulk(database_url, "delete", where, yes=yes, batch=batch, as_json=as_json)
+        return
     with base.transaction(database_url) as conn:
         deleted = admin.delete_jobs(conn, job_ids)
         others = admin.job_statuses(conn, [i for i in job_ids if i not in deleted])

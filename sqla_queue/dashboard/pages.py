@@ -26,8 +26,8 @@ from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.models import JobStatus
 
+from . import bulk_actions, reads, rendering
 from . import params as checks
-from . import reads, rendering
 from .security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -82,6 +82,7 @@ class Dashboard:
             Route("/partials/queues", self.queues_partial, name="queues_partial"),
             Route("/jobs", self.jobs_page, name="jobs"),
             Route("/jobs/action", self.jobs_action, methods=["POST"], name="jobs_action"),
+            Route("/jobs/bulk", self.jobs_bulk, methods=["POST"], name="jobs_bulk"),
             Route("/jobs/{job_id}", self.job_page, name="job"),
             Route("/workflows/{workflow_id:path}", self.workflow_page, name="workflow"),
             Route("/queues/{name:path}/pause", self.pause, methods=["POST"], name="pause"),
@@ -172,35 +173,20 @@ class Dashboard:
 
     def jobs_page(self, request: Request) -> Response:
         params = request.query_params
-        status = params.get("status") or None
-        if status is not None and status not in {s.value for s in JobStatus}:
-            choices = ", ".join(s.value for s in JobStatus)
-            return self._bad_request(request, f"bad filter: status is one of {choices}")
         try:
-            where = reads.JobFilter(
-                queue=checks.text_filter(params.get("queue"), "queue"),
-                task=checks.text_filter(params.get("task"), "task"),
-                status=JobStatus(status) if status else None,
-                tag=checks.text_filter(params.get("tag"), "tag"),
-                workflow=checks.text_filter(params.get("workflow"), "workflow"),
-            )
+            where, filters = bulk_actions.parse_filter(params)
             before = checks.job_id(params["before"], "before") if params.get("before") else None
         except checks.BadParameter as exc:
             return self._bad_request(request, f"bad filter: {exc}")
         with self.engine.connect() as conn:
             page = reads.list_jobs(conn, where, before)
-        filters = {
-            "queue": where.queue or "",
-            "task": where.task or "",
-            "status": where.status.value if where.status else "",
-            "tag": where.tag or "",
-            "workflow": where.workflow or "",
-        }
         return self._render(
             request,
             "jobs.html",
             page=page,
             filters=filters,
+            filter_query=bulk_actions.query_of(filters),
+            has_filter=not where.empty,
             statuses=[s.value for s in JobStatus],
             first_page=before is None,
         )
@@ -313,6 +299,9 @@ class Dashboard:
         except SqlaQueueError as exc:
             notice = str(exc)
         return self._back(request, back, notice)
+
+    async def jobs_bulk(self, request: Request) -> Response:
+        return await bulk_actions.bulk_action(self, request)
 
     def _act(self, action: str, ids: list[int]) -> str:
         """Do `action` on the jobs `ids`; the notice that says what was done."""

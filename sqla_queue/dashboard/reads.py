@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from sqla_queue import admin
+from sqla_queue.bulk import JobFilter as JobFilter
 from sqla_queue.models import JobStatus
 from sqla_queue.queries import dashboard as statements
 
@@ -67,15 +68,6 @@ def queue_rows(conn: Connection) -> list[QueueRow]:
 
 
 @dataclass
-class JobFilter:
-    queue: str | None = None
-    task: str | None = None
-    status: JobStatus | None = None
-    tag: str | None = None
-    workflow: str | None = None
-
-
-@dataclass
 class JobPage:
     jobs: list[dict[str, Any]]
     next_before: int | None
@@ -106,22 +98,8 @@ def list_jobs(
     `search_before` is where searching the next window would start: asked for, not
     offered as the next page (each such search reads another window, perhaps for nothing).
     """
-    statement = statements.job_page(
-        where.queue,
-        where.task,
-        where.status,
-        before is not None,
-        where.tag,
-        where.workflow is not None,
-    )
-    params: dict[str, Any] = {
-        "tags": [where.tag] if where.tag is not None else None,
-        "limit": limit + 1,
-        "window": window,
-        "queue": where.queue,
-        "task": where.task,
-        "workflow_id": where.workflow,
-    }
+    statement = statements.job_page(where, before is not None)
+    params: dict[str, Any] = {"limit": limit + 1, "window": window}
     if before is not None:
         params["before_id"] = before
     rows = [dict(row) for row in conn.execute(statement, params).mappings()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import (
-    ARRAY,
     BigInteger,
     Integer,
     Select,
@@ -17,8 +16,9 @@ from sqlalchemy import (
     union_all,
 )
 
-from sqla_queue.job.states import FINISHED_SQL, JobStatus
+from sqla_queue.job.states import FINISHED_SQL
 
+from .bulk import Filter, conditions
 from .common import archive, job_ids_param, jobs, seconds_since
 
 _FINISHED = literal_column(FINISHED_SQL, Text)
@@ -64,23 +64,17 @@ LISTED = (
 
 def _newest(before: bool) -> Any:
     """The newest `:window` jobs (older than `:before_id` if `before`), newest first."""
-    columns = [jobs.c[name] for name in (*LISTED, "last_error")]
+    columns = [jobs.c[name] for name in (*LISTED, "last_error", "args")]
     statement = select(*columns).order_by(jobs.c.id.desc()).limit(bindparam("window"))
     if before:
         statement = statement.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
     return statement.subquery("window")
 
 
-def job_page(
-    queue: str | None,
-    task: str | None,
-    status: JobStatus | None,
-    before: bool,
-    tag: str | None = None,
-    workflow: bool = False,
-) -> Select[Any]:
-    """One page of jobs, newest first: `:limit` rows matching the filters given among the
-    `:window` newest jobs (older than `:before_id` if `before`).
+def job_page(where: Filter, before: bool) -> Select[Any]:
+    """One page of jobs, newest first: `:limit` rows matching the filter `where` (see
+    `queries.bulk.conditions`) among the `:window` newest jobs (older than `:before_id`
+    if `before`).
 
     The window bounds the rows one page reads whatever the filters' selectivity (a filter
     that matches nothing would otherwise read the whole table): the primary key is walked
@@ -88,25 +82,15 @@ def job_page(
     Only the filters given become conditions (no `:x IS NULL OR ...`, which spoils plans).
     """
     window = _newest(before)
-    statement = (
+    return (
         select(
             *(window.c[name] for name in LISTED),
             func.right(func.rtrim(window.c.last_error), 300).label("error_tail"),
         )
+        .where(*conditions(where, window))
         .order_by(window.c.id.desc())
         .limit(bindparam("limit"))
     )
-    if queue is not None:
-        statement = statement.where(window.c.queue == bindparam("queue", type_=Text))
-    if task is not None:
-        statement = statement.where(window.c.task == bindparam("task", type_=Text))
-    if status is not None:
-        statement = statement.where(window.c.status == literal_column(f"'{status.value}'", Text))
-    if tag is not None:
-        statement = statement.where(window.c.tags.contains(bindparam("tags", type_=ARRAY(Text))))
-    if workflow:
-        statement = statement.where(window.c.workflow_id == bindparam("workflow_id", type_=Text))
-    return statement
 
 
 def window_end(before: bool) -> Select[Any]:
