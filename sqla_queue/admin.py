@@ -313,6 +313,8 @@ class JobSummary:
     tags: list[str]
     workflow_id: str | None
     """The workflow it belongs to (`enqueue(..., workflow_id=)`, or its first parent's)."""
+    about: str | None
+    """The row it is about, as `<table>:<key>` (`enqueue(..., about=order)`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""

@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Engine
 from . import admin
 from .bounds import MAX_ATTEMPTS, check_count, check_job_id
 from .errors import ConfigurationError
+from .job.about import check_about
 from .job.states import JobStatus, statuses
 from .queries import bulk as statements
 from .validation import validate_name
@@ -95,6 +96,8 @@ class JobFilter:
     tag: str | tuple[str, ...] | None = None
     """One tag or several (a job must have all of them)."""
     workflow_id: str | None = None
+    about: str | None = None
+    """The row the jobs are about, as `<table>:<key>` text (`sqla_queue.orm`)."""
     error: str | None = None
     """Text the job's last error contains, in any case (`last_error ILIKE '%text%'`)."""
     finished_before: dt.datetime | None = None
@@ -121,6 +124,8 @@ class JobFilter:
         object.__setattr__(self, "tags", tuple(tags))
         if self.workflow_id is not None:
             admin._workflow_id(self.workflow_id)
+        if self.about is not None:
+            check_about(self.about, _bad)
         if self.error is not None and (
             not isinstance(self.error, str)
             or not self.error
@@ -162,7 +167,7 @@ class JobFilter:
     def describe(self) -> str:
         """The conditions as text, for a confirmation ("queue=mail, status=failed")."""
         parts = [f"status={'|'.join(s.value for s in self.statuses)}"] if self.statuses else []
-        for name in ("queue", "task", "workflow_id", "error"):
+        for name in ("queue", "task", "workflow_id", "about", "error"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)!r}")
         parts += [f"tag={t!r}" for t in self.tags]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -257,3 +258,36 @@ def test_generated_triggers_act_on_changes_that_bypass_the_orm(shop: Engine) -> 
             conn.exec_driver_sql(sql.drop)
         left = conn.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname ~ '^sqla_queue_'"))
         assert left.scalar() == 0
+
+
+def test_the_cli_and_the_dashboard_find_a_rows_jobs(shop: Engine, database_url: str) -> None:
+    from click.testing import CliRunner
+    from starlette.testclient import TestClient
+
+    from sqla_queue.cli import main
+    from sqla_queue.dashboard import create_app
+
+    with Session(shop, expire_on_commit=False) as session, session.begin():
+        order, other = Order(), Order()
+        session.add_all([order, other])
+        session.flush()
+        job = enqueue(session, "shop.receipt", {}, about=order, flush=True)
+        not_it = enqueue(session, "shop.receipt", {}, about=other, flush=True)
+    runner = CliRunner()
+    listed = runner.invoke(
+        main,
+        ["--database-url", database_url, "jobs", "list", "--about", f"orders:{order.id}", "--json"],
+    )
+    assert listed.exit_code == 0, listed.output
+    assert [(j["id"], j["about"]) for j in json.loads(listed.output)] == [
+        (job.id, f"orders:{order.id}")
+    ]
+    bad = runner.invoke(main, ["--database-url", database_url, "jobs", "list", "--about", "orders"])
+    assert bad.exit_code != 0
+    assert "'<table>:<key>'" in bad.output
+    client = TestClient(create_app(shop))
+    page = client.get(f"/jobs/{job.id}")
+    assert f'href="/jobs?about=orders%3A{order.id}"' in page.text
+    found = client.get("/jobs", params={"about": f"orders:{order.id}"})
+    assert f'href="/jobs/{job.id}"' in found.text
+    assert f'href="/jobs/{not_it.id}"' not in found.text

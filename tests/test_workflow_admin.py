@@ -252,7 +252,7 @@ def test_jobs_cancel_workflow_prints_counts_per_status(database_url: str, engine
 def test_jobs_cancel_takes_ids_or_a_workflow(database_url: str, args: list[str]) -> None:
     result = cli(database_url, "jobs", "cancel", *args)
     assert result.exit_code == 2
-    assert "pass job ids or --workflow" in result.output
+    assert "pass job ids, --workflow or filter options" in result.output
 
 
 def test_jobs_cancel_by_id_cancels_a_waiting_job(database_url: str, engine: Engine) -> None:

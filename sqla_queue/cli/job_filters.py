@@ -25,6 +25,7 @@ FILTER_NAMES = (
     "statuses",
     "tags",
     "workflow",
+    "about",
     "error",
     "finished_before",
     "finished_after",
@@ -52,6 +53,9 @@ def filter_options(*, queue: bool = True, workflow: bool = True) -> Callable[[F]
             help="Only jobs in this status (repeat: any of them).",
         ),
         click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all)."),
+        click.option(
+            "--about", default=None, help="Only jobs about this row, as TABLE:KEY (orders:42)."
+        ),
         click.option(
             "--error", default=None, help="Only jobs whose last error contains TEXT (any case)."
         ),
@@ -123,6 +127,7 @@ def filter_from_cli(given: dict[str, Any], status: tuple[str, ...] = ()) -> JobF
         status=statuses or None,
         tag=tuple(values["tags"] or ()) or None,
         workflow_id=values["workflow"],
+        about=values["about"],
         error=values["error"],
         finished_before=values["finished_before"],
         finished_after=values["finished_after"],

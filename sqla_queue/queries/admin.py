@@ -43,6 +43,7 @@ LISTED_COLUMNS = (
     jobs.c.finished_at,
     jobs.c.tags,
     jobs.c.workflow_id,
+    jobs.c.about,
 )
 """What `jobs list` shows of each job: never its args, which may be large."""
 

@@ -40,6 +40,8 @@ class Filter(Protocol):
     @property
     def workflow_id(self) -> str | None: ...
     @property
+    def about(self) -> str | None: ...
+    @property
     def error(self) -> str | None: ...
     @property
     def finished_before(self) -> dt.datetime | None: ...
@@ -78,6 +80,8 @@ def conditions(
             found.append(table.c.tags != NO_TAGS)
     if where.workflow_id is not None:
         found += [table.c.workflow_id == where.workflow_id, table.c.workflow_id.is_not(None)]
+    if where.about is not None:
+        found.append(table.c.about == where.about)
     if where.error is not None:
         found.append(table.c.last_error.ilike(like_pattern(where.error), escape=LIKE_ESCAPE))
     for name, column in (("finished", table.c.finished_at), ("created", table.c.created_at)):

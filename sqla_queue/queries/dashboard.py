@@ -59,6 +59,7 @@ LISTED = (
     "finished_at",
     "tags",
     "workflow_id",
+    "about",
 )
 
 
