@@ -79,6 +79,7 @@ def bounded_rows(conn: Connection, cap: int = COUNT_CAP) -> list[QueueRow]:
     foreign key is dropped) are not listed."""
     settings = {q.name: q for q in admin.list_queues(conn)}
     rows: list[QueueRow] = []
+    conn.execute(statements.NO_JIT)  # this transaction's only
     for name, paused, queued, running, waiting, age in conn.execute(
         statements.BOUNDED_COUNTS, {"cap": cap}
     ):

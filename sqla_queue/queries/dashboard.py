@@ -46,6 +46,10 @@ BOUNDED_COUNTS: TextClause = text(
 in seconds), each count stopping at `:cap`. Each reads a partial index's rows only (claim,
 lease, waiting): the backlog, never the finished jobs, whatever the table's history."""
 
+NO_JIT: TextClause = text("SET LOCAL jit = off")
+"""For the transaction of a read whose estimated cost (a subquery per queue of a queues
+table never analyzed) would start JIT compilation: 300 ms of compiling for 50 ms of work."""
+
 ESTIMATED_ROWS: TextClause = text("EXPLAIN (FORMAT JSON) SELECT 1 FROM sqla_queue.jobs")
 """The planner's estimate of the jobs table's rows (its statistics scaled to its size)."""
 
