@@ -11,6 +11,7 @@ counts wait for the next try (bounded by `job.counts.MAX_KEYS`).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from sqla_queue.job.counts import JobCounts
+from sqla_queue.queries import dashboard as dashboard_reads
 from sqla_queue.queries import rollup
 
 log = logging.getLogger("sqla_queue.worker")
@@ -93,6 +95,22 @@ class RollupWriter:
 
 
 # -- reading -----------------------------------------------------------------------------------
+
+BIG_TABLE = 100_000
+"""Jobs (the planner's estimate) from which the dashboard's counts and doctor's failed jobs
+stop reading every job: the counts are bounded, the failures come from the rollup."""
+
+
+def plan_rows(conn: Connection, statement: Any, params: dict[str, Any] | None = None) -> int:
+    """The planner's estimate of the rows an `EXPLAIN (FORMAT JSON)` statement returns."""
+    (plan,) = conn.execute(statement, params or {}).one()
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def big_table(conn: Connection) -> bool:
+    """Whether the jobs table holds `BIG_TABLE` jobs or more, by the planner's estimate."""
+    return plan_rows(conn, dashboard_reads.ESTIMATED_ROWS) >= BIG_TABLE
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from apps.support import enqueue_jobs
 from dashboard_kit import client, make_failed, new_queue
 from sqlalchemy import Engine, text
 
+from sqla_queue import rollup
 from sqla_queue.dashboard import reads
 
 # mail: 1 + m % 4 jobs ended at each of the minutes m = 0, 5, ..., 55 ago (12 bars), one
@@ -93,7 +94,7 @@ def test_on_a_big_table_the_counts_are_capped_or_estimated_and_say_so(
     make_failed(engine, 1)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE sqla_queue.jobs"))
-    monkeypatch.setattr(reads, "EXACT_BELOW", 0)  # as if the table were big
+    monkeypatch.setattr(rollup, "BIG_TABLE", 0)  # as if the table were big
     monkeypatch.setattr(reads, "COUNT_CAP", 3)
     with engine.connect() as conn:
         rows = {row.name: row for row in reads.queue_rows(conn)}

@@ -176,9 +176,10 @@ def test_every_job_page_reads_a_bounded_window_and_is_fast_on_a_million_jobs(
 
 
 PAGE_BOUND_MS = 200.0
-KNOWN_SLOW = {"GET /doctor": 1500.0}
-"""Not yet within the bound, each with its own: doctor's `failed_jobs` check counts the
-failed jobs by reading the whole table (no index by status), about 0.4 s of its 0.5 s."""
+KNOWN_SLOW = {"GET /doctor": 300.0}
+"""Near the bound, each with its own: doctor's `unknown_tasks` and `backlog` checks read the
+heap rows of every queued job (70,000 here, 50-80 ms each warm, 170 ms cold): 176 ms
+measured, 220 ms on a busy run."""
 
 
 def median_ms(call: Callable[[], Any], times: int = 5) -> float:
@@ -251,7 +252,7 @@ def test_every_page_and_count_answers_within_200_ms_with_900_000_jobs_in_the_hou
         ("GET /doctor", get("/doctor")),
         (
             "read: the jobs table's estimated size",
-            read(lambda c: reads._plan_rows(c, statements.ESTIMATED_ROWS)),
+            read(lambda c: rollup.plan_rows(c, statements.ESTIMATED_ROWS)),
         ),
         (
             "read: queued, running, waiting (capped) and oldest due, every queue",
@@ -266,7 +267,7 @@ def test_every_page_and_count_answers_within_200_ms_with_900_000_jobs_in_the_hou
             "read: done, failed, cancelled estimates, one queue",
             read(
                 lambda c: [
-                    reads._plan_rows(c, statements.ESTIMATED_COUNT, {"queue": "mail", "status": s})
+                    rollup.plan_rows(c, statements.ESTIMATED_COUNT, {"queue": "mail", "status": s})
                     for s in reads.ESTIMATED
                 ]
             ),

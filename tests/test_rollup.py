@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, enqueue
 from sqla_queue import rollup as series
+from sqla_queue.doctor import DoctorOptions, Severity
+from sqla_queue.doctor.checks import check_failed_jobs
 from sqla_queue.job.counts import MAX_KEYS, JobCounts
 from sqla_queue.retry import RetryPolicy
 from sqla_queue.rollup import RollupWriter
@@ -156,3 +158,25 @@ def test_the_series_come_per_minute_and_per_ten_minutes(engine: Engine) -> None:
     assert sorted(tasks) == ["t0", "t1"]
     assert tasks["t0"].succeeded[-1] == 1
     assert tasks["t1"].succeeded[-1] == 0
+
+
+def test_doctor_tells_a_big_tables_failures_from_the_rollup(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(series, "BIG_TABLE", 0)  # as if the jobs table were big
+    with engine.connect() as conn:
+        assert check_failed_jobs(conn, DoctorOptions()).severity is Severity.ok
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.job_counts (minute, queue, task, succeeded, failed) "
+                "VALUES (date_trunc('minute', now()) - interval '2 hours', 'q', 't', 1, 3), "
+                "(date_trunc('minute', now()) - interval '25 hours', 'q', 't', 0, 50)"
+            )
+        )
+    with engine.connect() as conn:
+        found = check_failed_jobs(conn, DoctorOptions())
+    assert found.severity is Severity.warn
+    assert found.details["q"]["count"] == 3  # the last day's only
+    assert 6600 <= found.details["q"]["latest_seconds_ago"] <= 7200
+    assert "in the last day (the workers' rollup" in found.value

@@ -8,7 +8,6 @@ matches few jobs or none still answers in milliseconds on a table of millions.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,18 +46,9 @@ class QueueRow:
         return 0 if self.hour is None else sum(self.hour.finished)
 
 
-EXACT_BELOW = 100_000
-"""Jobs (the planner's estimate) below which the queues page counts every job exactly;
-from there on, each count is bounded (`bounded_rows`)."""
 COUNT_CAP = 10_000
 """Where a bounded count of queued, running or waiting jobs stops."""
 ESTIMATED = tuple(s.value for s in JobStatus if s.finished)
-
-
-def _plan_rows(conn: Connection, statement: Any, params: dict[str, Any] | None = None) -> int:
-    (plan,) = conn.execute(statement, params or {}).one()
-    plan = plan if isinstance(plan, list) else json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
 
 
 def exact_rows(conn: Connection) -> list[QueueRow]:
@@ -87,7 +77,7 @@ def bounded_rows(conn: Connection, cap: int = COUNT_CAP) -> list[QueueRow]:
         capped = frozenset(status for status, n in counts.items() if n >= cap)
         for status in ESTIMATED:
             params = {"queue": name, "status": status}
-            counts[status] = _plan_rows(conn, statements.ESTIMATED_COUNT, params)
+            counts[status] = rollup.plan_rows(conn, statements.ESTIMATED_COUNT, params)
         info = settings.get(name)
         rows.append(
             QueueRow(
@@ -106,9 +96,8 @@ def bounded_rows(conn: Connection, cap: int = COUNT_CAP) -> list[QueueRow]:
 
 def queue_rows(conn: Connection) -> list[QueueRow]:
     """Every queue with its counts by status (exact on a small table, bounded from
-    `EXACT_BELOW` jobs on) and its last hour and day of ended jobs from the rollup."""
-    small = _plan_rows(conn, statements.ESTIMATED_ROWS) < EXACT_BELOW
-    rows = exact_rows(conn) if small else bounded_rows(conn, COUNT_CAP)
+    `rollup.BIG_TABLE` jobs on) and its last hour and day of ended jobs from the rollup."""
+    rows = bounded_rows(conn, COUNT_CAP) if rollup.big_table(conn) else exact_rows(conn)
     hour, day = rollup.recent(conn, rollup.HOUR), rollup.recent(conn, rollup.DAY)
     for row in rows:
         row.hour, row.day = hour.get(row.name), day.get(row.name)
