@@ -133,8 +133,8 @@ class Dashboard:
 
     def _queue_rows(self) -> tuple[list[reads.QueueRow], float, float]:
         """The queues' counts, shared by every viewer: (rows, seconds since counted, ms
-        the count took). Counting reads every job, so it runs at most once per poll and
-        never more than a tenth of the time: on a big table the counts age a little."""
+        the count took). Counted at most once per poll and never more than a tenth of the
+        time (bounded on a big table: `reads.queue_rows`), so the counts age a little."""
         with self._counts_lock:
             now = time.monotonic()
             counted_at, rows, took = self._counts
