@@ -65,6 +65,8 @@ class NewJob:
     """"cancel" (None) or "run": what a dependency that ends failed or cancelled does to it."""
     workflow_id: str | None = None
     """The workflow it belongs to (None: its first dependency's, or none)."""
+    about: str | None = None
+    """The row it is about, as `<table>:<key>` text (None: none); see `sqla_queue.orm`."""
 
 
 InsertHook = Callable[[NewJob], None]

@@ -122,6 +122,8 @@ UNIQUE_PREDICATE = unique_predicate()
 """Rows that block their duplicates: a key, and a status among the row's own unique states
 (each status's bit is its `unique_bit` in sqla_queue.job.states.STATES)."""
 NO_META = text("'{}'::jsonb")
+ABOUT_SOME_ROW = "about IS NOT NULL"
+"""The predicate of `ix_jobs_about`: a query by the row a job is about states it too."""
 IN_WORKFLOW = "workflow_id IS NOT NULL"
 """The predicate of `ix_jobs_workflow_id`: a query by workflow states it too."""
 
@@ -243,6 +245,7 @@ class Job(QueueBase):
             postgresql_where=text(UNIQUE_PREDICATE),
         ),
         Index("ix_jobs_workflow_id", "workflow_id", postgresql_where=text(IN_WORKFLOW)),
+        Index("ix_jobs_about", "about", postgresql_where=text(ABOUT_SOME_ROW)),
         # the few waiting jobs, for doctor and stats without a scan of the table
         Index("ix_jobs_waiting", "id", postgresql_where=text("status = 'waiting'")),
     )
@@ -287,6 +290,9 @@ class Job(QueueBase):
     workflow_id: Mapped[str | None] = mapped_column(Text)
     """The workflow it belongs to (`sqla_queue.workflows`): shared by a canvas's jobs, or
     taken from the first job it depends on; NULL outside any workflow."""
+    about: Mapped[str | None] = mapped_column(Text)
+    """The row it is about, as `<table>:<primary key>` (`enqueue(..., about=order)`, see
+    `sqla_queue.orm`); NULL for a job about no row (migration sqlaq_0012)."""
     deps_left: Mapped[int | None] = mapped_column(Integer)
     """While `waiting`: how many jobs it depends on have not ended yet; NULL for a job
     enqueued without `depends_on`."""
@@ -365,6 +371,7 @@ class ArchivedJob(QueueBase):
     __table_args__ = (
         Index("ix_jobs_archive_finished_at", "finished_at"),
         Index("ix_jobs_archive_workflow_id", "workflow_id", postgresql_where=text(IN_WORKFLOW)),
+        Index("ix_jobs_archive_about", "about", postgresql_where=text(ABOUT_SOME_ROW)),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -388,6 +395,8 @@ class ArchivedJob(QueueBase):
     workflow_id: Mapped[str | None] = mapped_column(Text)
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
     """Its error history, as the job kept it (`Job.errors`)."""
+    about: Mapped[str | None] = mapped_column(Text)
+    """The row it was about (`Job.about`)."""
 
 
 class JobDependency(QueueBase):

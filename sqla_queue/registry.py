@@ -31,6 +31,7 @@ from .job.options import (
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
 from .models import validate_tags_and_meta
+from .on_change import MISSING, add_rule, check_rule
 from .periodic import Schedule
 from .periodic import install as install_scheduler
 from .retry import DEFAULT_RETRY, RetryPolicy
@@ -412,6 +413,36 @@ class Registry:
             return task
 
         return schedule
+
+    def on_change(
+        self,
+        *attributes: Any,
+        to: Any = MISSING,
+        from_: Any = MISSING,
+        when: Callable[[Any], bool] | None = None,
+        args: Callable[[Any], Mapping[str, Any]] | None = None,
+        **task_options: Any,
+    ) -> Callable[[Callable[..., Any]], Task]:
+        """Register a task (as `@registry.task(**task_options)`) enqueued by the change that
+        calls for it: each transaction that leaves a mapped object's attribute changed (an
+        insert counts) and equal to `to` (and, with `from_`, that started equal to it; with
+        `when`, for which `when(obj)` is true) enqueues one job about that object, at
+        commit, in that transaction. Its args: the object's primary key by attribute name
+        (`{"id": 42}`), or `args(obj)`. ORM events only: `session.execute(update(...))`
+        enqueues nothing. See `sqla_queue.on_change`.
+
+            @registry.on_change(Order.status, to="paid")
+            def send_receipt(id: int) -> None: ...
+        """
+        check_rule(attributes, to, from_, when, args)
+        register = self.task(**task_options)
+
+        def watch(f: Callable[..., Any]) -> Task:
+            task = register(f)
+            add_rule(task, attributes, to, from_, when, args)
+            return task
+
+        return watch
 
     def load_included(self, path: str | None = None) -> None:
         """Import each module of `include` (those imported already are not run again), so

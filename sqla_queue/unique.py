@@ -29,6 +29,9 @@ STATE_BITS = UNIQUE_BITS
 DEFAULT_STATES = frozenset({JobStatus.queued.value, JobStatus.running.value})
 """The states every unique job blocks in (the worker moves jobs between them)."""
 EVERY_STATE = frozenset(STATE_BITS)
+ON_CONFLICT = ("keep", "replace", "replace_args")
+"""What a duplicate does to the job holding its key: nothing (`keep`), or give it its args
+and run_at (`replace`: debounce) or its args only (`replace_args`: throttle)."""
 """`states=EVERY_STATE`: once ever, while the row is kept (see the retention note)."""
 
 
@@ -41,7 +44,13 @@ class Unique:
     job. `key`: your own text, added to the key. `period`: seconds (or a timedelta): at most
     one job per key per period, by UTC time slots of that length from the epoch. `states`:
     the statuses in which a job blocks its duplicates: queued and running (the default)
-    and any of done, failed, cancelled.
+    and any of done, failed, cancelled. `on_conflict`: what a duplicate does to the job
+    holding its key, if that job has not started (queued, or waiting on dependencies):
+    `keep` leaves it as it is; `replace` gives it the duplicate's args and run_at, so it
+    runs `delay` after the last call (debounce); `replace_args` gives it the args and keeps
+    its run_at (throttle: at most one run per window, with the latest args). A holder that
+    already runs is never touched, except that it lets its key go so the duplicate is
+    written as a new job, to run after it; a finished holder (finished `states`) is kept.
     A done job stays in the table only under retention `keep`: "once ever" (adding done,
     failed and cancelled) holds as long as the row does.
     """
@@ -51,8 +60,16 @@ class Unique:
     key: str | None = None
     period: float | dt.timedelta | None = None
     states: Collection[str] = field(default=DEFAULT_STATES)
+    on_conflict: str = "keep"
+    about: bool = False
 
     def __post_init__(self) -> None:
+        if self.on_conflict not in ON_CONFLICT:
+            raise ConfigurationError(
+                detail=f"Unique(on_conflict=...) is one of {', '.join(ON_CONFLICT)}, got "
+                f"{self.on_conflict!r}: 'replace' to debounce (the last call's args and "
+                "run_at win), 'replace_args' to throttle (its args, the first run_at)"
+            )
         if self.args is not None and (
             isinstance(self.args, str) or not all(isinstance(a, str) for a in self.args)
         ):
@@ -102,10 +119,19 @@ class Unique:
         return sum(STATE_BITS[s] for s in frozenset(self.states) | {JobStatus.waiting.value})
 
     def key_for(
-        self, task: str, queue: str, args: Mapping[str, Any], now: float | None = None
+        self,
+        task: str,
+        queue: str,
+        args: Mapping[str, Any],
+        now: float | None = None,
+        about: str | None = None,
     ) -> bytes:
-        """The job's uniqueness key: 32 bytes of SHA-256 over its canonical JSON parts."""
-        chosen = dict(args) if self.args is None else {name: args.get(name) for name in self.args}
+        """The job's uniqueness key: 32 bytes of SHA-256 over its canonical JSON parts
+        (with `about=True`, the row the job is about: `about`, its `<table>:<key>` text)."""
+        if self.args is not None:
+            chosen = {name: args.get(name) for name in self.args}
+        else:
+            chosen = {} if self.about else dict(args)
         slot = None
         seconds = self.period_seconds
         if seconds is not None:
@@ -117,6 +143,13 @@ class Unique:
             "key": self.key,
             "slot": slot,
         }
+        if self.about:
+            if about is None:
+                raise ConfigurationError(
+                    detail=f"Unique(about=True) makes a job of task {task!r} unique per row it "
+                    "is about, but it was enqueued without about=: pass the row (about=order)"
+                )
+            parts["about"] = about
         canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).digest()
 

@@ -279,3 +279,31 @@ def test_a_workflows_page_draws_its_tree_and_links_each_job(engine: Engine, page
     screenshot(page, "workflow.png")
     rows.nth(1).locator("a").click()
     expect(page.locator("h1")).to_contain_text(f"Job {ids[1]}")
+
+
+def test_the_workers_page_shows_running_jobs_and_a_stopped_worker(
+    engine: Engine, page: Any
+) -> None:
+    from sqla_queue import queries
+
+    expect = playwright_api.expect
+    (job_id,) = enqueue_jobs(engine, "report", 1)
+    with engine.begin() as conn:
+        for worker_id in ("w-busy", "w-gone"):
+            conn.execute(
+                queries.beat_worker(),
+                {"worker_id": worker_id, "hostname": "box", "pid": 7, "queues": None,
+                 "concurrency": 2, "stale_after": 60},
+            )  # fmt: skip
+        conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "w-busy"}).all()
+        conn.execute(queries.deregister_worker(), {"worker_id": "w-gone"})
+
+    page.goto("/workers")
+    expect(page.locator("#workers tr[data-worker]")).to_have_count(1)
+    gone = page.locator('#stopped-workers tr[data-stopped="w-gone"]')
+    expect(gone.locator(".how")).to_have_text("graceful")
+    running = page.locator('tr[data-running-of="w-busy"] tr[data-job]')
+    expect(running).to_have_count(1)
+    screenshot(page, "workers.png")
+    running.locator("a").click()
+    expect(page.locator("h1")).to_contain_text(f"Job {job_id}")

@@ -1,5 +1,6 @@
 """The worker's health endpoints (`--health-port`): /livez and /readyz answer 200 while it
-runs, /readyz 503 while its database is away (and 200 once it is back), /livez 503 while a
+runs, /readyz 503 while its database is away (and 200 once it is back; in a worker thread,
+and /health of a real `sqla-queue worker` process on a private cluster), /livez 503 while a
 loop is stuck, bad ports are one-line errors, the port is free again once the worker stops,
 and with --processes the parent answers for all its children."""
 
@@ -13,11 +14,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 from apps.support import WorkerThread, invoke_cli, wait_for
-from fault_kit import TESTS_DIR, PrivateCluster, cli_env, free_port
+from fault_kit import TESTS_DIR, PrivateCluster, WorkerProcess, cli_env, free_port
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import ConfigurationError, Registry
@@ -156,6 +158,42 @@ def test_readyz_follows_the_database(cluster: PrivateCluster) -> None:
             wait_for(lambda: answers(port, "/readyz", 200), timeout=30)
     finally:
         engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_worker_process_health_follows_its_database(
+    cluster: PrivateCluster, tmp_path: Path
+) -> None:
+    """A real `sqla-queue worker --health-port` process: /health 200, 503 within seconds of
+    its database stopping (the process lives on), 200 again once the database is back."""
+    cluster.start()
+    cluster.create_database()
+    engine = create_engine(cluster.url)
+    upgrade(engine)
+    engine.dispose()
+    port = free_port()
+    options = ("--health-port", str(port), "--health-host", "127.0.0.1")
+    worker = WorkerProcess(cluster.url, tmp_path / "worker.log", *options).start()
+    try:
+        wait_for(lambda: answers(port, "/health", 200) or not worker.alive(), timeout=60)
+        status, health = get(port, "/health")
+        assert (status, health["database"], health["worker"]) == (200, "ok", "running")
+        cluster.stop()
+        stopped = time.monotonic()
+        wait_for(lambda: answers(port, "/health", 503), timeout=20)
+        assert time.monotonic() - stopped < 10
+        status, health = get(port, "/health")
+        assert (status, health["status"]) == (503, "failing")
+        assert health["database"] != "ok"
+        assert get(port, "/livez")[0] == 200
+        assert worker.alive()
+        cluster.start()
+        wait_for(lambda: answers(port, "/health", 200), timeout=30)
+        assert worker.stop() == 0
+        assert "Traceback" not in worker.log()
+    finally:
+        if worker.alive():
+            worker.kill()
 
 
 def test_readyz_answers_within_the_database_timeout(engine: Engine) -> None:

@@ -7,7 +7,8 @@ the machine's `__init__` and dropped in `teardown`, with one engine for the exam
 
 Rules: enqueue (plain, unique by a key from a two-letter alphabet, delayed, with a
 max_attempts, into a keeping, archiving or concurrency-limited queue, with a kept result;
-by `enqueue` on a Connection, `Task.enqueue` on a Session, or `enqueue_many`); a worker step
+by `enqueue` on a Connection, `Task.enqueue` on a Session, or `enqueue_many`; unique with
+`on_conflict` replace or replace_args: debounce and throttle); a worker step
 (a real burst-mode `Worker`, `sqla_queue.testing.run_until_empty`, with handlers chosen by
 the job's args: they succeed, fail, raise with a NUL in the message, raise a BaseException,
 snooze, overrun their timeout, return what jsonb refuses (a lone surrogate, NaN), or
@@ -33,6 +34,8 @@ What must hold (checked after each step; a rule checks what its own command prom
 - a job's handler runs no more often than its attempts allow, refunds aside (a snooze, a
   killed worker's unstarted claim, a retry's fresh budget);
 - a unique enqueue returns the job that holds its key, if one does, and writes nothing;
+  with `on_conflict` replace, a holder that has not started takes the new args, and a
+  running one is never touched (it lets its key go; the duplicate is a new job);
 - a queue's concurrency limit and the worker's are never exceeded by executing handlers;
   a paused queue's job never starts; only due, queued jobs start;
 - a worker that returns has written the outcome of every job it claimed, and the outcome
@@ -363,6 +366,44 @@ class QueueMachine(RuleBasedStateMachine):
                     holder = self._holder(model.task, model.queue, model.letter, after)
             self._record(model, job_id, duplicate, holder, after)
         self._settle(after, "enqueue_many", lambda _: None)
+
+    @rule(spec=job_spec, mode=st.sampled_from(["replace", "replace_args"]))
+    def enqueue_replacing(self, spec: dict[str, Any], mode: str) -> None:
+        """Debounce and throttle (issue 24): a duplicate gives the holder its args if the
+        holder has not started; a running holder is never touched, it lets its key go and
+        the duplicate is written as a new job."""
+        row, model = self._new({**spec, "letter": spec["letter"] or "a"})
+        assert model.letter is not None
+        row["unique"] = Unique(args=[], key=model.letter, on_conflict=mode)
+        holder = self._holder(model.task, model.queue, model.letter, self.seen)
+        args = dict(row["args"])
+        before = self._args_of(holder)
+        with no_raw_database_error("enqueue_replacing"), self.engine.begin() as conn:
+            job_id = enqueue(conn, row.pop("task"), row.pop("args"), registry=self.registry, **row)
+        after = self._observe()
+        if holder is not None and self.seen[holder].status != "running":
+            assert job_id == holder, f"a {mode} duplicate of job {holder} returned {job_id}"
+            got = self._args_of(holder)
+            assert got == args, f"{mode}: job {holder} has args {got}, not the last call's {args}"
+            held = self.jobs[holder]
+            held.behaviour, held.n = model.behaviour, model.n
+        else:
+            if holder is not None:
+                got = self._args_of(holder)
+                assert got == before, f"{mode} touched running job {holder}: {before} -> {got}"
+                assert after[holder].unique_key is None, f"running job {holder} kept its key"
+                self.jobs[holder].letter = None
+            self._record(model, job_id, False, None, after)
+        self._settle(after, "enqueue_replacing", lambda _: None)
+
+    def _args_of(self, job_id: int | None) -> dict[str, Any] | None:
+        if job_id is None:
+            return None
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT args FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
+            ).scalar()
+        return dict(found) if found is not None else None
 
     # -- workflows ------------------------------------------------------------------------
 

@@ -168,6 +168,7 @@ WORKER_GRANTS = [
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.workers TO {role}",
     "GRANT SELECT, INSERT, DELETE ON sqla_queue.queue_starts TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.job_counts TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.stopped_workers TO {role}",
 ]
 """Exactly what docs/production.md ("Security") lists for the worker's role."""
 
@@ -286,7 +287,9 @@ def test_each_documented_privilege_is_needed(
     fault_db: FaultDatabase, worker_role: WorkerRole, grant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without any one grant, a job in a rate-limited archive queue cannot be claimed and
-    finished (the limit makes the claim record its start in queue_starts)."""
+    finished (the limit makes the claim record its start in queue_starts); without the one
+    on stopped_workers, the job runs but the worker cannot deregister (its stop is recorded
+    there in the same statement): it says so, and its registration is left to expire."""
     registry = Registry()
     registry.task(name="noop")(lambda: None)
     admin_engine = create_engine(fault_db.url)
@@ -305,6 +308,15 @@ def test_each_documented_privilege_is_needed(
             assert fault_db.value("SELECT count(*) FROM sqla_queue.job_counts") == 0
             with Session(admin_engine) as session, session.begin():
                 enqueue(session, "noop", queue="archived")
+        elif "stopped_workers" in grant:
+            with caplog.at_level(logging.WARNING, logger="sqla_queue.worker"):
+                assert run_until_empty(role_engine, registry, config).succeeded == 1
+            assert "could not remove this worker's registration" in caplog.text
+            assert "permission denied" in caplog.text
+            assert fault_db.value("SELECT count(*) FROM sqla_queue.workers") == 1
+            fault_db.conn.execute("DELETE FROM sqla_queue.workers")
+            with Session(admin_engine) as session, session.begin():
+                enqueue(session, "noop", queue="archived")
         else:
             with pytest.raises(Exception, match="permission denied"):
                 run_until_empty(role_engine, registry, config)
@@ -314,8 +326,10 @@ def test_each_documented_privilege_is_needed(
             "UPDATE sqla_queue.jobs SET status = 'queued' WHERE status = 'running'"
         )
         assert run_until_empty(role_engine, registry, config).succeeded == 1
-        archived = 2 if "job_counts" in grant else 1
+        one_more = "job_counts" in grant or "stopped_workers" in grant  # ran above
+        archived = 2 if one_more else 1
         assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_archive") == archived
+        assert fault_db.value("SELECT how FROM sqla_queue.stopped_workers") == "graceful"
         # >= 1: without e.g. the archive's INSERT the handler ran (and was counted) before
         # its finish was refused; the rollup counts attempts as their handlers end
         assert fault_db.value("SELECT sum(succeeded) FROM sqla_queue.job_counts") >= 1

@@ -20,6 +20,7 @@ from .migrate import alembic_group, migrate
 from .periodic import periodic
 from .queues import prune, queues, stats
 from .worker import WORKER_APPLICATION_NAME, worker
+from .workers import workers
 
 __all__ = ["WORKER_APPLICATION_NAME", "main"]
 
@@ -44,6 +45,7 @@ def main(ctx: click.Context, database_url: str | None, log_format: str | None) -
 for _command in (
     migrate,
     worker,
+    workers,
     relay,
     enqueue,
     queues,

@@ -152,6 +152,12 @@ JOB_OPTIONS: tuple[CliJobOption, ...] = (
         ("--workflow-id",),
         "The workflow it belongs to (default: that of the first job it waits for).",
     ),
+    CliJobOption(
+        "about",
+        ("--about",),
+        "The row it is about, as TABLE:KEY (e.g. orders:42; a composite key as a JSON "
+        "array: order_lines:[42, 1]).",
+    ),
 )
 """Each `JobOptions` field's option, in the fields' order."""
 

@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sqla_queue import admin, rollup
+from sqla_queue import admin, admin_workers, rollup
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.models import JobStatus
@@ -290,8 +290,12 @@ class Dashboard:
 
     def workers_page(self, request: Request) -> Response:
         with self.engine.connect() as conn:
-            workers = reads.live_workers(conn)
-        return self._render(request, "workers.html", workers=workers)
+            workers = admin_workers.live_workers(conn)
+            running = admin_workers.running_jobs(conn, [w.id for w in workers])
+            stopped = admin_workers.stopped_workers(conn)
+        return self._render(
+            request, "workers.html", workers=workers, running=running, stopped=stopped
+        )
 
     def doctor_page(self, request: Request) -> Response:
         # No MultiXact sampling: a page must not sleep for a second.

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import admin, queries, rollup
+from sqla_queue import admin, rollup
 from sqla_queue.models import JobStatus
 from sqla_queue.queries import dashboard as statements
 
@@ -229,10 +229,6 @@ def workflow_tree(found: Sequence[admin.WorkflowJob], max_rows: int = MAX_TREE_R
             kid_below = below + ("   " if last else "│  ") if depth < DEEPEST_DRAWN else below
             stack.append((kid, depth + 1, kid_branch, kid_below))
     return Tree(rows, bool(stack))
-
-
-def live_workers(conn: Connection) -> list[dict[str, Any]]:
-    return [dict(row) for row in conn.execute(queries.live_workers()).mappings()]
 
 
 def seconds_between(start: dt.datetime | None, end: dt.datetime | None) -> float | None:

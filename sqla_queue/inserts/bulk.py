@@ -57,7 +57,11 @@ def _bulk_params(
     params = []
     checked: set[tuple[str, str]] = set()  # (task, queue) names that passed validate_name
     for row in rows:
-        if isinstance(row, dict) and row.keys() <= _PLAIN_ROW_KEYS:
+        if (
+            isinstance(row, dict)
+            and row.keys() <= _PLAIN_ROW_KEYS
+            and isinstance(row.get("about"), str | None)  # an instance: made text below
+        ):
             args = row.get("args")
             if args is None:
                 args = {}

@@ -37,13 +37,18 @@ def _row_params(new: NewJob) -> dict[str, Any]:
         )
     unique = new.unique
     if unique is not None:
-        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args)
+        params["job_unique_key"] = unique.key_for(new.task, new.queue, new.args, about=new.about)
         params["job_unique_states"] = unique.state_bits
+        if unique.on_conflict != "keep":
+            params[ON_CONFLICT] = unique.on_conflict
     if new.depends_on is not None:
         params[DEPENDS] = resolve(new.task, new.depends_on, new.on_failure)
     return params
 
 
+ON_CONFLICT = "_on_conflict"
+"""The key of a unique job's `Unique.on_conflict` in its parameters, when not `keep`
+(popped by `_insert_unique` before they are sent)."""
 DEPENDS = "_depends"
 """The key of a job's resolved `depends_on` in its parameters (popped before they are sent)."""
 

@@ -15,7 +15,7 @@ from sqla_queue import queries
 from sqla_queue.errors import InvalidJobError, SqlaQueueError
 from sqla_queue.hooks import NewJob
 from sqla_queue.inserts.copy import _copy_jobs
-from sqla_queue.inserts.params import _BIND, JOB_FIELDS, _row_params
+from sqla_queue.inserts.params import _BIND, JOB_FIELDS, ON_CONFLICT, _row_params
 from sqla_queue.inserts.wake import _notify
 from sqla_queue.job.options import column_values
 from sqla_queue.models import (
@@ -31,6 +31,11 @@ UNIQUE_ROUNDS = 10
 _INSERT_UNIQUE_ONE = queries.insert_unique_jobs(with_ids=False)
 _INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
 _UNIQUE_HOLDERS = queries.unique_holders()
+_REPLACE = {
+    "replace": queries.replace_unique_holder(keep_run_at=False),
+    "replace_args": queries.replace_unique_holder(keep_run_at=True),
+}
+_RELEASE_RUNNING = queries.release_running_holder()
 _ROUTED_AMONG = broker_queries.routed_among()
 _MAY_READ_QUEUES = broker_queries.may_read_queues()
 _WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
@@ -84,7 +89,12 @@ def _insert_unique(
     A skipped row's id is the job that blocks it (looked up by key; our own transaction's
     rows included). If that job finished in between (no longer blocking), the row is tried
     again: no read decides whether to write, the unique index does.
+
+    A row whose `Unique.on_conflict` replaces gives the holder its args (and run_at) if
+    the holder has not started; a running holder lets its key go and the row is tried
+    again, to be written as a new job (`_replace_holder`).
     """
+    modes = [p.pop(ON_CONFLICT, None) for p in params]
     _refuse_routed(connection, params)
     results: dict[int, tuple[int, bool]] = {}
     pending = list(range(len(params)))
@@ -120,7 +130,10 @@ def _insert_unique(
         pending = []
         for i in skipped:
             holder = holders.get(params[i]["job_unique_key"])
-            if holder is None:
+            if holder is None or (
+                modes[i] is not None
+                and not _replace_holder(connection, params[i], holder, modes[i])
+            ):
                 pending.append(i)
             else:
                 results[i] = (holder, True)
@@ -132,6 +145,16 @@ def _insert_unique(
             f"job that finished before it could be read, {UNIQUE_ROUNDS} times; enqueue again"
         )
     return [results[i] for i in range(len(params))]
+
+
+def _replace_holder(connection: Connection, params: dict[str, Any], holder: int, mode: str) -> bool:
+    """Debounce or throttle: give `holder` the row's args (and run_at, with `replace`) if
+    it has not started; True if it is the job to report (replaced, or finished and kept).
+    False when it runs and has let its key go: the row is to be written again."""
+    found = {**params, "holder": holder}
+    if connection.execute(_REPLACE[mode], found).first() is not None:
+        return True
+    return connection.execute(_RELEASE_RUNNING, found).first() is None
 
 
 def _write_unique(session: Session, job: Job, new: NewJob) -> Job:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from sqlalchemy.sql import ClauseElement
 
 from sqla_queue.bounds import MAX_ATTEMPTS, PRIORITY_MAX, ErrorFactory, check_count, check_duration
+from sqla_queue.job.about import about_text, check_about
 
 DEFAULT_MAX_ATTEMPTS = 5
 """How many times a job runs at most when neither it nor its task says (first run included)."""
@@ -51,6 +52,8 @@ class JobOptions:
     or `sqla_queue.Dependency`) makes the job wait until each has ended; `on_failure`
     ("cancel", the default, or "run") says what the end of one as failed or cancelled does
     to it; `workflow_id` names the workflow it belongs to (see `sqla_queue.workflows`).
+    `about` (a mapped instance, or its `'<table>:<key>'` text) names the row the job is
+    about (see `sqla_queue.orm`).
 
         enqueue(session, "emails.send", {"to": to}, options=JobOptions(queue="emails"))
     """
@@ -66,6 +69,7 @@ class JobOptions:
     depends_on: Sequence[Any] | None = None
     on_failure: str | None = None
     workflow_id: str | None = None
+    about: object | None = None
 
     def over(self, defaults: JobOptions) -> JobOptions:
         """These options where given, `defaults`' (a task's) elsewhere: the one merge rule."""
@@ -97,6 +101,7 @@ class JobOptionFields(TypedDict, total=False):
     depends_on: Sequence[Any] | None
     on_failure: str | None
     workflow_id: str | None
+    about: object | None
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobOptions))
@@ -117,7 +122,7 @@ def options_from(
             f"the options are {', '.join(OPTION_NAMES)}"
         )
     if options is None:
-        return JobOptions(**fields) if fields else NO_OPTIONS
+        return _about_as_text(JobOptions(**fields), error) if fields else NO_OPTIONS
     if not isinstance(options, JobOptions):
         raise error(f"options must be a sqla_queue.JobOptions, got {options!r:.60}")
     given = {name: value for name, value in fields.items() if value is not None}
@@ -127,7 +132,14 @@ def options_from(
             f"{where} got {', '.join(sorted(twice))} both in options= and as a keyword; "
             "pass each once"
         )
-    return dataclasses.replace(options, **given) if given else options
+    return _about_as_text(dataclasses.replace(options, **given) if given else options, error)
+
+
+def _about_as_text(options: JobOptions, error: ErrorFactory) -> JobOptions:
+    """`options` with `about` as the text the table keeps (a mapped instance's key)."""
+    if options.about is None or isinstance(options.about, str):
+        return options
+    return dataclasses.replace(options, about=about_text(options.about, error))
 
 
 def _check_max_attempts(value: object, error: ErrorFactory) -> None:
@@ -153,6 +165,7 @@ def check_on_failure(value: object, error: ErrorFactory) -> None:
 COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
     "max_attempts": _check_max_attempts,
     "workflow_id": _check_workflow_id,
+    "about": check_about,
 }
 """The options written as they are into the jobs column of the same name (NULL when not
 given), each with the check of a given value (`error(message)` on a bad one). The insert

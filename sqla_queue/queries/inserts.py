@@ -17,6 +17,7 @@ from sqlalchemy import (
     Select,
     SmallInteger,
     Text,
+    Update,
     any_,
     bindparam,
     cast,
@@ -24,6 +25,7 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    update,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, aggregate_order_by
@@ -33,6 +35,7 @@ from sqla_queue.job.options import COLUMN_OPTIONS
 from sqla_queue.models import (
     NOTIFY_CHANNEL,
     UNIQUE_PREDICATE,
+    JobStatus,
 )
 
 from .common import (
@@ -110,6 +113,42 @@ def unique_holders() -> Select[Any]:
     return select(jobs.c.unique_key, jobs.c.id).where(
         jobs.c.unique_key == any_(bindparam("keys", type_=ARRAY(LargeBinary))),
         text(UNIQUE_PREDICATE),
+    )
+
+
+def replace_unique_holder(keep_run_at: bool) -> Update:
+    """Debounce and throttle (`Unique(on_conflict=...)`): give job `:holder`, which blocks
+    key `:job_unique_key`, the new `job_args_json`, and unless `keep_run_at` the new run_at
+    (`job_run_at`, or now plus `job_delay`), if it has not started: queued or waiting.
+    Returns its id, or nothing when it had started, finished or lost the key meanwhile."""
+    values: dict[str, Any] = {"args": _inserted_values()["args"]}
+    if not keep_run_at:
+        values["run_at"] = _inserted_values()["run_at"]
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("holder", type_=BigInteger),
+            jobs.c.unique_key == bindparam("job_unique_key", type_=LargeBinary),
+            jobs.c.status.in_([JobStatus.queued.value, JobStatus.waiting.value]),
+        )
+        .values(**values)
+        .returning(jobs.c.id)
+    )
+
+
+def release_running_holder() -> Update:
+    """Debounce and throttle when the job holding key `:job_unique_key` already runs: job
+    `:holder` lets the key go (its handler, args and fencing are untouched), so the new job
+    is written after it. Returns its id, or nothing if it was not running with that key."""
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("holder", type_=BigInteger),
+            jobs.c.unique_key == bindparam("job_unique_key", type_=LargeBinary),
+            jobs.c.status == JobStatus.running.value,
+        )
+        .values(unique_key=None, unique_states=None)
+        .returning(jobs.c.id)
     )
 
 

@@ -6,7 +6,8 @@ One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it)
   statement says whether any queue has a limit (`limits`, read by the producer);
 - extends the lease of every held job every quarter of its lease, and reports which
   jobs have started (the reaper refunds the attempt of one that had not);
-- reaps: requeues the jobs of expired workers and jobs past their own lease deadline;
+- reaps: requeues the jobs of expired workers and jobs past their own lease deadline,
+  then removes those workers' registrations (kept in `stopped_workers` as lost);
 - starts a VACUUM of the jobs table when its dead rows pass `vacuum_threshold` (`vacuum`);
 - writes the rollup of the attempts this worker ended (`sqla_queue.job.counts`) about once
   a minute, in one upsert, and prunes it of rows older than a day every few minutes;
@@ -167,7 +168,7 @@ class Keeper:
                     if now >= next_reap:
                         next_reap = now + self.config.heartbeat * random.uniform(0.75, 1.25)
                         self._reap(conn, reap, notify)
-                        conn.execute(expired)
+                        self._record_lost(conn, expired)
                 self.failures.recovered()
             except Exception as exc:
                 self.failures.failed(
@@ -259,6 +260,16 @@ class Keeper:
         if queued:
             conn.execute(notify, {"queues": queued})
         self._on_reaped()
+
+    def _record_lost(self, conn: Connection, expired: Any) -> None:
+        """Remove expired registrations that hold no job any more, recorded as lost."""
+        for worker_id, hostname, pid in conn.execute(expired):
+            log.warning(
+                "worker %s (host %s, pid %s) stopped heartbeating: recorded as lost",
+                worker_id,
+                hostname,
+                pid,
+            )
 
     def _watch_overruns(self) -> None:
         """Report handlers that have not returned `OVERRUN_GRACE` seconds after their
