@@ -154,8 +154,8 @@ class Dashboard:
         rows, age, took_ms = self._queue_rows()
         charts = {
             row.name: (
-                rendering.series_charts(row.hour, rollup.HOUR),
-                rendering.series_charts(row.day, rollup.DAY, width=288),
+                rendering.series_chart(row.hour, rollup.HOUR),
+                rendering.series_chart(row.day, rollup.DAY, width=288),
             )
             for row in rows
         }
@@ -191,8 +191,8 @@ class Dashboard:
                 "hour": hour.get(task),
                 "day": day[task],
                 "charts": (
-                    rendering.series_charts(hour.get(task), rollup.HOUR),
-                    rendering.series_charts(day[task], rollup.DAY, width=288),
+                    rendering.series_chart(hour.get(task), rollup.HOUR),
+                    rendering.series_chart(day[task], rollup.DAY, width=288),
                 ),
             }
             for task in sorted(day)

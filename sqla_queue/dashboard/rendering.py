@@ -81,7 +81,7 @@ def bar_chart(
     return "".join(parts)
 
 
-def series_charts(series: Series | None, span: Span, width: int = 240) -> str:
+def series_chart(series: Series | None, span: Span, width: int = 240) -> str:
     """The chart of one queue's (or task's) series over `span`; an empty one for none."""
     if series is None:
         return bar_chart([0] * span.buckets, [0] * span.buckets, f"jobs ended, {span.label}", width)
