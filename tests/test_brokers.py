@@ -96,6 +96,11 @@ def test_relayed_job_runs_once_through_the_broker_and_leaves_the_table(
     with engine.connect() as conn:  # the registry's middleware ran around the handler
         seen = conn.execute(text("SELECT job_id, task FROM public.broker_middleware")).all()
     assert [tuple(row) for row in seen] == [(job_id, "effect")]
+    with engine.connect() as conn:  # the rollup, written as the broker worker stopped
+        counted = conn.execute(
+            text("SELECT queue, task, succeeded, failed FROM sqla_queue.job_counts")
+        ).all()
+    assert [tuple(row) for row in counted] == [("out", "effect", 1, 0)]
 
 
 @pytest.mark.slow

@@ -204,9 +204,33 @@ def test_stats_json_counts_jobs_per_queue_and_status(database_url: str, engine: 
     assert 89 < rows["emails"]["oldest_due_age_seconds"] < 150
     assert rows["default"]["queued"] == 1
     assert rows["default"]["oldest_due_age_seconds"] is None  # not due yet
+    assert rows["emails"]["last_hour"] == {"ended": 0, "failed": 0, "retried": 0}
     table = cli("stats", url=database_url)
     assert table.exit_code == 0
     assert "emails" in table.stdout
+
+
+def test_stats_tells_the_last_hour_and_day_from_the_rollup(
+    database_url: str, engine: Engine
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.job_counts (minute, queue, task, succeeded, failed, "
+                "retried) VALUES (date_trunc('minute', now()), 'default', 'a', 5, 2, 1), "
+                "(date_trunc('minute', now()) - interval '3 hours', 'default', 'b', 10, 0, 0), "
+                "(date_trunc('minute', now()), 'gone', 'c', 1, 0, 0)"
+            )
+        )
+    rows = {
+        row["queue"]: row for row in json.loads(cli("stats", "--json", url=database_url).stdout)
+    }
+    assert rows["default"]["last_hour"] == {"ended": 7, "failed": 2, "retried": 1}
+    assert rows["default"]["last_day"] == {"ended": 17, "failed": 2, "retried": 1}
+    assert rows["gone"]["last_hour"]["ended"] == 1  # a queue with counts but no job left
+    table = cli("stats", url=database_url).stdout
+    assert "7 (2 failed)" in table
+    assert "17 (2 failed)" in table
 
 
 def test_prune_deletes_finished_jobs_older_than_the_cutoff(

@@ -146,40 +146,52 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
     expect(page.locator("h1 .status")).to_have_text("done")
 
 
-def test_the_queues_page_charts_the_last_hour_per_minute(engine: Engine, page: Any) -> None:
+def test_the_queues_page_charts_the_last_hour_and_day(engine: Engine, page: Any) -> None:
     expect = playwright_api.expect
     make_queues(engine)
     with engine.begin() as conn:
         admin.create_queue(conn, "reports")
         admin.set_paused(conn, "reports", True)
-    # Finished jobs spread over the last hour (done and failed), as workers would leave them
-    # in `keep` queues; 12 distinct minutes for mail, 30 for images, and a queued backlog.
+    # The workers' rollup over the last hour (ended and failed per minute), as they write
+    # it: 12 distinct minutes for mail, 30 for images; a few failed jobs and a backlog.
     with engine.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO sqla_queue.jobs (queue, task, status, attempts, finished_at, "
-                "created_at, run_at, last_error) "
-                "SELECT q, t, CASE WHEN (m + g) % 6 = 0 THEN 'failed' ELSE 'done' END, 1, "
-                "now() - make_interval(mins => m) - interval '10 seconds', now() - interval "
-                "'2 hours', now() - interval '2 hours', "
-                "CASE WHEN (m + g) % 6 = 0 THEN 'boom' END "
+                "INSERT INTO sqla_queue.job_counts (minute, queue, task, succeeded, failed) "
+                "SELECT date_trunc('minute', now()) - make_interval(mins => m), q, t, "
+                "2 + (m * 7) % 9, (m % 6 = 0)::int "
                 "FROM (VALUES ('mail', 'send', 5), ('images', 'resize', 2)) AS s(q, t, every), "
-                "generate_series(0, 59) AS m, "
-                "LATERAL generate_series(1, 2 + (m * 7) % 9) AS g WHERE m % every = 0"
+                "generate_series(0, 59) AS m WHERE m % every = 0"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.jobs (queue, task, status, attempts, finished_at, "
+                "last_error) SELECT 'images', 'resize', 'failed', 1, now(), 'boom' "
+                "FROM generate_series(1, 3)"
             )
         )
     enqueue_jobs(engine, "resize", 40, queue="images", args={"size": 64})
     enqueue_jobs(engine, "report", 7, queue="reports", args={})
     page.goto("/")
     for queue, minutes in (("mail", 12), ("images", 30)):
-        bars = page.locator(f'tr[data-queue="{queue}"] svg.chart rect.ok')
+        bars = page.locator(f'tr[data-queue="{queue}"] td.chart-hour svg.chart rect.ok')
         expect(bars).to_have_count(minutes)
+        heights = bars.evaluate_all("rs => rs.map(r => r.getBoundingClientRect().height)")
+        assert min(heights) > 0, heights  # drawn, not just present
+        day = page.locator(f'tr[data-queue="{queue}"] td.chart-day svg.chart rect.ok')
+        day_heights = day.evaluate_all("rs => rs.map(r => r.getBoundingClientRect().height)")
+        assert 6 <= len(day_heights) <= 7
+        assert min(day_heights) > 0
     failed = int(page.locator('tr[data-queue="images"] .count-failed').inner_text())
-    assert failed > 0
+    assert failed == 3
     assert page.locator('tr[data-queue="images"] svg.chart rect.bad').count() > 0
     expect(page.locator('tr[data-queue="images"] .count-queued')).to_have_text("40")
     expect(page.locator('tr[data-queue="reports"] td').nth(1)).to_have_text("paused")
     screenshot(page, "dashboard-queues.png")
+    page.goto("/queues/images")
+    task_bars = page.locator('tr[data-task="resize"] td.chart-hour svg.chart rect.ok')
+    expect(task_bars).to_have_count(30)
 
 
 def click_until_notice(page: Any, button: Any, notice: str) -> None:

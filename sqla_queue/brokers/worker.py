@@ -38,6 +38,7 @@ from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind
 from sqla_queue.job.run import JobRunner, max_attempts_of, resources_of
 from sqla_queue.migrate import check_schema
 from sqla_queue.queries import brokers as queries
+from sqla_queue.rollup import RollupWriter
 
 from .loop import BrokerLoop
 from .messages import JobMessage
@@ -137,6 +138,7 @@ class BrokerWorker(BrokerLoop):
         """Jobs whose handler runs in this worker: a copy that arrives meanwhile is a duplicate."""
         self.resources = resources_of(registry, {})
         self.runner = JobRunner(registry, self._event_loop, self._watch_deadline)
+        self.rollup = RollupWriter(self.runner.counts)
         self._timers: dict[tuple[int, int], asyncio.TimerHandle] = {}
         """The timeout of each running job that has one, by (id, attempt)."""
         self._results_warned: set[str] = set()
@@ -186,6 +188,7 @@ class BrokerWorker(BrokerLoop):
             self.config.concurrency,
         )
         prune = asyncio.ensure_future(self._prune_dedup()) if self.dedup else None
+        counts = asyncio.ensure_future(self._write_counts())
         running: set[asyncio.Task[None]] = set()
         try:
             await self._consume(source, running)
@@ -199,6 +202,8 @@ class BrokerWorker(BrokerLoop):
         finally:
             if prune is not None:
                 prune.cancel()
+            counts.cancel()
+            await asyncio.to_thread(self.rollup.tick, self.engine, True)
             await source.close()
 
     async def _consume(self, source: Source, running: set[asyncio.Task[None]]) -> None:
@@ -400,6 +405,13 @@ class BrokerWorker(BrokerLoop):
             except Exception as exc:
                 log.warning("could not prune de-duplication records: %r", exc)
             await asyncio.sleep(DEDUP_PRUNE_EVERY)
+
+    async def _write_counts(self) -> None:
+        """The rollup of the attempts ended here (`sqla_queue.job.counts`), written about
+        once a minute (it never raises: a failed write waits for the next)."""
+        while True:
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(self.rollup.tick, self.engine)
 
     def _prune_once(self) -> None:
         with self.engine.begin() as conn:

@@ -7,7 +7,7 @@ import json
 import click
 from sqlalchemy import Connection
 
-from sqla_queue import admin
+from sqla_queue import admin, rollup
 from sqla_queue.bounds import count
 from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.durations import DURATION, RATE
@@ -196,20 +196,52 @@ def queues_delete(database_url: str | None, name: str, force: bool) -> None:
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def stats(database_url: str | None, as_json: bool) -> None:
-    """Jobs per queue and status, and the oldest due job's age."""
+    """Jobs per queue and status, the oldest due job's age, and the jobs ended (and failed)
+    in the last hour and day, from the workers' rollup (`job_counts`)."""
     with base.transaction(database_url) as conn:
         rows = admin.stats(conn)
+        spans = {span: rollup.recent(conn, span) for span in (rollup.HOUR, rollup.DAY)}
+    ended = {
+        name: {
+            key: _ended(spans[span].get(name))
+            for key, span in (("last_hour", rollup.HOUR), ("last_day", rollup.DAY))
+        }
+        for name in {row.queue for row in rows}.union(*spans.values())
+    }
     if as_json:
-        click.echo(json.dumps([row.as_dict() for row in rows], indent=2))
+        listed = [{**row.as_dict(), **ended.pop(row.queue)} for row in rows]
+        for name, totals in sorted(ended.items()):  # counts but no job left (or no row)
+            listed.append({**admin.QueueStats(name, None, {}, None).as_dict(), **totals})
+        click.echo(json.dumps(listed, indent=2))
         return
     from rich.table import Table
 
-    table = Table("queue", *(s.value for s in JobStatus), "oldest due (s)")
+    table = Table(
+        "queue", *(s.value for s in JobStatus), "oldest due (s)", "ended 1 h", "ended 1 d"
+    )
     for row in rows:
         label = row.queue + (" (paused)" if row.paused else "")
         age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
-        table.add_row(label, *(str(row.counts.get(s.value, 0)) for s in JobStatus), age)
+        hour, day = ended[row.queue]["last_hour"], ended[row.queue]["last_day"]
+        table.add_row(
+            label,
+            *(str(row.counts.get(s.value, 0)) for s in JobStatus),
+            age,
+            f"{hour['ended']} ({hour['failed']} failed)",
+            f"{day['ended']} ({day['failed']} failed)",
+        )
     base.print_table(table)
+
+
+def _ended(series: rollup.Series | None) -> dict[str, int]:
+    """A span's totals: jobs ended (succeeded or failed), failed, retried attempts."""
+    if series is None:
+        return {"ended": 0, "failed": 0, "retried": 0}
+    return {
+        "ended": sum(series.finished),
+        "failed": sum(series.failed),
+        "retried": sum(series.retried),
+    }
 
 
 @click.command(cls=Command)

@@ -21,7 +21,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sqla_queue import admin, admin_workers
+from sqla_queue import admin, admin_workers, rollup
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.models import JobStatus
@@ -87,6 +87,7 @@ class Dashboard:
             Route("/workflows/{workflow_id:path}", self.workflow_page, name="workflow"),
             Route("/queues/{name:path}/pause", self.pause, methods=["POST"], name="pause"),
             Route("/queues/{name:path}/resume", self.resume, methods=["POST"], name="resume"),
+            Route("/queues/{name:path}", self.queue_page, name="queue"),
             Route("/workers", self.workers_page, name="workers"),
             Route("/doctor", self.doctor_page, name="doctor"),
             Mount("/static", StaticFiles(directory=rendering.STATIC), name="static"),
@@ -133,8 +134,8 @@ class Dashboard:
 
     def _queue_rows(self) -> tuple[list[reads.QueueRow], float, float]:
         """The queues' counts, shared by every viewer: (rows, seconds since counted, ms
-        the count took). Counting reads every job, so it runs at most once per poll and
-        never more than a tenth of the time: on a big table the counts age a little."""
+        the count took). Counted at most once per poll and never more than a tenth of the
+        time (bounded on a big table: `reads.queue_rows`), so the counts age a little."""
         with self._counts_lock:
             now = time.monotonic()
             counted_at, rows, took = self._counts
@@ -153,7 +154,11 @@ class Dashboard:
     def _queues_context(self) -> dict[str, Any]:
         rows, age, took_ms = self._queue_rows()
         charts = {
-            row.name: rendering.bar_chart(row.per_minute, row.failed_per_minute) for row in rows
+            row.name: (
+                rendering.series_chart(row.hour, rollup.HOUR),
+                rendering.series_chart(row.day, rollup.DAY, width=288),
+            )
+            for row in rows
         }
         return {
             "queues": rows,
@@ -170,6 +175,30 @@ class Dashboard:
 
     def queues_partial(self, request: Request) -> Response:
         return self._render(request, "_queues_table.html", **self._queues_context())
+
+    def queue_page(self, request: Request) -> Response:
+        """One queue's tasks: each one's jobs ended over the last hour and day (the rollup)."""
+        name = request.path_params["name"]
+        try:
+            checks.text_filter(name, "the queue name")
+        except checks.BadParameter as exc:
+            return self._bad_request(request, f"no such queue: {exc}", status=404)
+        with self.engine.connect() as conn:
+            hour = rollup.recent(conn, rollup.HOUR, queue=name, by_task=True)
+            day = rollup.recent(conn, rollup.DAY, queue=name, by_task=True)
+        tasks = [
+            {
+                "name": task,
+                "hour": hour.get(task),
+                "day": day[task],
+                "charts": (
+                    rendering.series_chart(hour.get(task), rollup.HOUR),
+                    rendering.series_chart(day[task], rollup.DAY, width=288),
+                ),
+            }
+            for task in sorted(day)
+        ]
+        return self._render(request, "queue.html", queue=name, tasks=tasks, day=rollup.DAY)
 
     def jobs_page(self, request: Request) -> Response:
         params = request.query_params

@@ -9,23 +9,22 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import admin
+from sqla_queue import admin, rollup
 from sqla_queue.bulk import JobFilter as JobFilter
 from sqla_queue.models import JobStatus
 from sqla_queue.queries import dashboard as statements
 
 PAGE_SIZE = 50
-MINUTES = 60
 
 
 @dataclass
 class QueueRow:
-    """One queue on the queues page: counts, oldest due job, last hour per minute."""
+    """One queue on the queues page: counts, oldest due job, its series from the rollup."""
 
     name: str
     paused: bool | None
@@ -34,37 +33,76 @@ class QueueRow:
     oldest_due_age: float | None
     route: str | None = None
     """The broker its jobs are routed to (`nats:...`, `amqp:...`), None for table workers."""
-    per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
-    failed_per_minute: list[int] = field(default_factory=lambda: [0] * MINUTES)
+    estimated: frozenset[str] = frozenset()
+    """Statuses whose count is the planner's estimate (finished ones, on a big table)."""
+    capped: frozenset[str] = frozenset()
+    """Statuses whose count stopped at the cap (there may be more)."""
+    hour: rollup.Series | None = None
+    """Jobs ended per minute over the last hour (`job_counts`); None: none ended."""
+    day: rollup.Series | None = None
+    """Jobs ended per 10 minutes over the last day."""
 
     @property
     def finished_last_hour(self) -> int:
-        return sum(self.per_minute)
+        return 0 if self.hour is None else sum(self.hour.finished)
+
+
+COUNT_CAP = 10_000
+"""Where a bounded count of queued, running or waiting jobs stops."""
+ESTIMATED = tuple(s.value for s in JobStatus if s.finished)
+
+
+def exact_rows(conn: Connection) -> list[QueueRow]:
+    """Every queue (with a row or only jobs) with its exact counts: reads every job."""
+    settings = {q.name: q for q in admin.list_queues(conn)}
+    rows: list[QueueRow] = []
+    for s in admin.stats(conn):
+        info = settings.get(s.queue)
+        retention, route = (info.retention, info.route) if info else (None, None)
+        rows.append(QueueRow(s.queue, s.paused, retention, s.counts, s.oldest_due_age, route))
+    return rows
+
+
+def bounded_rows(conn: Connection, cap: int = COUNT_CAP) -> list[QueueRow]:
+    """The queues of the queues table, each count bounded whatever the table holds: queued,
+    running and waiting counted up to `cap` from their partial indexes; done, failed and
+    cancelled the planner's estimates (no row read). Queues with jobs but no row (once the
+    foreign key is dropped) are not listed."""
+    settings = {q.name: q for q in admin.list_queues(conn)}
+    rows: list[QueueRow] = []
+    conn.execute(statements.NO_JIT)  # this transaction's only
+    for name, paused, queued, running, waiting, age in conn.execute(
+        statements.BOUNDED_COUNTS, {"cap": cap}
+    ):
+        counts = {"queued": int(queued), "running": int(running), "waiting": int(waiting)}
+        capped = frozenset(status for status, n in counts.items() if n >= cap)
+        for status in ESTIMATED:
+            params = {"queue": name, "status": status}
+            counts[status] = rollup.plan_rows(conn, statements.ESTIMATED_COUNT, params)
+        info = settings.get(name)
+        rows.append(
+            QueueRow(
+                name,
+                paused,
+                info.retention if info else None,
+                counts,
+                None if age is None else float(age),
+                route=info.route if info else None,
+                estimated=frozenset(ESTIMATED),
+                capped=capped,
+            )
+        )
+    return rows
 
 
 def queue_rows(conn: Connection) -> list[QueueRow]:
-    """Every queue with its counts by status and its last hour of finished jobs."""
-    settings = {q.name: q for q in admin.list_queues(conn)}
-    rows: dict[str, QueueRow] = {}
-    for s in admin.stats(conn):
-        info = settings.get(s.queue)
-        rows[s.queue] = QueueRow(
-            s.queue,
-            s.paused,
-            info.retention if info else None,
-            s.counts,
-            s.oldest_due_age,
-            route=info.route if info else None,
-        )
-    for queue, ago, status, count in conn.execute(statements.throughput()):
-        row = rows.get(queue)
-        if row is None or not 0 <= ago < MINUTES:
-            continue
-        # Index 0 is the oldest minute, so the chart reads left to right.
-        row.per_minute[MINUTES - 1 - ago] += int(count)
-        if status == JobStatus.failed.value:
-            row.failed_per_minute[MINUTES - 1 - ago] += int(count)
-    return list(rows.values())
+    """Every queue with its counts by status (exact on a small table, bounded from
+    `rollup.BIG_TABLE` jobs on) and its last hour and day of ended jobs from the rollup."""
+    rows = bounded_rows(conn, COUNT_CAP) if rollup.big_table(conn) else exact_rows(conn)
+    hour, day = rollup.recent(conn, rollup.HOUR), rollup.recent(conn, rollup.DAY)
+    for row in rows:
+        row.hour, row.day = hour.get(row.name), day.get(row.name)
+    return rows
 
 
 @dataclass

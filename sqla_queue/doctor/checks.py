@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import queries
+from sqla_queue import queries, rollup
 from sqla_queue.migrate import schema_revision
 from sqla_queue.queries import vacuum
 
@@ -494,19 +494,46 @@ def check_backlog(conn: Connection, options: DoctorOptions) -> Finding:
 
 
 def check_failed_jobs(conn: Connection, options: DoctorOptions) -> Finding:
-    """Jobs that failed for good, per queue."""
+    """Jobs that failed for good, per queue: counted in the table while it is small; from
+    `rollup.BIG_TABLE` jobs on, those that failed in the last day, from the rollup (the
+    failed jobs have no index of their own: counting them would read every job)."""
+    if rollup.big_table(conn):
+        scope = " in the last day (the workers' rollup: the table is too big to count them)"
+        return _failed_finding(_failed_last_day(conn), scope)
     failed: dict[str, dict[str, Any]] = {
         str(queue): {"count": int(count), "latest_seconds_ago": seconds_of(latest)}
         for queue, count, latest in conn.execute(queries.failed_job_counts())
     }
+    return _failed_finding(failed, "")
+
+
+def _failed_finding(failed: dict[str, dict[str, Any]], scope: str) -> Finding:
     if not failed:
-        return Finding("failed_jobs", Severity.ok, "no failed job", FIX_FAILED, failed)
+        none = f"no job failed{scope}" if scope else "no failed job"
+        return Finding("failed_jobs", Severity.ok, none, FIX_FAILED, failed)
     total = sum(q["count"] for q in failed.values())
     shown = ", ".join(
         f"{name}: {q['count']} (latest {ago(q['latest_seconds_ago'])})"
         for name, q in failed.items()
     )
-    return Finding("failed_jobs", Severity.warn, f"{total} failed: {shown}", FIX_FAILED, failed)
+    value = f"{total} failed{scope}: {shown}"
+    return Finding("failed_jobs", Severity.warn, value, FIX_FAILED, failed)
+
+
+def _failed_last_day(conn: Connection) -> dict[str, dict[str, Any]]:
+    """Jobs that failed in the last day per queue, and how long ago the latest did (to
+    the 10 minutes), from the workers' rollup."""
+    now = time.time()
+    failed: dict[str, dict[str, Any]] = {}
+    for queue, series in sorted(rollup.recent(conn, rollup.DAY).items()):
+        buckets = [i for i, count in enumerate(series.failed) if count]
+        if buckets:
+            latest = series.start.timestamp() + (buckets[-1] + 1) * rollup.DAY.step * 60
+            failed[queue] = {
+                "count": sum(series.failed),
+                "latest_seconds_ago": max(0.0, now - latest),
+            }
+    return failed
 
 
 def check_unknown_tasks(conn: Connection, options: DoctorOptions) -> Finding:

@@ -67,6 +67,7 @@ class JobAttempt:
         "pending",
         "queue",
         "started",
+        "started_at",
         "task",
         "task_handle",
     )
@@ -92,6 +93,8 @@ class JobAttempt:
         self.deadline: float | None = None
         """When the handler times out (`time.monotonic()`), once it started; None: never."""
         self.started = False
+        self.started_at: float | None = None
+        """When the handler started (`time.monotonic()`): the rollup's run seconds."""
         self.pending: Outcome | None = None
         """The outcome decided when the handler overran its timeout, settled once the
         handler returns: until then the job keeps its slot."""

@@ -27,6 +27,7 @@ from sqla_queue.middleware import compose
 from sqla_queue.retry import DEFAULT_RETRY
 
 from .context import JobContext
+from .counts import JobCounts
 from .encoding import encode_result
 from .failures import FailureReporter
 from .options import DEFAULT_MAX_ATTEMPTS
@@ -80,6 +81,8 @@ class JobRunner:
         """Tasks this runner had no handler for, each logged once."""
         self._unknown_lock = threading.Lock()
         self.reporter = FailureReporter()
+        self.counts = JobCounts()
+        """The attempts this runner ended, per minute, queue and task, until written."""
 
     # -- lifecycle hooks ------------------------------------------------------------------
 
@@ -90,7 +93,10 @@ class JobRunner:
             hooks.emit(hooks.job_claimed, ctx)
 
     def finished(self, outcome: Outcome) -> None:
-        """The `on_job_finished` hooks, once per attempt, before its outcome is visible."""
+        """The `on_job_finished` hooks, once per attempt, before its outcome is visible;
+        and the attempt counted in the rollup (`counts`, written by the worker)."""
+        began = outcome.job.started_at
+        self.counts.record(outcome, None if began is None else time.monotonic() - began)
         hooks = self.registry.hooks
         if hooks.job_finished:
             hooks.emit(hooks.job_finished, outcome.job.ctx, outcome)
@@ -124,6 +130,7 @@ class JobRunner:
             else:
                 self._watch_deadline(job, deadline)
         job.started = True
+        job.started_at = time.monotonic()
         try:
             if chain is None:  # no middleware: the handler itself, nothing built per job
                 func = task.func

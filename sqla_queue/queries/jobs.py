@@ -545,7 +545,7 @@ def stuck_condition() -> ColumnElement[bool]:
 
 
 def reap_stale_jobs() -> Update:
-    """Requeue stuck `running` jobs (`stuck_condition`); returns (id, queue, status).
+    """Requeue stuck `running` jobs (`stuck_condition`); returns (id, queue, status, task).
 
     A job whose handler never started (as its worker's heartbeats reported) gets its
     attempt back once: its max_attempts grows by one, while the attempt number, the fencing
@@ -606,7 +606,7 @@ def reap_stale_jobs() -> Update:
             locked_at=None,
             **_ENDED,
         )
-        .returning(jobs.c.id, jobs.c.queue, jobs.c.status)
+        .returning(jobs.c.id, jobs.c.queue, jobs.c.status, jobs.c.task)
         # the reaper runs on every worker: it also deletes kept results past their ttl
         .add_cte(expire_results().cte("expired"))
     )

@@ -5,7 +5,8 @@ Its parts, one module each, hand each other typed values (`ClaimedJob`, `Outcome
 - `executor`: the one call site of every handler, inside its middleware, on handler threads
   (async handlers run on one event loop thread while their handler thread waits);
 - `completer`: writes outcomes in batches, one statement per kind;
-- `keeper`: the worker's registration, job leases, the reaper, the event loop watch;
+- `keeper`: the worker's registration, job leases, the reaper, the event loop watch, and
+  the rollup's writes (`sqla_queue.job.counts`: jobs ended per minute, queue and task);
 - `shutdown`: releasing held jobs on stop, and the second signal's exit;
 - `board`: the held jobs and the lock the threads meet at; `connection`: the dispatcher's
   reconnecting connection.
@@ -185,6 +186,7 @@ class Worker:
                 database_check.dispose()
             self._stop_threads()
             if started:
+                self.keeper.rollup.tick(self.engine, force=True)  # the last minute's
                 self._deregister()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

@@ -9,6 +9,8 @@ One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it)
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline,
   then removes those workers' registrations (kept in `stopped_workers` as lost);
 - starts a VACUUM of the jobs table when its dead rows pass `vacuum_threshold` (`vacuum`);
+- writes the rollup of the attempts this worker ended (`sqla_queue.job.counts`) about once
+  a minute, in one upsert, and prunes it of rows older than a day every few minutes;
 - watches the event loop: an async handler that blocks it is reported (in the log, and in
   the worker's registration for `doctor`), and once the loop has been stuck for half a
   lease its jobs' leases are no longer extended.
@@ -31,6 +33,7 @@ from sqla_queue import queries
 from sqla_queue.health import Pulse
 from sqla_queue.models import JobStatus
 from sqla_queue.registry import Registry
+from sqla_queue.rollup import RollupWriter
 
 from .board import JobBoard
 from .config import WorkerConfig, WorkerStats
@@ -75,6 +78,8 @@ class Keeper:
         """Busy during a round (its statements), idle between: `/livez` (worker.health)."""
         self.failures = FailureLog()
         self.vacuum = SelfVacuum(engine, config.vacuum_threshold, FailureLog())
+        self.rollup = RollupWriter(executor.runner.counts)
+        """Writes the attempts this worker ended to `job_counts` (`sqla_queue.rollup`)."""
         self.task_leases: dict[str, float] = {}
         for name in registry:
             lease = registry[name].lease
@@ -171,6 +176,7 @@ class Keeper:
                     "heartbeat/reaper round failed (%s); will retry",
                     describe(exc),
                 )
+            self.rollup.tick(self.engine)  # about once a minute; logs its own failures
 
     def _beat_jobs(self, conn: Connection, jobs: list[ClaimedJob]) -> None:
         if self._loop_stuck():  # an async handler blocks the loop: let its jobs be reaped
@@ -241,6 +247,10 @@ class Keeper:
         if not reaped:
             return
         self.stats.reaped += len(reaped)
+        counts = self.executor.runner.counts
+        for row in reaped:  # lost on its last attempt: the reaper failed it
+            if row["status"] == JobStatus.failed.value:
+                counts.add(row["queue"], row["task"], failed=1)
         log.warning(
             "requeued %d job(s) whose worker stopped heartbeating or whose lease expired: %s",
             len(reaped),

@@ -265,6 +265,7 @@ class Producer:
                     row[columns.attempts],
                 )
                 self.stats.failed += 1
+                self.executor.runner.counts.add(row[columns.queue], row[columns.task], failed=1)
                 continue
             jobs.append(make_job(row, columns))
         if self._on_claimed is not None:
