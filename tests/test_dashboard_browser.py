@@ -192,6 +192,7 @@ def test_the_queues_page_charts_the_last_hour_and_day(engine: Engine, page: Any)
     page.goto("/queues/images")
     task_bars = page.locator('tr[data-task="resize"] td.chart-hour svg.chart rect.ok')
     expect(task_bars).to_have_count(30)
+    screenshot(page, "dashboard-queue-tasks.png")
 
 
 def click_until_notice(page: Any, button: Any, notice: str) -> None:
@@ -330,8 +331,10 @@ def test_retry_every_job_matching_a_filter_after_confirming_the_count(
     page.locator("#select-all").check()
     for box in page.locator('#jobs input[name="job_id"]').all():
         expect(box).to_be_checked()
+    screenshot(page, "dashboard-jobs-filtered.png")
     page.get_by_role("button", name="Retry all…", exact=True).click()
     expect(page.locator("#bulk-count")).to_contain_text("3 jobs that retry takes match")
+    screenshot(page, "dashboard-bulk-confirm.png")
     assert {j.status for j in jobs_by_id(engine, smtp).values()} == {"failed"}
     page.get_by_role("button", name="Retry 3 jobs").click()
     expect(page.locator(".notice")).to_have_text("retried 3 jobs")
