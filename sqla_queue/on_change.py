@@ -19,7 +19,8 @@ bypass them and enqueue nothing. With an `AsyncSession` it works as with a `Sess
 How: the attribute loads its old value when set (active history); after each flush the
 value each object had before its first change in the transaction is noted in
 `session.info`; at commit, once the last flush has run, each noted object is compared with
-its current state and the rule's jobs are enqueued on `session.connection()`.
+its current state and the rule's jobs are enqueued on the session's connection for the
+jobs table (its `binds=` respected).
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ def _enqueue_called_for(session: Session) -> None:
     session.flush()  # what commit would flush next (nothing if clean): its changes count too
     noted = session.info.pop(_NOTED, {})
     from .enqueue import enqueue
+    from .models import Job
+
+    bind = {"mapper": Job}
 
     for rule, obj, before in noted.values():
         state = inspect(obj)
@@ -192,7 +196,7 @@ def _enqueue_called_for(session: Session) -> None:
             continue
         if rule.calls_for(obj, before):
             task = rule.task
-            connection = session.connection()
+            connection = session.connection(bind_arguments=bind)  # the queue's engine
             enqueue(connection, task.name, rule.args_of(obj), about=obj, registry=task.registry)
 
 

@@ -37,7 +37,15 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Mapped, Mapper, Session, declared_attr, foreign, relationship
+from sqlalchemy.orm import (
+    Mapped,
+    Mapper,
+    Session,
+    declared_attr,
+    foreign,
+    object_session,
+    relationship,
+)
 
 from .errors import ConfigurationError
 from .job.about import about_text, mapper_table
@@ -148,4 +156,7 @@ class HasJobs:
 
 @event.listens_for(HasJobs, "after_delete", propagate=True)
 def _cancel_on_delete(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
+    session = object_session(target)
+    if session is not None:  # the jobs table's connection (a session with `binds=`)
+        connection = session.connection(bind_arguments={"mapper": Job})
     cancel_jobs_about(connection, target)

@@ -219,10 +219,13 @@ def test_eight_processes_enqueueing_about_one_hot_row_mint_no_multixacts(
 
 def test_generated_triggers_act_on_changes_that_bypass_the_orm(shop: Engine) -> None:
     remove = cancel_on_delete("orders", ["id"])
-    paid = enqueue_on_update("orders", ["id"], "status", "paid", "shop.receipt")
+    paid = enqueue_on_update("orders", ["id"], "status", "paid", "shop.receipt", "billing")
+    shipped = enqueue_on_update("orders", ["id"], "status", "shipped", "shop.notify")
     lines = cancel_on_delete("order_lines", ["order_id", "number"])
-    with shop.begin() as conn:
-        for sql in (remove, paid, lines):
+    with pytest.raises(ConfigurationError, match="without '\\$'"):
+        enqueue_on_update("orders", ["id"], "status", "paid", "x$sqlaq$; DROP TABLE orders")
+    with shop.begin() as conn:  # two rules on one column: each its own trigger
+        for sql in (remove, paid, shipped, lines):
             conn.exec_driver_sql(sql.create)
     with Session(shop, expire_on_commit=False) as session, session.begin():
         order, other = Order(), Order()
@@ -243,7 +246,8 @@ def test_generated_triggers_act_on_changes_that_bypass_the_orm(shop: Engine) -> 
             {"id": order.id},
             "queued",
         )
-        assert jobs_of(session, other) == []
+        assert [j.task for j in jobs_of(session, other)] == ["shop.notify"]
+        assert receipt.queue == "billing"  # the queue row was made for it
     with Session(shop) as session, session.begin():
         session.execute(delete(Line))
         session.execute(delete(Order).where(Order.id == order.id))
@@ -254,7 +258,7 @@ def test_generated_triggers_act_on_changes_that_bypass_the_orm(shop: Engine) -> 
             f"cancelled: order_lines:[{order.id}, 1], the row it was about, was deleted"
         )
     with shop.begin() as conn:
-        for sql in (remove, paid, lines):
+        for sql in (remove, paid, shipped, lines):
             conn.exec_driver_sql(sql.drop)
         left = conn.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname ~ '^sqla_queue_'"))
         assert left.scalar() == 0

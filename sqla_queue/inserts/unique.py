@@ -149,12 +149,22 @@ def _insert_unique(
 
 def _replace_holder(connection: Connection, params: dict[str, Any], holder: int, mode: str) -> bool:
     """Debounce or throttle: give `holder` the row's args (and run_at, with `replace`) if
-    it has not started; True if it is the job to report (replaced, or finished and kept).
-    False when it runs and has let its key go: the row is to be written again."""
+    it has not started; True if it is the job to report (replaced, or in a finished state
+    that still blocks). False when the row is to be written again: the holder runs and has
+    let its key go, or it ended (and stopped blocking) since it was looked up.
+
+    A running holder lets its key go in a transaction of its own, committed at once, so
+    its row is locked for that one statement, never until the caller commits (its worker's
+    finishing statement would wait for it). Letting go is harmless even if the caller then
+    rolls back: with `replace` a running holder blocks nobody anyway."""
     found = {**params, "holder": holder}
     if connection.execute(_REPLACE[mode], found).first() is not None:
         return True
-    return connection.execute(_RELEASE_RUNNING, found).first() is None
+    with connection.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as own:
+        if own.execute(_RELEASE_RUNNING, found).first() is not None:
+            return False
+    still = connection.execute(_UNIQUE_HOLDERS, {"keys": [params["job_unique_key"]]}).all()
+    return any(int(job_id) == holder for _, job_id in still)
 
 
 def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
