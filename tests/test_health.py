@@ -36,6 +36,27 @@ def get(port: int, path: str, timeout: float = 10) -> tuple[int, dict[str, Any]]
         return exc.code, json.loads(exc.read())
 
 
+def browser_sees(port: int, path: str) -> tuple[int, str] | None:
+    """(status, body text) of `path` as Debian's chromium shows it (Playwright), or None
+    when the browser is not installed (the HTTP checks around it still run)."""
+    try:
+        from playwright.sync_api import sync_playwright
+        from test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+    except (ImportError, pytest.skip.Exception):
+        return None
+    if not Path(CHROMIUM).exists():
+        return None
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page()
+            response = tab.goto(f"http://127.0.0.1:{port}{path}")
+            assert response is not None
+            return response.status, tab.inner_text("body")
+        finally:
+            browser.close()
+
+
 def answers(port: int, path: str, status: int) -> bool:
     try:
         return get(port, path)[0] == status
@@ -185,6 +206,10 @@ def test_a_worker_process_health_follows_its_database(
         status, health = get(port, "/health")
         assert (status, health["status"]) == (503, "failing")
         assert health["database"] != "ok"
+        seen = browser_sees(port, "/health")  # as an operator's browser shows it
+        if seen is not None:
+            assert seen[0] == 503
+            assert '"failing"' in seen[1]
         assert get(port, "/livez")[0] == 200
         assert worker.alive()
         cluster.start()
