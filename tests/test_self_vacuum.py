@@ -89,9 +89,12 @@ def test_a_running_worker_vacuums_its_table(engine: Engine) -> None:
     config = WorkerConfig(heartbeat=0.2, dead_after=1.0, poll_interval=0.2, vacuum_threshold=1000)
     worker = Worker(engine, registry, config)
     thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    # the dead rows first: a worker already running claims and puts back the unknown
+    # `noop` jobs meanwhile, and the DELETE's statistics were then once not flushed in 30 s
+    # (live 1500, dead 0): the test would wait on the statistics, not on the worker
+    make_dead_rows(engine, 1500)
     thread.start()
     try:
-        make_dead_rows(engine, 1500)
         deadline = threading.Event()
         for _ in range(300):  # 30 s: the keeper looks every beat (0.2 s), a loaded CI is slow
             if state(engine)["vacuum"] is not None:
