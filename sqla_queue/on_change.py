@@ -185,19 +185,22 @@ def _enqueue_called_for(session: Session) -> None:
         return
     session.flush()  # what commit would flush next (nothing if clean): its changes count too
     noted = session.info.pop(_NOTED, {})
-    from .enqueue import enqueue
+    from .enqueue import enqueue_many
     from .models import Job
 
-    bind = {"mapper": Job}
-
+    due: dict[int, tuple[Any, list[dict[str, Any]]]] = {}  # registry id -> (registry, rows)
     for rule, obj, before in noted.values():
         state = inspect(obj)
         if state.deleted or state.was_deleted or state.transient:
             continue
         if rule.calls_for(obj, before):
             task = rule.task
-            connection = session.connection(bind_arguments=bind)  # the queue's engine
-            enqueue(connection, task.name, rule.args_of(obj), about=obj, registry=task.registry)
+            rows = due.setdefault(id(task.registry), (task.registry, []))[1]
+            rows.append({"task": task.name, "args": rule.args_of(obj), "about": obj})
+    if due:  # one enqueue_many per registry: a commit of many changes is one batch
+        connection = session.connection(bind_arguments={"mapper": Job})  # the jobs' engine
+        for registry, rows in due.values():
+            enqueue_many(connection, rows, registry=registry)
 
 
 def _forget(session: Session) -> None:

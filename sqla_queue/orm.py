@@ -27,15 +27,12 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Text,
-    Update,
-    bindparam,
     cast,
     event,
     func,
     inspect,
     literal,
     select,
-    update,
 )
 from sqlalchemy.orm import (
     Mapped,
@@ -51,13 +48,9 @@ from .errors import ConfigurationError
 from .job.about import about_text, mapper_table
 from .job.states import JobStatus
 from .models import Job
-from .queries.common import jobs
+from .queries import about as about_statements
 
 __all__ = ["HasJobs", "about_key", "cancel_jobs_about", "jobs_of"]
-
-CANCELLED_ON_DELETE = (JobStatus.queued.value, JobStatus.waiting.value)
-"""The statuses of a deleted row's jobs that its delete cancels: those not started. A
-running job goes on (its handler finds the row gone, as it would have anyway)."""
 
 
 def _refused(message: str) -> Exception:
@@ -88,30 +81,15 @@ def jobs_of(
     return list(session.scalars(statement.order_by(Job.id)))
 
 
-def _cancel_about() -> Update:
-    return (
-        update(jobs)
-        .where(
-            jobs.c.about == bindparam("about_key", type_=Text),
-            jobs.c.status.in_(CANCELLED_ON_DELETE),
-        )
-        .values(
-            status=JobStatus.cancelled.value,
-            finished_at=func.now(),
-            last_error=bindparam("reason", type_=Text),
-        )
-        .returning(jobs.c.id)
-    )
-
-
-_CANCEL_ABOUT = _cancel_about()
+_CANCEL_ABOUT = about_statements.cancel_jobs_about()
 
 
 def cancel_jobs_about(connection: Connection | Session, about: object | str) -> list[int]:
     """Cancel the queued and waiting jobs about a row (a mapped instance or its text), in
     the caller's transaction; returns their ids. What deleting a `HasJobs` row through the
     ORM does by itself; call it for deletes that bypass the ORM. The jobs that depend on a
-    cancelled one are cancelled too (workflows), unless they run on failure."""
+    cancelled one are cancelled too (workflows), unless they run on failure. A running job
+    goes on: its handler finds the row gone."""
     key = about_text(about, _refused)
     reason = f"cancelled: {key}, the row it was about, was deleted"
     rows = connection.execute(_CANCEL_ABOUT, {"about_key": key, "reason": reason})

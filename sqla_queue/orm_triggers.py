@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy.dialects import postgresql
 
 from .errors import ConfigurationError
-from .job.states import JobStatus
+from .job.states import NOT_STARTED, JobStatus
 from .models import DEFAULT_QUEUE, NOTIFY_CHANNEL, SCHEMA
 from .validation import validate_name
 
@@ -117,7 +117,7 @@ def cancel_on_delete(table: str, key_columns: Sequence[str]) -> TriggerSql:
     about the deleted row, naming it in their error."""
     _check_all(table, key_columns)
     trigger, function = _names(table, "cancel_jobs")
-    statuses = ", ".join(_literal(s.value) for s in (JobStatus.queued, JobStatus.waiting))
+    statuses = ", ".join(_literal(status) for status in NOT_STARTED)
     create = f"""
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $sqlaq$
 DECLARE

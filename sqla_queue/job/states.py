@@ -105,6 +105,9 @@ FINISHED = statuses(finished=True)
 """The statuses of a job that has ended: done, failed, cancelled."""
 UNFINISHED = statuses(finished=False)
 """The statuses of a job that may still run: queued, running, waiting."""
+NOT_STARTED = tuple(s for s in UNFINISHED if s != JobStatus.running.value)
+"""The statuses of a job no handler has started: queued, waiting (what a debounced
+duplicate replaces, and what deleting the row a job is about cancels)."""
 UNIQUE_BITS = {status.value: state.unique_bit for status, state in STATES.items()}
 """Each status's bit in a job's `unique_states`."""
 
@@ -163,6 +166,7 @@ def unique_predicate(table: str = "") -> str:
 __all__ = [
     "FINISHED",
     "FINISHED_SQL",
+    "NOT_STARTED",
     "STATES",
     "UNFINISHED",
     "UNIQUE_BITS",

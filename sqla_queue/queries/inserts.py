@@ -32,6 +32,7 @@ from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.job.options import COLUMN_OPTIONS
+from sqla_queue.job.states import NOT_STARTED
 from sqla_queue.models import (
     NOTIFY_CHANNEL,
     UNIQUE_PREDICATE,
@@ -129,7 +130,7 @@ def replace_unique_holder(keep_run_at: bool) -> Update:
         .where(
             jobs.c.id == bindparam("holder", type_=BigInteger),
             jobs.c.unique_key == bindparam("job_unique_key", type_=LargeBinary),
-            jobs.c.status.in_([JobStatus.queued.value, JobStatus.waiting.value]),
+            jobs.c.status.in_(NOT_STARTED),
         )
         .values(**values)
         .returning(jobs.c.id)
