@@ -25,6 +25,21 @@ from .errors import ConfigurationError, UnknownQueueError
 from .job.options import COLUMN_OPTIONS
 from .job.states import FINISHED, JobStatus
 from .models import Retention
+from .partitions import (  # the settings of fair, partition-limited and aging queues
+    set_aging as set_aging,
+)
+from .partitions import (
+    set_fair as set_fair,
+)
+from .partitions import (
+    set_partition_limit as set_partition_limit,
+)
+from .partitions import (
+    set_partition_weight as set_partition_weight,
+)
+from .partitions import (
+    set_sequence_on_failure as set_sequence_on_failure,
+)
 from .queries.admin import UNIQUE_KEY_INDEX
 from .validation import validate_name
 
@@ -166,6 +181,14 @@ class QueueInfo:
     """(count, window seconds): at most `count` starts in any window that long."""
     result_ttl: float = 86400.0
     """Seconds kept results stay readable when its retention deletes jobs."""
+    fair: bool = False
+    """Claims take turns between its partitions (`set_fair`)."""
+    partition_limit: int | None = None
+    """At most this many running jobs per partition, across all workers."""
+    aging: float | None = None
+    """Seconds per priority step a waiting job gains (None: no aging)."""
+    sequence_on_failure: str = "hold"
+    """Whether a failed job holds its sequence (`hold`) or not (`skip`)."""
 
     @property
     def concurrency(self) -> int | None:
@@ -194,6 +217,10 @@ def list_queues(bind: Bind) -> list[QueueInfo]:
             r["concurrency"],
             None if r["rate_limit"] is None else (r["rate_limit"], r["rate_window"]),
             r["result_ttl"],
+            r["fair"],
+            r["partition_limit"],
+            r["aging"],
+            r["sequence_on_failure"],
         )
         for r in rows
     ]

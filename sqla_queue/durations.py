@@ -136,6 +136,15 @@ def describe_rate(count: int, window: float) -> str:
     return f"{count}/{window:g}s"
 
 
+def describe_duration(seconds: float) -> str:
+    """300.0 -> '5m', 30.0 -> '30s', 5400.0 -> '90m', 1.5 -> '1.5s': the form `parse_duration`
+    reads back, in the largest unit that divides it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 __all__ = [
     "ACCEPTED",
     "DURATION",
@@ -144,6 +153,7 @@ __all__ = [
     "UNITS",
     "Duration",
     "Rate",
+    "describe_duration",
     "describe_rate",
     "parse_duration",
     "parse_rate",

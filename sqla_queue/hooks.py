@@ -67,6 +67,10 @@ class NewJob:
     """The workflow it belongs to (None: its first dependency's, or none)."""
     about: str | None = None
     """The row it is about, as `<table>:<key>` text (None: none); see `sqla_queue.orm`."""
+    partition: str | None = None
+    """The partition (tenant) it is for (None: none); see docs/fairness.md."""
+    sequence: str | None = None
+    """The sequence it runs in, one job at a time in enqueue order (None: none)."""
 
 
 InsertHook = Callable[[NewJob], None]

@@ -126,6 +126,9 @@ ABOUT_SOME_ROW = "about IS NOT NULL"
 """The predicate of `ix_jobs_about`: a query by the row a job is about states it too."""
 IN_WORKFLOW = "workflow_id IS NOT NULL"
 """The predicate of `ix_jobs_workflow_id`: a query by workflow states it too."""
+HOLDS_SEQUENCE = "sequence IS NOT NULL AND status IN ('queued', 'running', 'waiting', 'failed')"
+"""The predicate of `ix_jobs_sequence`: the jobs that may hold their sequence (a failed one
+does in a queue whose `sequence_on_failure` is `hold`)."""
 
 
 class Queue(QueueBase):
@@ -142,6 +145,9 @@ class Queue(QueueBase):
             name="rate",
         ),
         CheckConstraint("result_ttl >= 0", name="result_ttl"),
+        CheckConstraint("partition_limit > 0", name="partition_limit"),
+        CheckConstraint("aging > 0", name="aging"),
+        CheckConstraint("sequence_on_failure IN ('hold', 'skip')", name="sequence_on_failure"),
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -157,6 +163,15 @@ class Queue(QueueBase):
     """The length in seconds of the window `rate_limit` counts starts in."""
     result_ttl: Mapped[float] = mapped_column(Float, server_default=text("86400"))
     """Seconds a kept result stays readable when the queue's retention deletes its jobs."""
+    fair: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Claims take its due jobs round-robin across their partitions (migration sqlaq_0013)."""
+    partition_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many of its jobs of one partition run at once, across all workers."""
+    aging: Mapped[float | None] = mapped_column(Float)
+    """Seconds after which a waiting job's priority improves one step (None: never)."""
+    sequence_on_failure: Mapped[str] = mapped_column(Text, server_default=text("'hold'"))
+    """`hold`: a failed job of a sequence holds it until retried, cancelled or deleted;
+    `skip`: the sequence goes on past it."""
     created_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
     )
@@ -248,6 +263,23 @@ class Job(QueueBase):
         Index("ix_jobs_about", "about", postgresql_where=text(ABOUT_SOME_ROW)),
         # the few waiting jobs, for doctor and stats without a scan of the table
         Index("ix_jobs_waiting", "id", postgresql_where=text("status = 'waiting'")),
+        # a fair queue's partitions and each one's first due jobs (sqla_queue.claim_turns)
+        Index(
+            "ix_jobs_partition_claim",
+            "queue",
+            "partition",
+            "priority",
+            "run_at",
+            "id",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        Index(
+            "ix_jobs_partition_running",
+            "queue",
+            "partition",
+            postgresql_where=text("status = 'running' AND partition IS NOT NULL"),
+        ),
+        Index("ix_jobs_sequence", "sequence", "id", postgresql_where=text(HOLDS_SEQUENCE)),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
@@ -293,6 +325,11 @@ class Job(QueueBase):
     about: Mapped[str | None] = mapped_column(Text)
     """The row it is about, as `<table>:<primary key>` (`enqueue(..., about=order)`, see
     `sqla_queue.orm`); NULL for a job about no row (migration sqlaq_0012)."""
+    partition: Mapped[str | None] = mapped_column(Text)
+    """The partition (a tenant, say) it is for: a fair queue takes turns between them, and
+    a queue's `partition_limit` caps each one's running jobs (migration sqlaq_0013)."""
+    sequence: Mapped[str | None] = mapped_column(Text)
+    """Jobs of one sequence run one at a time, in enqueue order, across all workers."""
     deps_left: Mapped[int | None] = mapped_column(Integer)
     """While `waiting`: how many jobs it depends on have not ended yet; NULL for a job
     enqueued without `depends_on`."""
@@ -397,6 +434,8 @@ class ArchivedJob(QueueBase):
     """Its error history, as the job kept it (`Job.errors`)."""
     about: Mapped[str | None] = mapped_column(Text)
     """The row it was about (`Job.about`)."""
+    partition: Mapped[str | None] = mapped_column(Text)
+    sequence: Mapped[str | None] = mapped_column(Text)
 
 
 class JobDependency(QueueBase):
@@ -418,6 +457,22 @@ class JobDependency(QueueBase):
     """What the parent's failure or cancel does to the child: cancel it, or let it run."""
     parent_status: Mapped[str | None] = mapped_column(Text)
     """How the parent ended (done, failed, cancelled); NULL while it has not."""
+
+
+class PartitionWeight(QueueBase):
+    """A partition's share of a fair queue: one with weight 2 gets twice the turns of one
+    with weight 1 (the weight of a partition without a row; `admin.set_partition_weight`)."""
+
+    __tablename__ = "partition_weights"
+    __table_args__ = (CheckConstraint("weight > 0 AND weight <= 1000", name="weight"),)
+
+    queue: Mapped[str] = mapped_column(
+        Text,
+        ForeignKey(f"{SCHEMA}.queues.name", onupdate="CASCADE", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    partition: Mapped[str] = mapped_column(Text, primary_key=True)
+    weight: Mapped[float] = mapped_column(Float)
 
 
 class QueueStart(QueueBase):

@@ -158,6 +158,16 @@ JOB_OPTIONS: tuple[CliJobOption, ...] = (
         "The row it is about, as TABLE:KEY (e.g. orders:42; a composite key as a JSON "
         "array: order_lines:[42, 1]).",
     ),
+    CliJobOption(
+        "partition",
+        ("--partition",),
+        "The partition (a tenant) it is for: a fair queue takes turns between partitions.",
+    ),
+    CliJobOption(
+        "sequence",
+        ("--sequence",),
+        "Jobs of one sequence run one at a time, in enqueue order, across all workers.",
+    ),
 )
 """Each `JobOptions` field's option, in the fields' order."""
 

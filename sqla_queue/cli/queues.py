@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 from sqlalchemy import Connection
 
-from sqla_queue import admin, rollup
+from sqla_queue import admin, partitions, rollup
 from sqla_queue.bounds import count
 from sqla_queue.brokers.routes import BROKER_KINDS
-from sqla_queue.durations import DURATION, RATE
+from sqla_queue.durations import DURATION, RATE, describe_duration
 from sqla_queue.models import JobStatus, Retention
 
 from . import base
@@ -35,6 +36,58 @@ _RATE_HELP = (
     "At most COUNT of its jobs start per window, across all workers: 100/s, 10/min, 20/30s."
 )
 _RESULT_TTL_HELP = "How long kept results stay readable when the queue deletes jobs (default 1d)."
+_FAIR_HELP = (
+    "Claims take turns between the queue's partitions (enqueue --partition): one job from "
+    "each before a second from any; --no-fair: first in, first out."
+)
+_PARTITION_LIMIT_HELP = "At most N running jobs per partition, across all workers."
+_AGING_HELP = (
+    "A waiting job's priority improves one step per interval (5m, 30s), so low priority "
+    "never starves."
+)
+_SEQUENCE_HELP = (
+    "Whether a failed job of a sequence holds it until retried, cancelled or deleted "
+    "(hold, the default) or the sequence goes on past it (skip)."
+)
+
+
+def _turn_options(command: Any) -> Any:
+    """The options of fair, partition-limited and aging queues (`queues create`, `set`)."""
+    for option in reversed(
+        (
+            click.option("--fair/--no-fair", default=None, help=_FAIR_HELP),
+            click.option(
+                "--partition-limit", type=count(), default=None, help=_PARTITION_LIMIT_HELP
+            ),
+            click.option("--no-partition-limit", is_flag=True, help="Lift the partition limit."),
+            click.option("--aging", type=DURATION, default=None, help=_AGING_HELP),
+            click.option("--no-aging", is_flag=True, help="Priorities stay as enqueued."),
+            click.option(
+                "--sequence-on-failure",
+                type=click.Choice(partitions.SEQUENCE_POLICIES),
+                default=None,
+                help=_SEQUENCE_HELP,
+            ),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+def _apply_turns(conn: Connection, name: str, turns: dict[str, Any]) -> None:
+    """Apply the options `_turn_options` gave (a given value and its --no- form refused)."""
+    for option in ("partition_limit", "aging"):
+        if turns.get(option) is not None and turns.get(f"no_{option}"):
+            flag = option.replace("_", "-")
+            raise click.UsageError(f"pass --{flag} or --no-{flag}, not both")
+    if turns.get("fair") is not None:
+        partitions.set_fair(conn, name, turns["fair"])
+    if turns.get("partition_limit") is not None or turns.get("no_partition_limit"):
+        partitions.set_partition_limit(conn, name, turns.get("partition_limit"))
+    if turns.get("aging") is not None or turns.get("no_aging"):
+        partitions.set_aging(conn, name, turns.get("aging"))
+    if turns.get("sequence_on_failure") is not None:
+        partitions.set_sequence_on_failure(conn, name, turns["sequence_on_failure"])
 
 
 _concurrency_alias = base.deprecated_alias(
@@ -67,6 +120,14 @@ def _describe(info: admin.QueueInfo) -> str:
         parts.append(f"max-running {info.max_running}")
     if info.rate is not None:
         parts.append(f"rate {info.rate_text}")
+    if info.fair:
+        parts.append("fair")
+    if info.partition_limit is not None:
+        parts.append(f"partition-limit {info.partition_limit}")
+    if info.aging is not None:
+        parts.append(f"aging {describe_duration(info.aging)}")
+    if info.sequence_on_failure != "hold":
+        parts.append(f"sequence-on-failure {info.sequence_on_failure}")
     return ", ".join(parts)
 
 
@@ -83,6 +144,7 @@ def _describe(info: admin.QueueInfo) -> str:
 @_concurrency_alias
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
+@_turn_options
 def queues_create(
     database_url: str | None,
     name: str,
@@ -91,6 +153,7 @@ def queues_create(
     max_running: int | None,
     rate: tuple[int, float] | None,
     result_ttl: float | None,
+    **turns: Any,
 ) -> None:
     """Create queue NAME; if it exists, change only the settings given."""
     with base.transaction(database_url) as conn:
@@ -100,6 +163,7 @@ def queues_create(
         if route is not None:
             admin.set_route(conn, name, route)
         _apply_limits(conn, name, max_running, rate, result_ttl)
+        _apply_turns(conn, name, turns)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
     state = "created" if created else "exists"
     click.echo(f"queue {name!r} {state} ({_describe(info)})")
@@ -117,6 +181,7 @@ def queues_create(
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--no-rate", is_flag=True, help="Lift the rate limit.")
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
+@_turn_options
 def queues_set(
     database_url: str | None,
     name: str,
@@ -128,6 +193,7 @@ def queues_set(
     rate: tuple[int, float] | None,
     no_rate: bool,
     result_ttl: float | None,
+    **turns: Any,
 ) -> None:
     """Change the settings of queue NAME."""
     for given, lifted, option in (
@@ -147,6 +213,7 @@ def queues_set(
         if no_rate:
             admin.set_rate(conn, name, None)
         _apply_limits(conn, name, max_running, rate, result_ttl)
+        _apply_turns(conn, name, turns)
         (info,) = [q for q in admin.list_queues(conn) if q.name == name]
     click.echo(f"queue {name!r}: {_describe(info)}, route {info.route or '(none)'}")
 
@@ -160,7 +227,28 @@ def queues_list(database_url: str | None) -> None:
             routed = f"\troute={info.route}" if info.route else ""
             limited = f"\tmax-running={info.max_running}" if info.max_running else ""
             limited += f"\trate={info.rate_text}" if info.rate else ""
+            limited += "\tfair" if info.fair else ""
+            limited += f"\tpartition-limit={info.partition_limit}" if info.partition_limit else ""
+            limited += f"\taging={describe_duration(info.aging)}" if info.aging else ""
+            if info.sequence_on_failure != "hold":
+                limited += f"\tsequence-on-failure={info.sequence_on_failure}"
             click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
+
+
+@queues.command("weight")
+@click.argument("name")
+@click.argument("partition")
+@click.argument("weight", type=float, required=False)
+@click.option("--clear", is_flag=True, help="Back to weight 1.")
+def queues_weight(
+    database_url: str | None, name: str, partition: str, weight: float | None, clear: bool
+) -> None:
+    """Give PARTITION of fair queue NAME WEIGHT times the turns of a partition of weight 1."""
+    if (weight is None) == (not clear):
+        raise click.UsageError("pass a WEIGHT or --clear (one of them)")
+    with base.transaction(database_url) as conn:
+        partitions.set_partition_weight(conn, name, partition, None if clear else weight)
+    click.echo(f"queue {name!r} partition {partition!r}: weight {1.0 if clear else weight:g}")
 
 
 def _set_paused(database_url: str | None, name: str, paused: bool) -> None:

@@ -53,7 +53,9 @@ class JobOptions:
     ("cancel", the default, or "run") says what the end of one as failed or cancelled does
     to it; `workflow_id` names the workflow it belongs to (see `sqla_queue.workflows`).
     `about` (a mapped instance, or its `'<table>:<key>'` text) names the row the job is
-    about (see `sqla_queue.orm`).
+    about (see `sqla_queue.orm`). `partition` (a tenant's name, say) is what a fair queue
+    takes turns between and a partition limit caps; jobs of one `sequence` run one at a
+    time, in enqueue order (see docs/fairness.md).
 
         enqueue(session, "emails.send", {"to": to}, options=JobOptions(queue="emails"))
     """
@@ -70,6 +72,8 @@ class JobOptions:
     on_failure: str | None = None
     workflow_id: str | None = None
     about: object | None = None
+    partition: str | None = None
+    sequence: str | None = None
 
     def over(self, defaults: JobOptions) -> JobOptions:
         """These options where given, `defaults`' (a task's) elsewhere: the one merge rule."""
@@ -102,6 +106,8 @@ class JobOptionFields(TypedDict, total=False):
     on_failure: str | None
     workflow_id: str | None
     about: object | None
+    partition: str | None
+    sequence: str | None
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobOptions))
@@ -156,6 +162,25 @@ def _check_workflow_id(value: object, error: ErrorFactory) -> None:
         raise error(f"workflow_id must be printable text, got {value!r:.80}")
 
 
+MAX_KEY_LENGTH = 200
+"""The longest partition or sequence key."""
+
+
+def _key_check(name: str) -> Callable[[object, ErrorFactory], None]:
+    """The check of a `partition` or `sequence` key: printable text of 1 to 200 characters."""
+
+    def check(value: object, error: ErrorFactory) -> None:
+        if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH:
+            raise error(
+                f"{name} must be a str of 1 to {MAX_KEY_LENGTH} characters, got {value!r:.80} "
+                f'(a tenant or an entity\'s id: {name}=f"customer-{{customer.id}}")'
+            )
+        if not value.isprintable():
+            raise error(f"{name} must be printable text, got {value!r:.80}")
+
+    return check
+
+
 def check_on_failure(value: object, error: ErrorFactory) -> None:
     """Refuse an `on_failure` other than "cancel" or "run"."""
     if value is not None and value not in ON_FAILURE:
@@ -166,6 +191,8 @@ COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
     "max_attempts": _check_max_attempts,
     "workflow_id": _check_workflow_id,
     "about": check_about,
+    "partition": _key_check("partition"),
+    "sequence": _key_check("sequence"),
 }
 """The options written as they are into the jobs column of the same name (NULL when not
 given), each with the check of a given value (`error(message)` on a bad one). The insert

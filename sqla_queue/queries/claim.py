@@ -123,9 +123,38 @@ def _due(table: Any) -> ColumnElement[bool]:
     return and_(_is(JobStatus.queued, table), table.c.run_at <= func.now())
 
 
+HOLDING_STATUSES = ("queued", "running", "waiting", "failed")
+"""The statuses in which a job may hold its sequence (`models.HOLDS_SEQUENCE`)."""
+
+
 def _limited(table: Any = queues) -> ColumnElement[bool]:
-    """A queue with a concurrency or a rate limit: its claims go through `claim_slots`."""
-    return or_(table.c.concurrency.is_not(None), table.c.rate_limit.is_not(None))
+    """A queue with a concurrency or a rate limit, or one that takes turns (`_turns`): its
+    claims go through `claim_slots`."""
+    return or_(table.c.concurrency.is_not(None), table.c.rate_limit.is_not(None), _turns(table))
+
+
+def _turns(table: Any = queues) -> ColumnElement[bool]:
+    """A fair, partition-limited or aging queue: `sqla_queue.claim_turns` picks its jobs."""
+    return or_(table.c.fair, table.c.partition_limit.is_not(None), table.c.aging.is_not(None))
+
+
+def sequence_free(table: Any) -> ColumnElement[bool]:
+    """A job of no sequence, or one no earlier job of its sequence holds: none queued,
+    running or waiting, nor failed in a queue whose `sequence_on_failure` is `hold`.
+
+    The same text as `SEQUENCE_FREE` of migration sqlaq_0013 (`claim_turns`). A job's
+    earlier jobs are those of lower id: its enqueue order. The index `ix_jobs_sequence`
+    holds exactly the rows that may hold a sequence, so the probe reads only those.
+    """
+    e, s = _alias("e"), queues.alias("s")
+    skips = select(_ONE).where(s.c.name == e.c.queue, s.c.sequence_on_failure == _text("skip"))
+    holding = select(_ONE).where(
+        e.c.sequence == table.c.sequence,
+        e.c.id < table.c.id,
+        e.c.status.in_([literal_column(f"'{s}'") for s in HOLDING_STATUSES]),
+        or_(e.c.status != literal_column(f"'{JobStatus.failed.value}'"), ~exists(skips)),
+    )
+    return or_(table.c.sequence.is_(None), ~exists(holding))
 
 
 def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
@@ -157,7 +186,16 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
     if queue_names is not None:
         conditions.append(q.c.name == any_(queue_names_param()))
     return (
-        select(q.c.name, q.c.rate_limit, slots.label("slots"))
+        select(
+            q.c.name,
+            q.c.rate_limit,
+            slots.label("slots"),
+            _turns(q).label("turns"),
+            q.c.fair,
+            q.c.partition_limit,
+            _bounded_seconds(q.c.aging).label("aging"),
+            finishing.label("finishing"),
+        )
         .where(*conditions)
         .cte("limited")
         .prefix_with("MATERIALIZED")
@@ -223,7 +261,7 @@ def claim_jobs(
             c.c.queue == any_(func.array(select(allowed.c.name).scalar_subquery())),
             exists(select(allowed.c.name)),
         )
-    conditions = [_due(c), served]
+    conditions = [_due(c), served, sequence_free(c)]
     # a LIMIT the planner cannot read plans for a tenth of the rows: the index read in order
     # wins whatever the statistics (cold, it sorted all 100,000 due jobs on disk: 74 ms)
     unseen_limit = select(limit).scalar_subquery()
@@ -249,15 +287,34 @@ def claim_jobs(
     limited = _limited_queues(queue_names)
     held = (
         select(*columns(k))
-        .where(k.c.queue == limited.c.name, _due(k))
+        .where(k.c.queue == limited.c.name, _due(k), sequence_free(k), ~limited.c.turns)
         .order_by(k.c.priority, k.c.run_at, k.c.id)
         .limit(func.least(limited.c.slots, limit))
         .with_for_update(skip_locked=True)
         .lateral("h")
     )
+    # a fair, partition-limited or aging queue: `claim_turns` picks and locks its jobs
+    t = _alias("t")
+    turned_ids = func.sqla_queue.claim_turns(
+        limited.c.name,
+        func.least(limited.c.slots, limit),
+        limited.c.fair,
+        limited.c.partition_limit,
+        limited.c.aging,
+        case((limited.c.finishing, job_ids_param(optional=True))),
+        case((limited.c.finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
+    )
+    turned = (
+        select(*columns(t))
+        .where(t.c.id == any_(func.array(select(turned_ids).scalar_subquery())), limited.c.turns)
+        .lateral("r")
+    )
     both = (
         select(*free.c)
-        .union_all(select(*held.c).select_from(limited).join(held, true()))
+        .union_all(
+            select(*held.c).select_from(limited).join(held, true()),
+            select(*turned.c).select_from(limited).join(turned, true()),
+        )
         .subquery("u")
     )
     candidates = (

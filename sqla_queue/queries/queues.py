@@ -44,8 +44,8 @@ from .common import (
 
 
 def queue_settings() -> Select[Any]:
-    """(name, paused, retention, route, concurrency, rate_limit, rate_window, result_ttl) of
-    every queue."""
+    """(name, paused, retention, route, concurrency, rate_limit, rate_window, result_ttl,
+    fair, partition_limit, aging, sequence_on_failure) of every queue."""
     return select(
         queues.c.name,
         queues.c.paused,
@@ -55,6 +55,10 @@ def queue_settings() -> Select[Any]:
         queues.c.rate_limit,
         queues.c.rate_window,
         queues.c.result_ttl,
+        queues.c.fair,
+        queues.c.partition_limit,
+        queues.c.aging,
+        queues.c.sequence_on_failure,
     ).order_by(queues.c.name)
 
 

@@ -18,7 +18,6 @@ from sqlalchemy import (
     exists,
     func,
     literal_column,
-    or_,
     select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -26,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus, StoppedWorker
 
+from .claim import _limited
 from .common import _is, _seconds, jobs, queue_names_param, queues, seconds_since, workers
 
 stopped = cast(Table, StoppedWorker.__table__)
@@ -38,8 +38,8 @@ def beat_worker() -> Insert:
     registers again. `loop_blocked_for`: seconds the worker's event loop has not run, or
     None while it runs (`loop_blocked_since`); `overruns`: the handlers past their timeout
     or cancel that have not returned (a list as jsonb, or None). Returns `limits`: whether
-    any queue has a concurrency or rate limit (the worker's claim then takes the statement
-    that honours them, `claim_jobs`)."""
+    any queue has a concurrency or rate limit, or takes turns (the worker's claim then takes
+    the statement that honours them, `claim_jobs`)."""
     expires = func.now() + _seconds("stale_after")
     statement = pg_insert(workers).values(
         id=bindparam("worker_id", type_=Text),
@@ -51,9 +51,7 @@ def beat_worker() -> Insert:
         loop_blocked_since=func.now() - _seconds("loop_blocked_for", optional=True),
         overruns=bindparam("overruns", None, type_=JSONB(none_as_null=True)),
     )
-    limited = exists().where(
-        or_(queues.c.concurrency.is_not(None), queues.c.rate_limit.is_not(None))
-    )
+    limited = exists().where(_limited(queues))
     return statement.on_conflict_do_update(
         index_elements=[workers.c.id],
         set_={

@@ -1,0 +1,274 @@
+"""sqla-queue: partitions (fair queues, per-partition limits), sequences and priority aging.
+
+- `jobs.partition` and `jobs.sequence` (text, NULL when not given; also on the archive): the
+  tenant a job is for (`enqueue(..., partition="tenant-42")`), and the key of the jobs that
+  run one at a time in enqueue order (`enqueue(..., sequence="order-42")`).
+- `queues.fair`: claims take due jobs round-robin across the queue's partitions;
+  `queues.partition_limit`: at most so many running jobs per partition, across all workers;
+  `queues.aging` (seconds): a waiting job's priority improves one step per interval;
+  `queues.sequence_on_failure`: whether a failed job holds its sequence (`hold`) or not.
+- `partition_weights`: a partition's share of a fair queue (1 when it has no row).
+- `ix_jobs_partition_claim` reads a fair queue's partitions and each one's first due jobs
+  (every queued job has an entry, so a job without a partition is found too);
+  `ix_jobs_partition_running` counts a partition's running jobs; `ix_jobs_sequence` finds
+  the jobs of a sequence that hold it.
+- `sqla_queue.claim_turns`: the claim of a fair, partition-limited or aging queue, called
+  by the claim statement (as `claim_slots` is) once per such queue with a due job, after
+  `claim_slots` took that queue's lock; it counts with a fresh snapshot, picks and locks
+  the jobs (FOR UPDATE SKIP LOCKED) and returns their ids in turn order.
+
+Every new column is NULL or has a constant default: adding them rewrites no row. The new
+indexes are built in the migration's transaction (not CONCURRENTLY): on a large queued
+backlog, run it in a quiet moment.
+
+Revision ID: sqlaq_0013
+Revises: sqlaq_0012
+Create Date: 2026-12-04
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision: str = "sqlaq_0013"
+down_revision: str | Sequence[str] | None = "sqlaq_0012"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+SCHEMA = "sqla_queue"
+
+HOLDS_SEQUENCE = "sequence IS NOT NULL AND status IN ('queued', 'running', 'waiting', 'failed')"
+
+# The condition a claimable job of a sequence meets (the same text as
+# `sqla_queue.queries.sequences.sequence_free`): no earlier job of its sequence is queued,
+# running, waiting or failed in a queue that holds sequences on failure.
+SEQUENCE_FREE = f"""(j.sequence IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {SCHEMA}.jobs e
+            WHERE e.sequence = j.sequence AND e.id < j.id
+              AND e.status IN ('queued', 'running', 'waiting', 'failed')
+              AND (e.status <> 'failed' OR NOT EXISTS (
+                  SELECT 1 FROM {SCHEMA}.queues s
+                  WHERE s.name = e.queue AND s.sequence_on_failure = 'skip'))))"""
+
+CLAIM_TURNS = f"""
+CREATE FUNCTION {SCHEMA}.claim_turns(
+    queue_name text, want integer, fair boolean, partition_limit integer,
+    aging double precision, finishing_ids bigint[], finishing_attempts integer[]
+) RETURNS SETOF bigint LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF want IS NULL OR want <= 0 OR NOT (fair OR partition_limit IS NOT NULL OR aging IS NOT NULL)
+    THEN
+        RETURN;
+    END IF;
+    IF NOT fair AND partition_limit IS NULL THEN
+        -- aging alone: the first due jobs of each priority present, by effective priority
+        RETURN QUERY
+        WITH RECURSIVE levels(priority) AS (
+            (SELECT j.priority FROM {SCHEMA}.jobs j
+             WHERE j.queue = queue_name AND j.status = 'queued'
+             ORDER BY j.priority LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.priority FROM {SCHEMA}.jobs j
+                    WHERE j.queue = queue_name AND j.status = 'queued' AND j.priority > l.priority
+                    ORDER BY j.priority LIMIT 1)
+            FROM levels l WHERE l.priority IS NOT NULL
+        )
+        SELECT p.id FROM levels l CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
+            WHERE j.queue = queue_name AND j.priority = l.priority AND j.status = 'queued'
+              AND j.run_at <= now() AND {SEQUENCE_FREE}
+            ORDER BY j.run_at, j.id LIMIT want FOR UPDATE SKIP LOCKED
+        ) p
+        WHERE l.priority IS NOT NULL
+        ORDER BY greatest(0, p.priority - floor(extract(epoch FROM now() - p.run_at) / aging)),
+                 p.run_at, p.id
+        LIMIT want;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH RECURSIVE found(partition) AS (
+        -- the partitions with a queued job, one index probe each
+        (SELECT j.partition FROM {SCHEMA}.jobs j
+         WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition IS NOT NULL
+         ORDER BY j.partition LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.partition FROM {SCHEMA}.jobs j
+                WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition > f.partition
+                ORDER BY j.partition LIMIT 1)
+        FROM found f WHERE f.partition IS NOT NULL
+    ),
+    parts AS (
+        SELECT f.partition, false AS unnamed FROM found f WHERE f.partition IS NOT NULL
+        UNION ALL  -- the jobs without a partition are one partition of their own
+        SELECT NULL, true WHERE EXISTS (
+            SELECT 1 FROM {SCHEMA}.jobs j
+            WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition IS NULL)
+    ),
+    counted AS (
+        SELECT p.partition, p.unnamed,
+            CASE WHEN p.unnamed THEN
+                (SELECT count(*) FROM {SCHEMA}.jobs r
+                 WHERE r.queue = queue_name AND r.status = 'running' AND r.partition IS NULL
+                   AND NOT EXISTS (
+                       SELECT 1 FROM unnest(finishing_ids, finishing_attempts) AS x(id, attempt)
+                       WHERE x.id = r.id AND x.attempt = r.attempts))
+            ELSE
+                (SELECT count(*) FROM {SCHEMA}.jobs r
+                 WHERE r.queue = queue_name AND r.status = 'running'
+                   AND r.partition = p.partition
+                   AND NOT EXISTS (
+                       SELECT 1 FROM unnest(finishing_ids, finishing_attempts) AS x(id, attempt)
+                       WHERE x.id = r.id AND x.attempt = r.attempts))
+            END::double precision AS running,
+            coalesce((SELECT w.weight FROM {SCHEMA}.partition_weights w
+                      WHERE w.queue = queue_name AND w.partition = p.partition), 1.0) AS weight
+        FROM parts p
+    ),
+    ordered AS (
+        SELECT c.*,
+            sum(c.running) OVER w AS running_sum, sum(c.weight) OVER w AS weight_sum,
+            row_number() OVER w AS i
+        FROM counted c
+        WINDOW w AS (ORDER BY c.running / c.weight, c.partition ROWS UNBOUNDED PRECEDING)
+    ),
+    level AS (
+        -- fair: the level L at which the partitions' shares max(0, L * weight - running)
+        -- add up to `want` (water filling); each partition locks no more than its share
+        SELECT (want + o.running_sum) / o.weight_sum AS l FROM ordered o
+        WHERE (want + o.running_sum) / o.weight_sum >= o.running / o.weight
+        ORDER BY o.i DESC LIMIT 1
+    ),
+    shares AS (
+        SELECT o.partition, o.unnamed, o.running, o.weight,
+            least(
+                want,
+                CASE WHEN fair THEN greatest(0, ceil(lv.l * o.weight - o.running)) ELSE want END,
+                CASE WHEN partition_limit IS NULL THEN want
+                     ELSE greatest(0, partition_limit - o.running) END
+            )::integer AS share
+        FROM ordered o CROSS JOIN level lv
+    ),
+    picked AS (
+        SELECT s.partition, s.running, s.weight, t.id, t.priority, t.run_at
+        FROM shares s CROSS JOIN LATERAL (
+            SELECT n.id, n.priority, n.run_at FROM (
+                SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
+                WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition = s.partition
+                  AND j.run_at <= now() AND {SEQUENCE_FREE}
+                ORDER BY j.priority, j.run_at, j.id LIMIT s.share FOR UPDATE SKIP LOCKED
+            ) n
+            UNION ALL
+            SELECT u.id, u.priority, u.run_at FROM (
+                SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
+                WHERE s.unnamed AND j.queue = queue_name AND j.status = 'queued'
+                  AND j.partition IS NULL AND j.run_at <= now() AND {SEQUENCE_FREE}
+                ORDER BY j.priority, j.run_at, j.id LIMIT s.share FOR UPDATE SKIP LOCKED
+            ) u
+        ) t
+        WHERE s.share > 0
+    )
+    SELECT x.id FROM (
+        SELECT p.*, row_number() OVER (
+            PARTITION BY p.partition ORDER BY p.priority, p.run_at, p.id) AS turn
+        FROM picked p
+    ) x
+    ORDER BY
+        CASE WHEN fair THEN (x.running + x.turn) / x.weight ELSE 0 END,
+        CASE WHEN aging IS NULL THEN x.priority
+             ELSE greatest(0, x.priority - floor(extract(epoch FROM now() - x.run_at) / aging))
+        END,
+        x.run_at, x.id
+    LIMIT want;
+END
+$$
+"""
+
+
+def upgrade() -> None:
+    for table in ("jobs", "jobs_archive"):
+        op.add_column(table, sa.Column("partition", sa.Text()), schema=SCHEMA)
+        op.add_column(table, sa.Column("sequence", sa.Text()), schema=SCHEMA)
+    op.add_column(
+        "queues",
+        sa.Column("fair", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        schema=SCHEMA,
+    )
+    op.add_column("queues", sa.Column("partition_limit", sa.Integer()), schema=SCHEMA)
+    op.add_column("queues", sa.Column("aging", sa.Float()), schema=SCHEMA)
+    op.add_column(
+        "queues",
+        sa.Column(
+            "sequence_on_failure", sa.Text(), server_default=sa.text("'hold'"), nullable=False
+        ),
+        schema=SCHEMA,
+    )
+    op.create_check_constraint(
+        op.f("ck_queues_partition_limit"), "queues", "partition_limit > 0", schema=SCHEMA
+    )
+    op.create_check_constraint(op.f("ck_queues_aging"), "queues", "aging > 0", schema=SCHEMA)
+    op.create_check_constraint(
+        op.f("ck_queues_sequence_on_failure"),
+        "queues",
+        "sequence_on_failure IN ('hold', 'skip')",
+        schema=SCHEMA,
+    )
+    op.create_table(
+        "partition_weights",
+        sa.Column("queue", sa.Text(), nullable=False),
+        sa.Column("partition", sa.Text(), nullable=False),
+        sa.Column("weight", sa.Float(), nullable=False),
+        sa.CheckConstraint(
+            "weight > 0 AND weight <= 1000", name=op.f("ck_partition_weights_weight")
+        ),
+        sa.ForeignKeyConstraint(
+            ["queue"],
+            [f"{SCHEMA}.queues.name"],
+            name=op.f("fk_partition_weights_queue_queues"),
+            onupdate="CASCADE",
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("queue", "partition", name=op.f("pk_partition_weights")),
+        schema=SCHEMA,
+    )
+    op.create_index(
+        "ix_jobs_partition_claim",
+        "jobs",
+        ["queue", "partition", "priority", "run_at", "id"],
+        schema=SCHEMA,
+        postgresql_where=sa.text("status = 'queued'"),
+    )
+    op.create_index(
+        "ix_jobs_partition_running",
+        "jobs",
+        ["queue", "partition"],
+        schema=SCHEMA,
+        postgresql_where=sa.text("status = 'running' AND partition IS NOT NULL"),
+    )
+    op.create_index(
+        "ix_jobs_sequence",
+        "jobs",
+        ["sequence", "id"],
+        schema=SCHEMA,
+        postgresql_where=sa.text(HOLDS_SEQUENCE),
+    )
+    op.execute(CLAIM_TURNS)
+    op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
+
+
+def downgrade() -> None:
+    op.execute(f"DROP FUNCTION {SCHEMA}.claim_turns")
+    for index in ("ix_jobs_sequence", "ix_jobs_partition_running", "ix_jobs_partition_claim"):
+        op.drop_index(index, table_name="jobs", schema=SCHEMA)
+    op.drop_table("partition_weights", schema=SCHEMA)
+    for name in ("ck_queues_sequence_on_failure", "ck_queues_aging", "ck_queues_partition_limit"):
+        op.drop_constraint(name, "queues", schema=SCHEMA)
+    for column in ("sequence_on_failure", "aging", "partition_limit", "fair"):
+        op.drop_column("queues", column, schema=SCHEMA)
+    for table in ("jobs", "jobs_archive"):
+        op.drop_column(table, "sequence", schema=SCHEMA)
+        op.drop_column(table, "partition", schema=SCHEMA)
+    op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {down_revision}'")
