@@ -133,7 +133,8 @@ def test_a_fair_queue_takes_one_from_each_partition_before_a_second_from_any(
     backlog(engine, {f"small-{i}": 3 for i in range(4)})
     with engine.connect() as conn:
         first = claim(conn, 5, ["tenants"])
-    assert sorted(partitions_of(engine, first)) == ["big", "small-0", "small-1", "small-2", "small-3"]
+    expected = ["big", "small-0", "small-1", "small-2", "small-3"]
+    assert sorted(partitions_of(engine, first)) == expected
 
 
 def test_without_fair_the_oldest_backlog_goes_first(engine: Engine) -> None:
@@ -330,9 +331,10 @@ def test_the_held_sequence_and_the_aged_jobs_are_visible(engine: Engine) -> None
     make_queue(engine, aging=60)
     ids = seq_jobs(engine, "order-1", 3)
     with Session(engine) as session, session.begin():
-        enqueue(session, "t", {}, queue="tenants", priority=5, run_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5))
+        waited = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+        enqueue(session, "t", {}, queue="tenants", priority=5, run_at=waited)
     with engine.connect() as conn:
-        first = [r for r in claim(conn, 10, ["default"])]
+        first = claim(conn, 10, ["default"])
         fail(conn, first)
         (held,) = partitions.held_sequences(conn)
         assert (held.sequence, held.job_id, held.behind) == ("order-1", ids[0], 2)
