@@ -263,7 +263,8 @@ class Job(QueueBase):
         Index("ix_jobs_about", "about", postgresql_where=text(ABOUT_SOME_ROW)),
         # the few waiting jobs, for doctor and stats without a scan of the table
         Index("ix_jobs_waiting", "id", postgresql_where=text("status = 'waiting'")),
-        # a fair queue's partitions and each one's first due jobs (sqla_queue.claim_turns)
+        # a fair queue's partitions and each one's first due jobs (sqla_queue.claim_turns);
+        # `priority >= 0` (true of every row) keeps any other query from using it (sqlaq_0013)
         Index(
             "ix_jobs_partition_claim",
             "queue",
@@ -271,7 +272,7 @@ class Job(QueueBase):
             "priority",
             "run_at",
             "id",
-            postgresql_where=text("status = 'queued'"),
+            postgresql_where=text("status = 'queued' AND priority >= 0"),
         ),
         Index(
             "ix_jobs_partition_running",

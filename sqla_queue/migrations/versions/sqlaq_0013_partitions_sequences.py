@@ -9,13 +9,18 @@
   `queues.sequence_on_failure`: whether a failed job holds its sequence (`hold`) or not.
 - `partition_weights`: a partition's share of a fair queue (1 when it has no row).
 - `ix_jobs_partition_claim` reads a fair queue's partitions and each one's first due jobs
-  (every queued job has an entry, so a job without a partition is found too);
+  (every queued job has an entry, so a job without a partition is found too). Its predicate
+  says `priority >= 0`, true of every row (`ck_jobs_priority`) but stated by no query other
+  than `claim_turns`: the planner may use an index only for a query that implies its
+  predicate, so the FIFO claim never trades `ix_jobs_claim` for it (on a table never
+  analyzed it did, and sorted 100,000 due jobs per claim);
   `ix_jobs_partition_running` counts a partition's running jobs; `ix_jobs_sequence` finds
   the jobs of a sequence that hold it.
 - `sqla_queue.claim_turns`: the claim of a fair, partition-limited or aging queue, called
   by the claim statement (as `claim_slots` is) once per such queue with a due job, after
-  `claim_slots` took that queue's lock; it counts with a fresh snapshot, picks and locks
-  the jobs (FOR UPDATE SKIP LOCKED) and returns their ids in turn order.
+  `claim_slots` took that queue's lock (so claims of the queue take turns); it counts with a
+  fresh snapshot, chooses the jobs without locking them, then locks the chosen ones (FOR
+  UPDATE SKIP LOCKED) and returns their ids.
 
 Every new column is NULL or has a constant default: adding them rewrites no row. The new
 indexes are built in the migration's transaction (not CONCURRENTLY): on a large queued
@@ -41,6 +46,7 @@ depends_on: str | Sequence[str] | None = None
 
 SCHEMA = "sqla_queue"
 
+PARTITION_CLAIM = "status = 'queued' AND priority >= 0"
 HOLDS_SEQUENCE = "sequence IS NOT NULL AND status IN ('queued', 'running', 'waiting', 'failed')"
 
 # The condition a claimable job of a sequence meets (the same text as
@@ -59,130 +65,158 @@ CREATE FUNCTION {SCHEMA}.claim_turns(
     queue_name text, want integer, fair boolean, partition_limit integer,
     aging double precision, finishing_ids bigint[], finishing_attempts integer[]
 ) RETURNS SETOF bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    chosen bigint[];
 BEGIN
     IF want IS NULL OR want <= 0 OR NOT (fair OR partition_limit IS NOT NULL OR aging IS NOT NULL)
     THEN
         RETURN;
     END IF;
+    -- The claim statement called claim_slots first, which holds this queue's advisory lock to
+    -- the claim's commit: claims of this queue take turns, so the jobs are chosen unlocked
+    -- (each query here sees what the claim before committed) and only the chosen are locked.
     IF NOT fair AND partition_limit IS NULL THEN
         -- aging alone: the first due jobs of each priority present, by effective priority
-        RETURN QUERY
-        WITH RECURSIVE levels(priority) AS (
-            (SELECT j.priority FROM {SCHEMA}.jobs j
-             WHERE j.queue = queue_name AND j.status = 'queued'
-             ORDER BY j.priority LIMIT 1)
-            UNION ALL
-            SELECT (SELECT j.priority FROM {SCHEMA}.jobs j
-                    WHERE j.queue = queue_name AND j.status = 'queued' AND j.priority > l.priority
-                    ORDER BY j.priority LIMIT 1)
-            FROM levels l WHERE l.priority IS NOT NULL
-        )
-        SELECT p.id FROM levels l CROSS JOIN LATERAL (
-            SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
-            WHERE j.queue = queue_name AND j.priority = l.priority AND j.status = 'queued'
-              AND j.run_at <= now() AND {SEQUENCE_FREE}
-            ORDER BY j.run_at, j.id LIMIT want FOR UPDATE SKIP LOCKED
-        ) p
-        WHERE l.priority IS NOT NULL
-        ORDER BY greatest(0, p.priority - floor(extract(epoch FROM now() - p.run_at) / aging)),
-                 p.run_at, p.id
-        LIMIT want;
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH RECURSIVE found(partition) AS (
-        -- the partitions with a queued job, one index probe each
-        (SELECT j.partition FROM {SCHEMA}.jobs j
-         WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition IS NOT NULL
-         ORDER BY j.partition LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.partition FROM {SCHEMA}.jobs j
-                WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition > f.partition
-                ORDER BY j.partition LIMIT 1)
-        FROM found f WHERE f.partition IS NOT NULL
-    ),
-    parts AS (
-        SELECT f.partition, false AS unnamed FROM found f WHERE f.partition IS NOT NULL
-        UNION ALL  -- the jobs without a partition are one partition of their own
-        SELECT NULL, true WHERE EXISTS (
-            SELECT 1 FROM {SCHEMA}.jobs j
-            WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition IS NULL)
-    ),
-    counted AS (
-        SELECT p.partition, p.unnamed,
-            CASE WHEN p.unnamed THEN
-                (SELECT count(*) FROM {SCHEMA}.jobs r
-                 WHERE r.queue = queue_name AND r.status = 'running' AND r.partition IS NULL
-                   AND NOT EXISTS (
-                       SELECT 1 FROM unnest(finishing_ids, finishing_attempts) AS x(id, attempt)
-                       WHERE x.id = r.id AND x.attempt = r.attempts))
-            ELSE
-                (SELECT count(*) FROM {SCHEMA}.jobs r
-                 WHERE r.queue = queue_name AND r.status = 'running'
-                   AND r.partition = p.partition
-                   AND NOT EXISTS (
-                       SELECT 1 FROM unnest(finishing_ids, finishing_attempts) AS x(id, attempt)
-                       WHERE x.id = r.id AND x.attempt = r.attempts))
-            END::double precision AS running,
-            coalesce((SELECT w.weight FROM {SCHEMA}.partition_weights w
-                      WHERE w.queue = queue_name AND w.partition = p.partition), 1.0) AS weight
-        FROM parts p
-    ),
-    ordered AS (
-        SELECT c.*,
-            sum(c.running) OVER w AS running_sum, sum(c.weight) OVER w AS weight_sum,
-            row_number() OVER w AS i
-        FROM counted c
-        WINDOW w AS (ORDER BY c.running / c.weight, c.partition ROWS UNBOUNDED PRECEDING)
-    ),
-    level AS (
-        -- fair: the level L at which the partitions' shares max(0, L * weight - running)
-        -- add up to `want` (water filling); each partition locks no more than its share
-        SELECT (want + o.running_sum) / o.weight_sum AS l FROM ordered o
-        WHERE (want + o.running_sum) / o.weight_sum >= o.running / o.weight
-        ORDER BY o.i DESC LIMIT 1
-    ),
-    shares AS (
-        SELECT o.partition, o.unnamed, o.running, o.weight,
-            least(
-                want,
-                CASE WHEN fair THEN greatest(0, ceil(lv.l * o.weight - o.running)) ELSE want END,
-                CASE WHEN partition_limit IS NULL THEN want
-                     ELSE greatest(0, partition_limit - o.running) END
-            )::integer AS share
-        FROM ordered o CROSS JOIN level lv
-    ),
-    picked AS (
-        SELECT s.partition, s.running, s.weight, t.id, t.priority, t.run_at
-        FROM shares s CROSS JOIN LATERAL (
-            SELECT n.id, n.priority, n.run_at FROM (
+        SELECT array_agg(p.id) INTO chosen FROM (
+            WITH RECURSIVE levels(priority) AS (
+                (SELECT j.priority FROM {SCHEMA}.jobs j
+                 WHERE j.queue = queue_name AND j.status = 'queued'
+                 ORDER BY j.priority LIMIT 1)
+                UNION ALL
+                SELECT (SELECT j.priority FROM {SCHEMA}.jobs j
+                        WHERE j.queue = queue_name AND j.status = 'queued'
+                          AND j.priority > l.priority
+                        ORDER BY j.priority LIMIT 1)
+                FROM levels l WHERE l.priority IS NOT NULL
+            )
+            SELECT t.id FROM levels l CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
-                WHERE j.queue = queue_name AND j.status = 'queued' AND j.partition = s.partition
+                WHERE j.queue = queue_name AND j.priority = l.priority AND j.status = 'queued'
                   AND j.run_at <= now() AND {SEQUENCE_FREE}
-                ORDER BY j.priority, j.run_at, j.id LIMIT s.share FOR UPDATE SKIP LOCKED
-            ) n
-            UNION ALL
-            SELECT u.id, u.priority, u.run_at FROM (
-                SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
-                WHERE s.unnamed AND j.queue = queue_name AND j.status = 'queued'
-                  AND j.partition IS NULL AND j.run_at <= now() AND {SEQUENCE_FREE}
-                ORDER BY j.priority, j.run_at, j.id LIMIT s.share FOR UPDATE SKIP LOCKED
-            ) u
-        ) t
-        WHERE s.share > 0
-    )
-    SELECT x.id FROM (
-        SELECT p.*, row_number() OVER (
-            PARTITION BY p.partition ORDER BY p.priority, p.run_at, p.id) AS turn
-        FROM picked p
-    ) x
-    ORDER BY
-        CASE WHEN fair THEN (x.running + x.turn) / x.weight ELSE 0 END,
-        CASE WHEN aging IS NULL THEN x.priority
-             ELSE greatest(0, x.priority - floor(extract(epoch FROM now() - x.run_at) / aging))
-        END,
-        x.run_at, x.id
-    LIMIT want;
+                ORDER BY j.run_at, j.id LIMIT want
+            ) t
+            WHERE l.priority IS NOT NULL
+            ORDER BY greatest(0, t.priority - floor(extract(epoch FROM now() - t.run_at) / aging)),
+                     t.run_at, t.id
+            LIMIT want
+        ) p;
+    ELSE
+        SELECT array_agg(c.id) INTO chosen FROM (
+            WITH RECURSIVE found(partition) AS (
+                -- the partitions with a queued job, one index probe each
+                (SELECT j.partition FROM {SCHEMA}.jobs j
+                 WHERE j.queue = queue_name AND j.status = 'queued' AND j.priority >= 0
+                   AND j.partition IS NOT NULL
+                 ORDER BY j.partition LIMIT 1)
+                UNION ALL
+                SELECT (SELECT j.partition FROM {SCHEMA}.jobs j
+                        WHERE j.queue = queue_name AND j.status = 'queued' AND j.priority >= 0
+                          AND j.partition > f.partition
+                        ORDER BY j.partition LIMIT 1)
+                FROM found f WHERE f.partition IS NOT NULL
+            ),
+            parts AS (
+                SELECT f.partition, false AS unnamed FROM found f WHERE f.partition IS NOT NULL
+                UNION ALL  -- the jobs without a partition are one partition of their own
+                SELECT NULL, true WHERE EXISTS (
+                    SELECT 1 FROM {SCHEMA}.jobs j
+                    WHERE j.queue = queue_name AND j.status = 'queued' AND j.priority >= 0
+                      AND j.partition IS NULL)
+            ),
+            counted AS (
+                -- running jobs per partition; those this statement finishes do not count
+                SELECT p.partition, p.unnamed,
+                    CASE WHEN p.unnamed THEN
+                        (SELECT count(*) FROM {SCHEMA}.jobs r
+                         WHERE r.queue = queue_name AND r.status = 'running'
+                           AND r.partition IS NULL
+                           AND NOT EXISTS (
+                               SELECT 1 FROM unnest(finishing_ids, finishing_attempts)
+                                   AS x(id, attempt)
+                               WHERE x.id = r.id AND x.attempt = r.attempts))
+                    ELSE
+                        (SELECT count(*) FROM {SCHEMA}.jobs r
+                         WHERE r.queue = queue_name AND r.status = 'running'
+                           AND r.partition = p.partition
+                           AND NOT EXISTS (
+                               SELECT 1 FROM unnest(finishing_ids, finishing_attempts)
+                                   AS x(id, attempt)
+                               WHERE x.id = r.id AND x.attempt = r.attempts))
+                    END::double precision AS running,
+                    coalesce((SELECT w.weight FROM {SCHEMA}.partition_weights w
+                              WHERE w.queue = queue_name AND w.partition = p.partition), 1.0)
+                        AS weight
+                FROM parts p
+            ),
+            ordered AS (
+                SELECT c.*,
+                    sum(c.running) OVER w AS running_sum, sum(c.weight) OVER w AS weight_sum,
+                    row_number() OVER w AS i
+                FROM counted c
+                WINDOW w AS (ORDER BY c.running / c.weight, c.partition ROWS UNBOUNDED PRECEDING)
+            ),
+            level AS (
+                -- fair: the level L at which the partitions' shares, max(0, L * weight -
+                -- running), add up to `want` (water filling); no partition reads past its share
+                SELECT (want + o.running_sum) / o.weight_sum AS l FROM ordered o
+                WHERE (want + o.running_sum) / o.weight_sum >= o.running / o.weight
+                ORDER BY o.i DESC LIMIT 1
+            ),
+            shares AS (
+                SELECT o.partition, o.unnamed, o.running, o.weight,
+                    least(
+                        want,
+                        CASE WHEN fair THEN greatest(0, ceil(lv.l * o.weight - o.running))
+                             ELSE want END,
+                        CASE WHEN partition_limit IS NULL THEN want
+                             ELSE greatest(0, partition_limit - o.running) END
+                    )::integer AS share
+                FROM ordered o CROSS JOIN level lv
+            ),
+            picked AS (
+                SELECT s.partition, s.running, s.weight, t.id, t.priority, t.run_at,
+                    row_number() OVER (
+                        PARTITION BY s.partition ORDER BY t.priority, t.run_at, t.id) AS turn
+                FROM shares s CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
+                    WHERE NOT s.unnamed AND j.queue = queue_name AND j.status = 'queued'
+                      AND j.priority >= 0 AND j.partition = s.partition AND j.run_at <= now()
+                      AND {SEQUENCE_FREE}
+                    ORDER BY j.priority, j.run_at, j.id LIMIT s.share
+                ) t
+                WHERE s.share > 0
+                UNION ALL
+                SELECT s.partition, s.running, s.weight, t.id, t.priority, t.run_at,
+                    row_number() OVER (ORDER BY t.priority, t.run_at, t.id) AS turn
+                FROM shares s CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at FROM {SCHEMA}.jobs j
+                    WHERE s.unnamed AND j.queue = queue_name AND j.status = 'queued'
+                      AND j.priority >= 0 AND j.partition IS NULL AND j.run_at <= now()
+                      AND {SEQUENCE_FREE}
+                    ORDER BY j.priority, j.run_at, j.id LIMIT s.share
+                ) t
+                WHERE s.share > 0 AND s.unnamed
+            )
+            SELECT x.id FROM picked x
+            ORDER BY
+                CASE WHEN fair THEN (x.running + x.turn) / x.weight ELSE 0 END,
+                CASE WHEN aging IS NULL THEN x.priority
+                     ELSE greatest(
+                         0, x.priority - floor(extract(epoch FROM now() - x.run_at) / aging))
+                END,
+                x.run_at, x.id
+            LIMIT want
+        ) c;
+    END IF;
+    -- lock what was chosen; a job another statement locked or changed meanwhile is left.
+    -- The status is read from the locked rows: said in the WHERE, it led a planner without
+    -- statistics to read the whole queued index (a BitmapAnd) for 16 ids.
+    RETURN QUERY
+    SELECT l.id FROM (
+        SELECT j.id, j.status FROM {SCHEMA}.jobs j WHERE j.id = ANY(chosen)
+        OFFSET 0 FOR UPDATE SKIP LOCKED  -- OFFSET: the status test is not pushed down here
+    ) l
+    WHERE l.status = 'queued';
 END
 $$
 """
@@ -239,7 +273,7 @@ def upgrade() -> None:
         "jobs",
         ["queue", "partition", "priority", "run_at", "id"],
         schema=SCHEMA,
-        postgresql_where=sa.text("status = 'queued'"),
+        postgresql_where=sa.text(PARTITION_CLAIM),
     )
     op.create_index(
         "ix_jobs_partition_running",
