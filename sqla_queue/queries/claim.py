@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     CTE,
+    BigInteger,
     Float,
     Integer,
     Select,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    column,
     delete,
     exists,
     func,
@@ -139,8 +141,9 @@ def _turns(table: Any = queues) -> ColumnElement[bool]:
 
 
 def sequence_free(table: Any) -> ColumnElement[bool]:
-    """A job of no sequence, or one no earlier job of its sequence holds: none queued,
-    running or waiting, nor failed in a queue whose `sequence_on_failure` is `hold`.
+    """A job of no sequence, or one no other job of its sequence holds: none running, and
+    no earlier one queued or waiting, nor failed in a queue whose `sequence_on_failure` is
+    `hold` (an earlier job retried while a later one runs waits for it).
 
     The same text as `SEQUENCE_FREE` of migration sqlaq_0013 (`claim_turns`). A job's
     earlier jobs are those of lower id: its enqueue order. The index `ix_jobs_sequence`
@@ -150,8 +153,9 @@ def sequence_free(table: Any) -> ColumnElement[bool]:
     skips = select(_ONE).where(s.c.name == e.c.queue, s.c.sequence_on_failure == _text("skip"))
     holding = select(_ONE).where(
         e.c.sequence == table.c.sequence,
-        e.c.id < table.c.id,
+        e.c.id != table.c.id,
         e.c.status.in_([literal_column(f"'{s}'") for s in HOLDING_STATUSES]),
+        or_(e.c.id < table.c.id, e.c.status == literal_column(f"'{JobStatus.running.value}'")),
         or_(e.c.status != literal_column(f"'{JobStatus.failed.value}'"), ~exists(skips)),
     )
     return or_(table.c.sequence.is_(None), ~exists(holding))
@@ -267,7 +271,16 @@ def claim_jobs(
     unseen_limit = select(limit).scalar_subquery()
 
     def columns(t: Any) -> tuple[Any, ...]:
-        return (t.c.id, t.c.task, t.c.max_attempts, t.c.queue, t.c.priority, t.c.run_at)
+        # `since` and `turn`: the order among a queue's own (see `candidates` below)
+        return (
+            t.c.id,
+            t.c.task,
+            t.c.max_attempts,
+            t.c.queue,
+            t.c.priority,
+            t.c.run_at.label("since"),
+            literal_column("0", Integer).label("turn"),
+        )
 
     def due_first(*selected: Any) -> Select[Any]:
         """The first `:limit` due jobs of unlimited queues, locked, skipping locked ones."""
@@ -293,33 +306,58 @@ def claim_jobs(
         .with_for_update(skip_locked=True)
         .lateral("h")
     )
-    # a fair, partition-limited or aging queue: `claim_turns` picks and locks its jobs
+    # a fair, partition-limited or aging queue: `claim_turns` picks and locks its jobs, each
+    # with its turn and its priority (aged: the priority it has come to)
     t = _alias("t")
-    turned_ids = func.sqla_queue.claim_turns(
-        limited.c.name,
-        func.least(limited.c.slots, limit),
-        limited.c.fair,
-        limited.c.partition_limit,
-        limited.c.aging,
-        case((limited.c.finishing, job_ids_param(optional=True))),
-        case((limited.c.finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
+    turns = (
+        func.sqla_queue.claim_turns(
+            limited.c.name,
+            func.least(limited.c.slots, limit),
+            limited.c.fair,
+            limited.c.partition_limit,
+            limited.c.aging,
+            case((limited.c.finishing, job_ids_param(optional=True))),
+            case((limited.c.finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
+        )
+        .table_valued(
+            column("id", BigInteger), column("turn", Integer), column("priority", Integer)
+        )
+        .render_derived("r")
+        .lateral()
     )
     turned = (
-        select(*columns(t))
-        .where(t.c.id == any_(func.array(select(turned_ids).scalar_subquery())), limited.c.turns)
-        .lateral("r")
+        select(
+            t.c.id,
+            t.c.task,
+            t.c.max_attempts,
+            t.c.queue,
+            turns.c.priority,
+            # the queue's turns compete with other queues' jobs as of its oldest one
+            func.min(t.c.run_at).over(partition_by=t.c.queue).label("since"),
+            turns.c.turn,
+        )
+        .select_from(limited)
+        .join(turns, true())
+        .join(t, t.c.id == turns.c.id)
+        .where(limited.c.turns)
     )
     both = (
         select(*free.c)
-        .union_all(
-            select(*held.c).select_from(limited).join(held, true()),
-            select(*turned.c).select_from(limited).join(turned, true()),
-        )
+        .union_all(select(*held.c).select_from(limited).join(held, true()), turned)
         .subquery("u")
     )
+    # priority first (an aged job's own), then age: a plain job's run_at, and for the jobs
+    # of a queue that takes turns, that queue's oldest, then their turns; the rows come
+    # back in this order (`ord`), which is the order the worker starts them in
+    order = (both.c.priority, both.c.since, both.c.turn, both.c.id)
     candidates = (
-        select(both.c.id, both.c.queue, _max_attempts(both, settings).label("max_attempts"))
-        .order_by(both.c.priority, both.c.run_at, both.c.id)
+        select(
+            both.c.id,
+            both.c.queue,
+            _max_attempts(both, settings).label("max_attempts"),
+            func.row_number().over(order_by=order).label("ord"),
+        )
+        .order_by(*order)
         .limit(limit)
         .cte("candidates")
         .prefix_with("MATERIALIZED")
@@ -339,8 +377,10 @@ def claim_jobs(
 
 
 def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
-    """Mark `candidates` (id, queue, max_attempts; locked) running, in claim order."""
+    """Mark `candidates` (id, queue, max_attempts, and `ord` if they have one; locked)
+    running, in claim order: `ord`'s, else priority, run_at and id."""
     j = _alias("j")
+    ordinal = [candidates.c.ord] if "ord" in candidates.c else []
     lease = func.coalesce(
         _task_number("task_leases", Float, j, settings), bindparam("lease", 60.0, type_=Float)
     )
@@ -374,11 +414,13 @@ def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
                 else_=j.c.last_error,
             ),
         )
-        .returning(*claimed_columns(j), j.c.priority, j.c.run_at)
+        .returning(*claimed_columns(j), j.c.priority, j.c.run_at, *ordinal)
         .cte("claimed")
     )
     # UPDATE ... RETURNING has no order: the join back may read jobs in any order
     returned = [claimed.c[column.name] for column in CLAIMED_COLUMNS]
+    if ordinal:
+        return select(*returned).order_by(claimed.c.ord)
     order = (claimed.c.priority, claimed.c.run_at, claimed.c.id)
     return select(*returned).order_by(*order)
 
