@@ -127,6 +127,7 @@ class QueueTurns:
 def queue_turns(conn: Connection, name: str) -> QueueTurns:
     """What the queue page shows of `name`'s settings, partitions, held sequences and aged
     jobs: each read bounded (the queue's queued and running rows, `HELD_SHOWN` held)."""
+    conn.execute(statements.NO_JIT)  # this transaction's only: see `metrics`
     info = next((q for q in admin.list_queues(conn) if q.name == name), None)
     takes_turns = info is not None and (info.fair or info.partition_limit is not None)
     depths = partitions.top_partitions(conn, [name], TOP_PARTITIONS) if takes_turns else []
