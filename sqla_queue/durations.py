@@ -145,6 +145,17 @@ def describe_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def describe_age(seconds: float) -> str:
+    """How long something has lasted, for a person: '45 s', '21 min', '3.5 h', '9 d'."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
 __all__ = [
     "ACCEPTED",
     "DURATION",
@@ -153,6 +164,7 @@ __all__ = [
     "UNITS",
     "Duration",
     "Rate",
+    "describe_age",
     "describe_duration",
     "describe_rate",
     "parse_duration",

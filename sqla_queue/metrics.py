@@ -10,12 +10,16 @@ Everything is measured on the worker's public seams, never inside it:
 - SQLAlchemy events on the worker's engine: the latency of the claim and finishing
   statements (recognised by their cache key), disconnects and reconnects;
 - a timer thread per worker, started by `on_worker_started`: queue depth and the oldest due
-  job's age (one query on queued and running rows every `depth_interval` seconds) and the
-  worker's heartbeat lag and its overrunning handlers (past their timeout or cancel, not
-  yet returned) read back from `sqla_queue.workers`.
+  job's age (one query on queued and running rows every `depth_interval` seconds), the
+  deepest partitions of fair and partition-limited queues, the sequences held by a failed
+  job and the aged jobs of aging queues (`sqla_queue.partitions`), and the worker's
+  heartbeat lag and its overrunning handlers (past their timeout or cancel, not yet
+  returned) read back from `sqla_queue.workers`.
 
 Labels are bounded: queue, task (a name the registry does not know is "unknown"), outcome,
-statement; never a job id. Every worker process exports the same queue gauges: aggregate
+statement, and partition for the `partition_top` deepest partitions of each fair or
+partition-limited queue only (a partition that leaves the top is removed, not kept at 0);
+never a job id. Every worker process exports the same queue gauges: aggregate
 them with `max by (queue)`, not `sum`.
 """
 
@@ -26,11 +30,12 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Connection, Engine, event
 
+from .bounds import check_count
 from .errors import ConfigurationError
 from .job.states import UNFINISHED
 from .queries import (
@@ -42,6 +47,8 @@ from .queries import (
     release_jobs,
     retry_jobs,
 )
+from .queries import partitions as partition_queries
+from .queries.dashboard import NO_JIT
 from .queries.metrics import heartbeat_lag, queue_depth, worker_overruns
 from .worker.connection import STATEMENT_KIND
 
@@ -65,6 +72,12 @@ DEPTH_INTERVAL = 15.0
 HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 STATEMENT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 UNKNOWN_TASK = "unknown"
+PARTITION_TOP = 10
+"""Partitions per fair or partition-limited queue exported (the deepest)."""
+HELD_CAP = 10_000
+"""Held sequences one refresh reads at most (the counts stop there)."""
+NO_PARTITION = ""
+"""The `partition` label of the jobs without a partition."""
 
 
 def _prometheus() -> Any:
@@ -85,6 +98,7 @@ class QueueMetrics:
         prometheus_registry: CollectorRegistry | None = None,
         *,
         depth_interval: float = DEPTH_INTERVAL,
+        partition_top: int = PARTITION_TOP,
     ) -> None:
         if not depth_interval > 0:
             raise ConfigurationError(
@@ -93,6 +107,8 @@ class QueueMetrics:
         prom = _prometheus()
         self.prometheus_registry = reg = prometheus_registry or prom.REGISTRY
         self.depth_interval = depth_interval
+        check_count("partition_top", partition_top)
+        self.partition_top = partition_top
         job = ["queue", "task"]
         counter = functools.partial(prom.Counter, registry=reg)
         gauge = functools.partial(prom.Gauge, registry=reg)
@@ -159,6 +175,36 @@ class QueueMetrics:
             "How long the longest-overrunning handler of this worker has been past its "
             "timeout or cancel (0: none is).",
         )
+        self.partition_jobs = gauge(
+            "sqla_queue_partition_jobs",
+            "Queued and running jobs of the deepest partitions (by queued jobs) of each fair "
+            'or partition-limited queue; partition "" is the jobs without one.',
+            ["queue", "partition", "status"],
+        )
+        self.held_sequences = gauge(
+            "sqla_queue_queue_held_sequences",
+            "Sequences held by a failed job (nothing after it in the sequence runs until it "
+            "is retried or deleted), per queue of the failed job.",
+            ["queue"],
+        )
+        self.held_behind = gauge(
+            "sqla_queue_queue_held_sequence_waiting_jobs",
+            "Queued jobs waiting behind a sequence held by a failed job, per queue of the "
+            "failed job.",
+            ["queue"],
+        )
+        self.longest_held = gauge(
+            "sqla_queue_queue_longest_held_sequence_seconds",
+            "How long the longest-held sequence of the queue has been held by a failed job "
+            "(0: none is).",
+            ["queue"],
+        )
+        self.aged = gauge(
+            "sqla_queue_queue_aged_jobs",
+            "Due jobs of an aging queue whose priority aging has improved (waited at least "
+            "one interval).",
+            ["queue"],
+        )
         self.refresh_errors = counter(
             "sqla_queue_metrics_refresh_errors",
             "Queue depth or heartbeat lag queries that failed.",
@@ -167,6 +213,9 @@ class QueueMetrics:
         self._broken = 0
         self._queues: set[str] = set()
         self._overrun_labels: set[tuple[str, str]] = set()
+        self._partition_labels: set[tuple[str, str]] = set()
+        self._held_queues: set[str] = set()
+        self._aged_queues: set[str] = set()
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._timers: dict[int, threading.Event] = {}
         self._statements: dict[Any, str] = {}
@@ -266,6 +315,7 @@ class QueueMetrics:
         try:
             with engine.connect() as conn:
                 rows = conn.execute(queue_depth()).mappings().all()
+                turns = self._read_turns(conn)
                 lag = overruns = None
                 if worker_id is not None:
                     lag = conn.execute(heartbeat_lag(), {"worker_id": worker_id}).scalar()
@@ -289,10 +339,54 @@ class QueueMetrics:
                 self.queue_due.labels(queue).set(0)
                 self.oldest_due.labels(queue).set(0)
             self._queues |= seen
+            self._set_turns(*turns)
         if lag is not None:
             self.heartbeat_lag.set(max(0.0, float(lag)))
         if worker_id is not None:
             self._set_overruns(list(overruns or []))
+
+    def _read_turns(self, conn: Connection) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
+        """The deepest partitions, the held sequences per queue and the aged jobs per queue:
+        each read bounded (`partition_top` per queue, `HELD_CAP` held sequences)."""
+        top = {"queue_names": None, "top": self.partition_top}
+        # A subquery per held sequence looks costly to the planner: JIT would compile
+        # for some 300 ms what runs in 30 (this transaction's only).
+        conn.execute(NO_JIT)
+        return (
+            conn.execute(partition_queries.top_partitions(), top).all(),
+            conn.execute(partition_queries.held_sequence_counts(), {"cap": HELD_CAP}).all(),
+            conn.execute(partition_queries.aged_jobs()).all(),
+        )
+
+    def _set_turns(self, depths: Sequence[Any], held: Sequence[Any], aged: Sequence[Any]) -> None:
+        """Set the partition, held sequence and aged job gauges (under `_lock`): a partition
+        that left the top is removed, a queue whose figure went is set to 0."""
+        labels = set()
+        for queue, partition, queued, running in depths:
+            key = (str(queue), NO_PARTITION if partition is None else str(partition))
+            labels.add(key)
+            self.partition_jobs.labels(*key, "queued").set(int(queued))
+            self.partition_jobs.labels(*key, "running").set(int(running))
+        for key in self._partition_labels - labels:
+            for status in ("queued", "running"):
+                self.partition_jobs.remove(*key, status)
+        self._partition_labels = labels
+        seen = set()
+        for queue, count, longest, behind in held:
+            seen.add(queue)
+            self.held_sequences.labels(queue).set(int(count))
+            self.longest_held.labels(queue).set(max(0.0, float(longest or 0)))
+            self.held_behind.labels(queue).set(int(behind))
+        for queue in self._held_queues - seen:
+            for gauge in (self.held_sequences, self.longest_held, self.held_behind):
+                gauge.labels(queue).set(0)
+        self._held_queues |= seen
+        counts = {str(queue): int(count) for queue, _, count in aged}
+        for queue in self._aged_queues - counts.keys():
+            self.aged.labels(queue).set(0)
+        for queue, count in counts.items():
+            self.aged.labels(queue).set(count)
+        self._aged_queues |= counts.keys()
 
     def _set_overruns(self, overruns: list[dict[str, Any]]) -> None:
         counts: dict[tuple[str, str], int] = {}

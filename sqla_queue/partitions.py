@@ -144,10 +144,14 @@ class HeldSequence:
     """Queued jobs of the sequence waiting behind it."""
 
 
-def held_sequences(bind: Bind, limit: int = 100) -> list[HeldSequence]:
-    """The sequences held by a failed job, the longest held first (at most `limit`)."""
+def held_sequences(
+    bind: Bind, limit: int = 100, queue: str | None = None, waiting: bool = False
+) -> list[HeldSequence]:
+    """The sequences held by a failed job, the longest held first (at most `limit`): of
+    `queue` only if given, and only those a queued job waits behind if `waiting`."""
     check_count("limit", limit)
-    rows = bind.execute(queries.held_sequences(), {"limit": limit})
+    params = {"limit": limit, "queue_name": queue, "waiting": waiting}
+    rows = bind.execute(queries.held_sequences(), params)
     return [HeldSequence(r[0], r[1], int(r[2]), r[3], float(r[4] or 0.0), int(r[5])) for r in rows]
 
 

@@ -26,6 +26,7 @@ from apps.support import (
 )
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
+from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import admin
 from sqla_queue.cli import main
@@ -231,6 +232,63 @@ def test_stats_tells_the_last_hour_and_day_from_the_rollup(
     table = cli("stats", url=database_url).stdout
     assert "7 (2 failed)" in table
     assert "17 (2 failed)" in table
+
+
+def test_stats_shows_partitions_held_sequences_and_aged_jobs(
+    database_url: str, engine: Engine
+) -> None:
+    failed_id = turns_backlog(engine)
+
+    rows = {r["queue"]: r for r in json.loads(cli("stats", "--json", url=database_url).stdout)}
+
+    assert rows["tenants"]["partitions"] == [
+        {"partition": "[red]acme", "queued": 3, "running": 0},
+        {"partition": "globex", "queued": 1, "running": 0},
+        {"partition": None, "queued": 1, "running": 0},
+    ]
+    assert rows["tenants"]["held_sequences"] == []
+    assert rows["tenants"]["aged"] == 0
+    (held,) = rows["default"]["held_sequences"]
+    assert (held["sequence"], held["job_id"], held["behind"]) == (HELD_SEQUENCE, failed_id, 2)
+    assert 1190 < held["held_seconds"] < 1500
+    assert rows["slow"]["aged"] == 1
+    assert rows["slow"]["partitions"] == []
+    assert rows["default"]["queued"] == 2  # the old keys stay as they were
+    top = json.loads(cli("stats", "--json", "--top", "1", url=database_url).stdout)
+    assert [r["partitions"] for r in top if r["queue"] == "tenants"] == [
+        [{"partition": "[red]acme", "queued": 3, "running": 0}]
+    ]
+
+    table = cli("stats", url=database_url).stdout
+    assert "[red]acme" in table  # escaped, not taken for markup
+    assert "(none)" in table
+    assert HELD_SEQUENCE in table
+    assert f"{failed_id}" in table
+    assert "20 min" in table
+    assert "aged jobs" in table
+
+
+def test_stats_prints_no_partition_table_when_there_is_nothing_to_show(
+    database_url: str, engine: Engine
+) -> None:
+    enqueue_jobs(engine, "t", 2)
+    table = cli("stats", url=database_url).stdout
+    assert "partition" not in table
+    assert "held by a failed job" not in table
+    assert "aged" not in table
+
+
+def test_cancel_leaves_a_failed_job_alone_retry_and_delete_free_its_sequence(
+    database_url: str, engine: Engine
+) -> None:
+    failed_id = turns_backlog(engine)
+    cancelled = cli("jobs", "cancel", str(failed_id), url=database_url)
+    assert cancelled.exit_code == 1  # cancel takes queued, waiting and running jobs only
+    assert jobs_by_id(engine, [failed_id])[failed_id].status == "failed", cancelled.output
+    assert cli("jobs", "retry", str(failed_id), url=database_url).exit_code == 0
+    assert jobs_by_id(engine, [failed_id])[failed_id].status == "queued"
+    held = json.loads(cli("stats", "--json", url=database_url).stdout)
+    assert all(r["held_sequences"] == [] for r in held)
 
 
 def test_prune_deletes_finished_jobs_older_than_the_cutoff(

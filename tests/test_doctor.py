@@ -21,6 +21,7 @@ from multixact_support import (
 )
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
+from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import (
     enqueue,
@@ -52,6 +53,7 @@ EVERY_CHECK = {
     "workers",
     "backlog",
     "failed_jobs",
+    "held_sequences",
     "unknown_tasks",
 }
 
@@ -328,3 +330,36 @@ def test_doctor_names_no_command_for_text_that_does_not_start_with_one() -> None
     assert _command("hunter2 oops") is None
     assert _command("/* secret */ SELECT 1") is None
     assert _command(None) is None
+
+
+def test_a_sequence_held_by_a_failed_job_for_long_is_named_with_its_fix(engine: Engine) -> None:
+    failed_id = turns_backlog(engine, held_minutes=20)
+
+    held = _by_name(diagnose(engine, QUICK))["held_sequences"]
+
+    assert held.severity is Severity.warn
+    assert repr(HELD_SEQUENCE) in held.value
+    assert f"failed job {failed_id} for 20 min, 2 job(s) waiting behind it" in held.value
+    assert f"sqla-queue jobs retry {failed_id}" in held.fix
+    assert f"sqla-queue jobs delete {failed_id}" in held.fix
+    assert "sqla-queue queues set default --sequence-on-failure skip" in held.fix
+    assert held.details["held"][0]["behind"] == 2
+
+
+def test_a_sequence_held_briefly_or_with_nothing_behind_is_ok(engine: Engine) -> None:
+    failed_id = turns_backlog(engine, held_minutes=5)
+    assert _by_name(diagnose(engine, QUICK))["held_sequences"].severity is Severity.ok
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET finished_at = now() - interval '1 h' WHERE id = :i"),
+            {"i": failed_id},
+        )
+        conn.execute(
+            text("DELETE FROM sqla_queue.jobs WHERE sequence = :s AND id > :i"),
+            {"s": HELD_SEQUENCE, "i": failed_id},
+        )
+    assert _by_name(diagnose(engine, QUICK))["held_sequences"].severity is Severity.ok
+    with engine.begin() as conn:  # the queue skips failures: the sequence is not held
+        conn.execute(text("UPDATE sqla_queue.queues SET sequence_on_failure = 'skip'"))
+    turns_backlog(engine, held_minutes=30)
+    assert _by_name(diagnose(engine, QUICK))["held_sequences"].severity is Severity.ok

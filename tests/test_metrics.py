@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from turns_kit import turns_backlog
 
 from sqla_queue import Registry, enqueue
 from sqla_queue.metrics import QueueMetrics, instrument
@@ -281,3 +282,51 @@ def test_metrics_without_prometheus_client_name_the_extra(database_url: str) -> 
     assert result.returncode == 1
     assert "pip install 'sqla-queue[metrics]'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_partitions_held_sequences_and_aged_jobs_per_queue(engine: Engine) -> None:
+    metrics = QueueMetrics(CollectorRegistry(), partition_top=2)
+    counts = (("big", 3), ("mid", 2), ("small", 1))
+    failed_id = turns_backlog(engine, counts, held_minutes=20)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET status = 'running' "
+                "WHERE id = (SELECT min(id) FROM sqla_queue.jobs WHERE partition = 'big')"
+            )
+        )
+
+    metrics.refresh(engine)
+    reg = metrics.prometheus_registry
+
+    def gauge(name: str, **labels: str) -> float | None:
+        return reg.get_sample_value(name, labels)
+
+    jobs = "sqla_queue_partition_jobs"
+    assert gauge(jobs, queue="tenants", partition="big", status="queued") == 2
+    assert gauge(jobs, queue="tenants", partition="big", status="running") == 1
+    assert gauge(jobs, queue="tenants", partition="mid", status="queued") == 2
+    assert gauge(jobs, queue="tenants", partition="small", status="queued") is None  # not top 2
+    assert gauge("sqla_queue_queue_held_sequences", queue="default") == 1
+    assert gauge("sqla_queue_queue_held_sequence_waiting_jobs", queue="default") == 2
+    longest = gauge("sqla_queue_queue_longest_held_sequence_seconds", queue="default")
+    assert longest is not None
+    assert 1190 < longest < 1500
+    assert gauge("sqla_queue_queue_aged_jobs", queue="slow") == 1
+
+    # the partition "big" drained, the failed job deleted, the aged job gone
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "DELETE FROM sqla_queue.jobs "
+                "WHERE partition IN ('big', 'mid') OR id = :id OR queue = 'slow'"
+            ),
+            {"id": failed_id},
+        )
+    metrics.refresh(engine)
+    assert gauge(jobs, queue="tenants", partition="big", status="queued") is None  # removed
+    assert gauge(jobs, queue="tenants", partition="small", status="queued") == 1
+    assert gauge(jobs, queue="tenants", partition="", status="queued") == 1  # no partition
+    assert gauge("sqla_queue_queue_held_sequences", queue="default") == 0
+    assert gauge("sqla_queue_queue_longest_held_sequence_seconds", queue="default") == 0
+    assert gauge("sqla_queue_queue_aged_jobs", queue="slow") == 0

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import click
+from rich.markup import escape
 from sqlalchemy import Connection
 
 from sqla_queue import admin, partitions, rollup
 from sqla_queue.bounds import count
 from sqla_queue.brokers.routes import BROKER_KINDS
-from sqla_queue.durations import DURATION, RATE, describe_duration
+from sqla_queue.durations import DURATION, RATE, describe_age, describe_duration
 from sqla_queue.models import JobStatus, Retention
 
 from . import base
@@ -281,14 +283,30 @@ def queues_delete(database_url: str | None, name: str, force: bool) -> None:
     click.echo(f"queue {name!r} deleted ({deleted} job(s) deleted with it)")
 
 
+TOP_PARTITIONS = 10
+"""Partitions `stats` shows per fair or partition-limited queue by default."""
+HELD_SHOWN = 100
+"""Held sequences `stats` shows at most (the longest held)."""
+
+
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def stats(database_url: str | None, as_json: bool) -> None:
+@click.option(
+    "--top",
+    type=count(),
+    default=TOP_PARTITIONS,
+    show_default=True,
+    help="Partitions shown per fair or partition-limited queue (the deepest).",
+)
+def stats(database_url: str | None, as_json: bool, top: int) -> None:
     """Jobs per queue and status, the oldest due job's age, and the jobs ended (and failed)
-    in the last hour and day, from the workers' rollup (`job_counts`)."""
+    in the last hour and day, from the workers' rollup (`job_counts`); then the deepest
+    partitions of fair and partition-limited queues, the sequences held by a failed job and
+    the aged jobs of aging queues, where there are any."""
     with base.transaction(database_url) as conn:
         rows = admin.stats(conn)
         spans = {span: rollup.recent(conn, span) for span in (rollup.HOUR, rollup.DAY)}
+        turns = _Turns.read(conn, top)
     ended = {
         name: {
             key: _ended(spans[span].get(name))
@@ -300,7 +318,9 @@ def stats(database_url: str | None, as_json: bool) -> None:
         listed = [{**row.as_dict(), **ended.pop(row.queue)} for row in rows]
         for name, totals in sorted(ended.items()):  # counts but no job left (or no row)
             listed.append({**admin.QueueStats(name, None, {}, None).as_dict(), **totals})
-        click.echo(json.dumps(listed, indent=2))
+        click.echo(
+            json.dumps([{**entry, **turns.of(entry["queue"])} for entry in listed], indent=2)
+        )
         return
     from rich.table import Table
 
@@ -312,13 +332,89 @@ def stats(database_url: str | None, as_json: bool) -> None:
         age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
         hour, day = ended[row.queue]["last_hour"], ended[row.queue]["last_day"]
         table.add_row(
-            label,
+            escape(label),
             *(str(row.counts.get(s.value, 0)) for s in JobStatus),
             age,
             f"{hour['ended']} ({hour['failed']} failed)",
             f"{day['ended']} ({day['failed']} failed)",
         )
     base.print_table(table)
+    turns.print_tables()
+
+
+@dataclass
+class _Turns:
+    """What `stats` shows of fair, partition-limited and aging queues and of sequences."""
+
+    depths: list[partitions.PartitionDepth]
+    held: list[partitions.HeldSequence]
+    aged: dict[str, int]
+
+    @classmethod
+    def read(cls, conn: Connection, top: int) -> _Turns:
+        return cls(
+            partitions.top_partitions(conn, top=top),
+            partitions.held_sequences(conn, limit=HELD_SHOWN),
+            partitions.aged_jobs(conn),
+        )
+
+    def of(self, queue: str) -> dict[str, Any]:
+        """A queue's keys in `stats --json`."""
+        return {
+            "partitions": [
+                {"partition": p.partition, "queued": p.queued, "running": p.running}
+                for p in self.depths
+                if p.queue == queue
+            ],
+            "held_sequences": [
+                {
+                    "sequence": h.sequence,
+                    "job_id": h.job_id,
+                    "failed_at": None if h.failed_at is None else h.failed_at.isoformat(),
+                    "held_seconds": round(h.held_for, 3),
+                    "behind": h.behind,
+                }
+                for h in self.held
+                if h.queue == queue
+            ],
+            "aged": self.aged.get(queue, 0),
+        }
+
+    def print_tables(self) -> None:
+        """The tables that have a row: partitions, held sequences, aged jobs (text escaped:
+        partition and sequence keys are the application's text)."""
+        from rich.table import Table
+
+        if self.depths:
+            table = Table("queue", "partition", "queued", "running", title="partitions")
+            for p in self.depths:
+                name = "(none)" if p.partition is None else escape(p.partition)
+                table.add_row(escape(p.queue), name, str(p.queued), str(p.running))
+            base.print_table(table)
+        if self.held:
+            table = Table(
+                "sequence",
+                "queue",
+                "failed job",
+                "held for",
+                "jobs behind",
+                title="sequences held by a failed job (retry or delete the job)",
+            )
+            for h in self.held:
+                table.add_row(
+                    escape(h.sequence),
+                    escape(h.queue),
+                    str(h.job_id),
+                    describe_age(h.held_for),
+                    str(h.behind),
+                )
+            base.print_table(table)
+        aged = {queue: n for queue, n in self.aged.items() if n}
+        if aged:
+            table = Table("queue", "aged jobs", title="jobs whose priority aging has improved")
+            for queue, n in aged.items():
+                table.add_row(escape(queue), str(n))
+            base.print_table(table)
 
 
 def _ended(series: rollup.Series | None) -> dict[str, int]:

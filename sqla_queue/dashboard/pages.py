@@ -177,7 +177,8 @@ class Dashboard:
         return self._render(request, "_queues_table.html", **self._queues_context())
 
     def queue_page(self, request: Request) -> Response:
-        """One queue's tasks: each one's jobs ended over the last hour and day (the rollup)."""
+        """One queue's settings and tasks (each one's jobs ended over the last hour and day,
+        from the rollup); its deepest partitions, held sequences and aged jobs if it has any."""
         name = request.path_params["name"]
         try:
             checks.text_filter(name, "the queue name")
@@ -186,6 +187,7 @@ class Dashboard:
         with self.engine.connect() as conn:
             hour = rollup.recent(conn, rollup.HOUR, queue=name, by_task=True)
             day = rollup.recent(conn, rollup.DAY, queue=name, by_task=True)
+            turns = reads.queue_turns(conn, name)
         tasks = [
             {
                 "name": task,
@@ -198,7 +200,9 @@ class Dashboard:
             }
             for task in sorted(day)
         ]
-        return self._render(request, "queue.html", queue=name, tasks=tasks, day=rollup.DAY)
+        return self._render(
+            request, "queue.html", queue=name, tasks=tasks, day=rollup.DAY, turns=turns
+        )
 
     def jobs_page(self, request: Request) -> Response:
         params = request.query_params

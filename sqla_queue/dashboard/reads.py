@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import admin, rollup
+from sqla_queue import admin, partitions, rollup
 from sqla_queue.bulk import JobFilter as JobFilter
 from sqla_queue.models import JobStatus
 from sqla_queue.queries import dashboard as statements
@@ -103,6 +103,41 @@ def queue_rows(conn: Connection) -> list[QueueRow]:
     for row in rows:
         row.hour, row.day = hour.get(row.name), day.get(row.name)
     return rows
+
+
+TOP_PARTITIONS = 10
+"""Partitions a fair or partition-limited queue's page shows (the deepest)."""
+HELD_SHOWN = 50
+"""Held sequences a queue's page shows at most (the longest held)."""
+
+
+@dataclass
+class QueueTurns:
+    """A queue's page beyond its tasks: its settings, its deepest partitions (a fair or
+    partition-limited queue), the sequences its failed jobs hold, its aged jobs (aging)."""
+
+    info: admin.QueueInfo | None
+    """None: no row in the queues table."""
+    depths: list[partitions.PartitionDepth]
+    held: list[partitions.HeldSequence]
+    aged: int | None
+    """None: the queue does not age."""
+
+
+def queue_turns(conn: Connection, name: str) -> QueueTurns:
+    """What the queue page shows of `name`'s settings, partitions, held sequences and aged
+    jobs: each read bounded (the queue's queued and running rows, `HELD_SHOWN` held)."""
+    conn.execute(statements.NO_JIT)  # this transaction's only: see `metrics`
+    info = next((q for q in admin.list_queues(conn) if q.name == name), None)
+    takes_turns = info is not None and (info.fair or info.partition_limit is not None)
+    depths = partitions.top_partitions(conn, [name], TOP_PARTITIONS) if takes_turns else []
+    aging = info is not None and info.aging is not None
+    return QueueTurns(
+        info,
+        depths,
+        partitions.held_sequences(conn, HELD_SHOWN, queue=name),
+        partitions.aged_jobs(conn).get(name, 0) if aging else None,
+    )
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
+from sqla_queue.durations import describe_age
 from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.job.states import STATES
 from sqla_queue.rollup import Series, Span
@@ -26,11 +27,7 @@ def duration(seconds: float | None) -> str:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:
         return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.0f} d"
+    return describe_age(seconds)
 
 
 def when(value: dt.datetime | str | None) -> str:

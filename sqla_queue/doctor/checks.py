@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import queries, rollup
+from sqla_queue import partitions, queries, rollup
+from sqla_queue.durations import describe_age
 from sqla_queue.migrate import schema_revision
 from sqla_queue.queries import vacuum
 
@@ -23,6 +24,7 @@ from .findings import (
     FIX_FAILED,
     FIX_FOREIGN_KEY,
     FIX_FREEZE,
+    FIX_HELD_SEQUENCE,
     FIX_HORIZON,
     FIX_LONG_TRANSACTION,
     FIX_MULTIXACTS,
@@ -554,6 +556,53 @@ def check_unknown_tasks(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("unknown_tasks", Severity.warn, shown, FIX_UNKNOWN, waiting)
 
 
+HELD_SEQUENCE_AFTER = 15 * 60.0
+"""Seconds a failed job may hold its sequence, jobs waiting behind it, before doctor warns."""
+HELD_NAMED = 5
+"""Held sequences a finding names one by one at most (the longest held)."""
+
+
+def check_held_sequences(conn: Connection, options: DoctorOptions) -> Finding:
+    """Sequences a failed job has held for over `HELD_SEQUENCE_AFTER` seconds while queued
+    jobs of the sequence wait behind it (by ix_jobs_sequence: the unfinished and failed
+    jobs of a sequence only)."""
+    found = partitions.held_sequences(conn, limit=100, waiting=True)
+    held = [h for h in found if h.held_for > HELD_SEQUENCE_AFTER]
+    details: dict[str, Any] = {
+        "threshold_seconds": HELD_SEQUENCE_AFTER,
+        "held": [
+            {
+                "sequence": h.sequence,
+                "queue": h.queue,
+                "job_id": h.job_id,
+                "held_seconds": h.held_for,
+                "behind": h.behind,
+            }
+            for h in held
+        ],
+    }
+    if not held:
+        value = (
+            f"no sequence held by a failed job for over {describe_age(HELD_SEQUENCE_AFTER)} "
+            "with jobs waiting behind it"
+        )
+        return Finding("held_sequences", Severity.ok, value, FIX_HELD_SEQUENCE, details)
+    named = "; ".join(
+        f"sequence {h.sequence!r} of queue {h.queue!r} held by failed job {h.job_id} for "
+        f"{describe_age(h.held_for)}, {h.behind} job(s) waiting behind it"
+        for h in held[:HELD_NAMED]
+    )
+    more = f"; and {len(held) - HELD_NAMED} more" if len(held) > HELD_NAMED else ""
+    first = held[0]
+    fix = (
+        FIX_HELD_SEQUENCE.replace("ID", str(first.job_id)).replace("QUEUE", first.queue)
+        if len(held) == 1
+        else FIX_HELD_SEQUENCE
+    )
+    value = f"{len(held)} sequence(s) held by a failed job: {named}{more}"
+    return Finding("held_sequences", Severity.warn, value, fix, details)
+
+
 def check_claim_plan(conn: Connection, options: DoctorOptions) -> Finding:
     """The worker's claim reads the claim index in order (its plan, by EXPLAIN)."""
     ordered, message, details = queries.claim_plan_health(conn)
@@ -584,6 +633,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_workers,
     check_backlog,
     check_failed_jobs,
+    check_held_sequences,
     check_unknown_tasks,
 )
 """Checks of our own tables; skipped when the schema is missing."""

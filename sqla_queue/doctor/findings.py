@@ -171,6 +171,12 @@ FIX_UNKNOWN = (
     "attempt, later each time (up to every 5 minutes). Deploy a worker whose registry has "
     "the task (`--app`), or delete the jobs if the task is gone for good."
 )
+FIX_HELD_SEQUENCE = (
+    "A failed job holds its sequence: the jobs after it in the sequence do not run until it "
+    "is retried (`sqla-queue jobs retry ID`, once its handler is fixed) or deleted "
+    "(`sqla-queue jobs delete ID`); or let the queue's sequences go on past a failed job "
+    "(`sqla-queue queues set QUEUE --sequence-on-failure skip`)."
+)
 FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
 
 EXPECTED_AUTOVACUUM = {

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import (
+    ARRAY,
+    Boolean,
     Delete,
     Float,
     Integer,
@@ -28,7 +30,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.models import JobStatus, PartitionWeight
 
-from .claim import _turns
+from .claim import HOLDING_STATUSES, _turns
 from .common import _is, jobs, queues
 from .queues import _set_queue
 
@@ -110,7 +112,7 @@ def top_partitions() -> Select[Any]:
         .over(partition_by=counts.c.queue, order_by=(counts.c.queued.desc(), counts.c.partition))
         .label("n"),
     ).subquery("r")
-    names = bindparam("queue_names", None, type_=queues.c.name.type)
+    names = bindparam("queue_names", None, type_=ARRAY(Text))
     return (
         select(ranked.c.queue, ranked.c.partition, ranked.c.queued, ranked.c.running)
         .where(ranked.c.n <= bindparam("top", type_=Integer))
@@ -119,17 +121,39 @@ def top_partitions() -> Select[Any]:
     )
 
 
-def held_sequences() -> Select[Any]:
-    """(sequence, queue, failed job id, its finished_at, seconds since, jobs waiting behind
-    it) of each sequence a failed job holds in a queue whose policy is `hold`, the longest
-    held first, at most `:limit`."""
-    f, w = jobs.alias("f"), jobs.alias("w")
-    behind = (
+def _holding_failures() -> tuple[Any, Any]:
+    """The failed jobs that hold their sequence (in a queue whose policy is `hold`), as an
+    alias `f` and the condition that picks them, read by ix_jobs_sequence (its predicate is
+    stated, so the partial index serves it)."""
+    f = jobs.alias("f")
+    skips = exists().where(queues.c.name == f.c.queue, queues.c.sequence_on_failure == "skip")
+    holding = and_(
+        f.c.sequence.is_not(None),
+        _is(JobStatus.failed, f),
+        ~skips,
+        f.c.status.in_([literal_column(f"'{s}'") for s in HOLDING_STATUSES]),
+    )
+    return f, holding
+
+
+def _behind(f: Any) -> Any:
+    """The queued jobs of `f`'s sequence enqueued after it (by ix_jobs_sequence)."""
+    w = jobs.alias("w")
+    return (
         select(func.count())
         .where(w.c.sequence == f.c.sequence, w.c.id > f.c.id, _is(JobStatus.queued, w))
         .scalar_subquery()
     )
-    skips = exists().where(queues.c.name == f.c.queue, queues.c.sequence_on_failure == "skip")
+
+
+def held_sequences() -> Select[Any]:
+    """(sequence, queue, failed job id, its finished_at, seconds since, jobs waiting behind
+    it) of each sequence a failed job holds in a queue whose policy is `hold`, the longest
+    held first, at most `:limit`; only those of queue `:queue_name` unless it is NULL, and
+    only those with a job waiting behind them when `:waiting` is true."""
+    f, holding = _holding_failures()
+    behind = _behind(f)
+    name = bindparam("queue_name", None, type_=Text)
     return (
         select(
             f.c.sequence,
@@ -140,16 +164,39 @@ def held_sequences() -> Select[Any]:
             behind.label("behind"),
         )
         .where(
-            f.c.sequence.is_not(None),
-            _is(JobStatus.failed, f),
-            ~skips,
-            # the index's predicate, so ix_jobs_sequence serves it
-            f.c.status.in_(
-                [literal_column(f"'{s}'") for s in ("queued", "running", "waiting", "failed")]
-            ),
+            holding,
+            or_(name.is_(None), f.c.queue == name),
+            or_(~bindparam("waiting", False, type_=Boolean), behind > 0),
         )
         .order_by(f.c.finished_at, f.c.id)
         .limit(bindparam("limit", type_=Integer))
+    )
+
+
+def held_sequence_counts() -> Select[Any]:
+    """Per queue: (queue, sequences held by a failed job, seconds the longest has been
+    held, queued jobs waiting behind them), of at most `:cap` held sequences read (by
+    ix_jobs_sequence): a scrape's cost stays bounded however many failed jobs are kept."""
+    f, holding = _holding_failures()
+    held = (
+        select(
+            f.c.queue,
+            f.c.finished_at,
+            _behind(f).label("behind"),
+        )
+        .where(holding)
+        .limit(bindparam("cap", type_=Integer))
+        .subquery("held")
+    )
+    return (
+        select(
+            held.c.queue,
+            func.count().label("held"),
+            func.extract("epoch", func.now() - func.min(held.c.finished_at)).label("longest"),
+            func.coalesce(func.sum(held.c.behind), 0).label("behind"),
+        )
+        .group_by(held.c.queue)
+        .order_by(held.c.queue)
     )
 
 
