@@ -43,6 +43,9 @@ def job(task: str, b: str, queue: str = "default", letter: str | None = None, **
         "letter": letter,
         "delay": more.get("delay"),
         "max_attempts": more.get("max_attempts"),
+        "partition": more.get("partition"),
+        "sequence": more.get("sequence"),
+        "priority": more.get("priority"),
     }
 
 
