@@ -19,7 +19,9 @@ concurrency and rate limits, result TTLs; `wait_for(timeout=0)`; time passing; e
 with `depends_on` (1-3 jobs still in the table or the archive, each edge on_failure
 'cancel' or 'run'), whose parents then run, fail, are cancelled, retried or deleted by the
 rules above; bulk retry, cancel and delete by a filter of queue, task and status
-(tests/model_bulk.py: exactly the matching jobs change).
+(tests/model_bulk.py: exactly the matching jobs change); jobs with a partition, a sequence
+and a priority (issue 24), and queue settings: fair, partition_limit 1 or 2, aging, and
+sequence_on_failure hold or skip ("keep" starts fair).
 
 Time: the test controls the queue's clock by moving every timestamp of the test database
 back (`model_kit.shift_clock`): delayed jobs and retries become due, leases and worker
@@ -47,7 +49,18 @@ What must hold (checked after each step; a rule checks what its own command prom
   ended), a parent run in the same step having ended first; a waiting job's deps_left is
   the number of its parents not yet ended as it needs, never 0 (the last end makes it due
   in its own transaction); a job whose 'cancel' parent failed or was cancelled is
-  cancelled (or, retried itself, waits for that parent to be retried).
+  cancelled (or, retried itself, waits for that parent to be retried);
+- partitions and sequences (issue 24): no two jobs of one sequence run at once (running rows
+  after each step; handlers executing at a handler's start); a job of a sequence starts
+  only when no earlier job of its sequence is queued, running, waiting or failed in a 'hold'
+  queue (read from the database at the handler's start, and of a killed worker's claim); a
+  partition never runs more jobs than its queue's partition_limit (running rows after each
+  step, unless they ran when the limit was lowered; the database at a handler's start; a
+  killed worker's claim); in a fair queue, a killed worker's claim gives a partition its
+  k-th job only if no partition left with a claimable job had fewer than k - 1 running and
+  taken (weights are all 1); a `replace`/`replace_args` enqueue never touches a running
+  holder's args or run_at. Three defects of the claim it found are excused narrowly until
+  fixed (`KNOWN_DEFECTS`).
 
 Profiles (tests/conftest.py): "default" (short, in the README's fast test run) and
 "long" (`SQLA_QUEUE_HYPOTHESIS_PROFILE=long`; `test_queue_model_long` runs it under the
@@ -93,6 +106,7 @@ from model_kit import (
     no_raw_database_error,
     observe,
     reaper_round,
+    sequence_holders,
     shift_clock,
 )
 from sqlalchemy import text
@@ -109,6 +123,7 @@ from sqla_queue import (
     admin,
     enqueue,
     enqueue_many,
+    partitions,
     wait_for,
 )
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
@@ -150,10 +165,48 @@ job_spec = st.fixed_dictionaries(
         "letter": st.sampled_from([None, "a", "b"]),
         "delay": st.sampled_from([None, None, 30.0, 3600.0]),
         "max_attempts": st.sampled_from([None, None, 1, 3]),
+        "partition": st.sampled_from([None, "p1", "p2", "p3"]),
+        "sequence": st.sampled_from([None, None, "s1", "s2", "s3"]),
+        "priority": st.sampled_from([None, None, 0, 3]),
     }
 )
 picks = st.lists(st.integers(0, 40), min_size=1, max_size=3)
 queue_names = st.sampled_from(sorted(QUEUES))
+TURN_SETTINGS = {
+    "fair": partitions.set_fair,
+    "partition_limit": partitions.set_partition_limit,
+    "aging": partitions.set_aging,
+    "sequence_on_failure": partitions.set_sequence_on_failure,
+}
+turn_settings = st.sampled_from(
+    [
+        ("fair", True),
+        ("fair", False),
+        ("partition_limit", 1),
+        ("partition_limit", 2),
+        ("partition_limit", None),
+        ("aging", 1.0),
+        ("aging", None),
+        ("sequence_on_failure", "skip"),
+        ("sequence_on_failure", "hold"),
+    ]
+)
+FAIR = ("keep",)
+"""The queues that start fair (`take_turns` changes any queue's settings)."""
+KNOWN_DEFECTS = frozenset({"overtaking retry", "fair starvation", "fair truncation"})
+"""Defects of the claim the model found and excuses, narrowly, until they are fixed (each has
+a strict xfail replay in tests/test_model_regressions.py, which runs without the excuse):
+
+- "overtaking retry": a failed or cancelled job of a sequence retried while a later job of
+  its sequence runs is claimable at once (`sequence_free` looks at lower ids only): two jobs
+  of one sequence run at once;
+- "fair starvation": `claim_turns` shares a fair queue's claim among every partition with a
+  queued job, due or not (or sequence-blocked): a partition with no running job and only a
+  delayed job takes the whole share, and a partition with a running job and due jobs gets
+  none: the claim takes nothing;
+- "fair truncation": a claim over several queues keeps its first `limit` candidates by
+  priority, run_at and id, not by turn: it may drop a fair queue's first job of a partition
+  and keep a second job of another."""
 
 
 @dataclass
@@ -199,13 +252,14 @@ class Orphan:
 
 class QueueMachine(BulkRules, RuleBasedStateMachine):
     pool: ClassVar[ClonePool | Clones | None] = None
+    excused: frozenset[str] = KNOWN_DEFECTS
 
     def __init__(self) -> None:
         super().__init__()
         assert self.pool is not None, "run it with run_model"
         self.url = self.pool.take()
         self.engine = engine_for(self.url)
-        self.recorder = Recorder()
+        self.recorder = Recorder(engine=self.engine)
         self.registry = build_registry(self.recorder)
         self.trouble = TroubleLog()
         self.jobs: dict[int, Model] = {}
@@ -215,6 +269,16 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         self.paused: set[str] = set()
         self.ttl = dict.fromkeys(QUEUES, 86400.0)
         self.orphans: dict[int, Orphan] = {}
+        self.fair = set(FAIR)
+        self.partition_limit: dict[str, int | None] = dict.fromkeys(QUEUES)
+        self.skipping: set[str] = set()
+        """The queues whose sequence_on_failure is 'skip'."""
+        self.aging: set[str] = set()
+        self.overtaken: set[int] = set()
+        """Jobs retried while a later job of their sequence ran ("overtaking retry")."""
+        self.grandfathered: dict[str, set[tuple[int, int]]] = {q: set() for q in QUEUES}
+        """Per queue, the (job, attempt) running when its partition limit was last set: they
+        may keep a partition over a lowered limit."""
         self.parents: dict[int, list[tuple[int, str]]] = {}
         """Workflows: each dependent's parents, with their edges' on_failure."""
         self.numbers = itertools.count(1)
@@ -225,6 +289,8 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 if name != "default":
                     admin.create_queue(conn, name, retention)
             admin.set_max_running(conn, "lim", 1)
+            for name in FAIR:
+                partitions.set_fair(conn, name, True)
         self.seen: dict[int, Row] = self._observe()
 
     def teardown(self) -> None:
@@ -274,6 +340,17 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 job.gone_as = _gone_as(reason, last)
             elif job.removed is not None and job.id in after:
                 raise AssertionError(f"after {why}: job {job.id} was {job.removed} but is back")
+        for row in after.values():
+            last = self.seen.get(row.id)
+            retried = last is not None and last.status in ("failed", "cancelled")
+            if row.sequence and retried and row.status in ("queued", "waiting"):
+                later = [
+                    o.id
+                    for o in after.values()
+                    if o.sequence == row.sequence and o.id > row.id and o.status == "running"
+                ]
+                if later and "overtaking retry" in self.excused:
+                    self.overtaken.add(row.id)
         for job_id in list(self.orphans):
             row = after.get(job_id)
             if (
@@ -310,6 +387,9 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
             options["delay"] = spec["delay"]
         if spec["max_attempts"] is not None:
             options["max_attempts"] = spec["max_attempts"]
+        for name in ("partition", "sequence", "priority"):
+            if spec.get(name) is not None:
+                options[name] = spec[name]
         return {"task": task, "args": {"b": behaviour, "n": n}, **options}, model
 
     def _record(
@@ -381,32 +461,36 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         holder = self._holder(model.task, model.queue, model.letter, self.seen)
         args = dict(row["args"])
         before = self._args_of(holder)
+        running = holder is not None and self.seen[holder].status == "running"
         with no_raw_database_error("enqueue_replacing"), self.engine.begin() as conn:
             job_id = enqueue(conn, row.pop("task"), row.pop("args"), registry=self.registry, **row)
         after = self._observe()
-        if holder is not None and self.seen[holder].status != "running":
+        if holder is not None and not running:
             assert job_id == holder, f"a {mode} duplicate of job {holder} returned {job_id}"
             got = self._args_of(holder)
-            assert got == args, f"{mode}: job {holder} has args {got}, not the last call's {args}"
+            ok = got is not None and got[0] == args
+            assert ok, f"{mode}: job {holder} has args {got}, not the last call's {args}"
             held = self.jobs[holder]
             held.behaviour, held.n = model.behaviour, model.n
         else:
             if holder is not None:
-                got = self._args_of(holder)
+                got = self._args_of(holder)  # its args and run_at
                 assert got == before, f"{mode} touched running job {holder}: {before} -> {got}"
+                assert job_id != holder, f"{mode} returned running job {holder} as replaced"
                 assert after[holder].unique_key is None, f"running job {holder} kept its key"
                 self.jobs[holder].letter = None
             self._record(model, job_id, False, None, after)
         self._settle(after, "enqueue_replacing", lambda _: None)
 
-    def _args_of(self, job_id: int | None) -> dict[str, Any] | None:
+    def _args_of(self, job_id: int | None) -> tuple[dict[str, Any], Any] | None:
+        """The job's args and run_at (None: no such job)."""
         if job_id is None:
             return None
         with self.engine.connect() as conn:
             found = conn.execute(
-                text("SELECT args FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
-            ).scalar()
-        return dict(found) if found is not None else None
+                text("SELECT args, run_at FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
+            ).first()
+        return None if found is None else (dict(found.args), found.run_at)
 
     # -- workflows ------------------------------------------------------------------------
 
@@ -493,6 +577,10 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 rec.held_until.setdefault(queue, []).append(orphan.reapable_from)
             rec.paused = frozenset(self.paused)
             rec.worker_concurrency = concurrency
+            rec.partition_limits = dict(self.partition_limit)
+            rec.sequence_of = {i: r.sequence for i, r in self.seen.items() if r.sequence}
+            rec.overtaken = frozenset(self.overtaken)
+            rec.executing_sequences = {}
         before = self.seen
         worker_id = f"model-worker-{step}"
         config = WorkerConfig(
@@ -532,9 +620,14 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 and self._runnable(row, served)
                 and row.queue not in self.rated
                 and self.concurrency[row.queue] is None
+                and self.partition_limit[row.queue] is None
                 and row.id not in ran
             ):
                 now = after.get(row.id)
+                if now is not None and sequence_holders(now, after, self.skipping):
+                    continue  # an earlier job of its sequence holds it
+                if self._starved(row, after):
+                    continue
                 ok = now is not None and now.status == "failed"
                 assert ok, (
                     f"the burst worker returned without running due job {row.id} of queue "
@@ -555,6 +648,19 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
 
         self._settle(after, f"worker step {step}", gone_ok)
         self._check_ran_after_parents(runs)
+
+    def _starved(self, row: Row, after: Mapping[int, Row]) -> bool:
+        """Whether a job of a fair queue may be left by "fair starvation": its queue has a
+        running job, and a queued job not due or held by its sequence in another partition."""
+        if "fair starvation" not in self.excused or row.queue not in self.fair:
+            return False
+        mates = [r for r in after.values() if r.queue == row.queue and not r.archived]
+        return any(r.status == "running" for r in mates) and any(
+            r.status == "queued"
+            and r.partition != row.partition
+            and (not r.due or sequence_holders(r, after, self.skipping))
+            for r in mates
+        )
 
     def _check_outcome(self, run: Run, after: dict[int, Row]) -> None:
         """The job's row says what its handler's run asked for."""
@@ -634,7 +740,76 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 f"a claim started {count} job(s) of queue {queue!r} with {running} running: "
                 f"its concurrency limit is {limit_of}"
             )
+        self._check_turns_claim(before, [before[r["id"]] for r in rows], rows, limit)
         self._settle(self._observe(), "a killed worker's claim", lambda _: None)
+
+    def _check_turns_claim(
+        self, before: Mapping[int, Row], taken: list[Row], claimed: list[Any], limit: int
+    ) -> None:
+        """One claim (a killed worker's) as partitions and sequences allow: no job an earlier
+        one of its sequence holds, nor one of a sequence that runs, nor two of one sequence;
+        no partition past its queue's limit; and in a fair queue, turns: a partition's k-th
+        job of the claim goes to it only if no partition with a claimable job left had fewer
+        than k - 1 running and taken (running counted before the claim; weights are 1)."""
+        running: dict[tuple[str, str | None], int] = {}
+        for row in before.values():
+            if row.status == "running" and not row.archived:
+                key = (row.queue, row.partition)
+                running[key] = running.get(key, 0) + 1
+        sequences = [r.sequence for r in taken if r.sequence is not None]
+        assert len(sequences) == len(set(sequences)), f"a claim took two jobs of {sequences}"
+        for row in taken:
+            holders = sequence_holders(row, before, self.skipping)
+            assert not holders, f"a claim took job {row.id} though {holders} hold its sequence"
+            busy = [
+                r.id
+                for r in before.values()
+                if row.sequence
+                and r.sequence == row.sequence
+                and r.status == "running"
+                and not (row.id in self.overtaken and r.id > row.id)
+            ]
+            assert not busy, f"a claim took job {row.id} while {busy} of its sequence ran"
+        started: dict[tuple[str, str | None], int] = {}
+        for row, got in zip(taken, claimed, strict=True):
+            key = (row.queue, row.partition)
+            started[key] = started.get(key, 0) + 1
+            cap = self.partition_limit[row.queue]
+            if got["status"] == "running" and cap is not None:
+                assert running.get(key, 0) + started[key] <= cap, (
+                    f"a claim took job {row.id} of partition {row.partition!r} of queue "
+                    f"{row.queue!r} with {running.get(key, 0)} running and {started[key] - 1} "
+                    f"taken before it: its partition limit is {cap}"
+                )
+        ids = {r.id for r in taken}
+        mixed = len(taken) >= limit and len({r.queue for r in taken}) > 1
+        if mixed and "fair truncation" in self.excused:
+            return  # the claim may have cut a fair queue's turns by age
+        for queue in self.fair - self.paused:
+            cap = self.partition_limit[queue]
+
+            def level(partition: str | None, queue: str = queue) -> int:
+                return running.get((queue, partition), 0) + started.get((queue, partition), 0)
+
+            left = {
+                r.partition
+                for r in before.values()
+                if r.queue == queue
+                and r.status == "queued"
+                and r.due
+                and r.id not in ids
+                and not sequence_holders(r, before, self.skipping)
+                and (cap is None or level(r.partition) < cap)
+            }
+            for other in {r.partition for r in taken if r.queue == queue}:
+                lowest = min((level(p) for p in left), default=None)
+                ok = lowest is None or level(other) <= lowest + 1
+                assert ok, (
+                    f"fair queue {queue!r}: a claim brought partition {other!r} to "
+                    f"{level(other)} running, while partition(s) "
+                    f"{sorted(p or '(none)' for p in left if level(p) == lowest)} with "
+                    f"{lowest} running kept a claimable job"
+                )
 
     @rule(seconds=st.sampled_from([1.0, 10.0, 40.0, 4000.0, 200000.0]))
     def time_passes(self, seconds: float) -> None:
@@ -816,6 +991,26 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
             admin.set_max_running(conn, queue, limit)
         self.concurrency[queue] = limit
 
+    @rule(queue=queue_names, setting=turn_settings)
+    def take_turns(self, queue: str, setting: tuple[str, Any]) -> None:
+        """Fair queues, partition limits, aging, and what a failed job does to its sequence."""
+        name, value = setting
+        with no_raw_database_error(f"set_{name}"), self.engine.begin() as conn:
+            TURN_SETTINGS[name](conn, queue, value)
+        if name == "fair":
+            (self.fair.add if value else self.fair.discard)(queue)
+        elif name == "partition_limit":
+            self.partition_limit[queue] = value
+            self.grandfathered[queue] = {
+                (r.id, r.attempts)
+                for r in self.seen.values()
+                if r.queue == queue and r.status == "running" and not r.archived
+            }
+        elif name == "aging":
+            (self.aging.discard if value is None else self.aging.add)(queue)
+        else:
+            (self.skipping.add if value == "skip" else self.skipping.discard)(queue)
+
     @rule(queue=queue_names, rate=st.sampled_from([None, "1/s", "2/min"]))
     def limit_rate(self, queue: str, rate: str | None) -> None:
         with no_raw_database_error("set_rate"), self.engine.begin() as conn:
@@ -890,6 +1085,30 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                     f"job {child} is {row.status} though its parent(s) {doomed} ended "
                     f"failed or cancelled: {outcomes}"
                 )
+
+    @invariant()
+    def turns_hold(self) -> None:
+        """No two jobs of one sequence run at once; no partition runs more jobs than its
+        queue's limit (unless those running when the limit was lowered still do)."""
+        running: dict[Any, list[Row]] = {}
+        for row in self.seen.values():
+            if row.status != "running" or row.archived:
+                continue
+            if row.sequence is not None:
+                running.setdefault(("sequence", row.sequence), []).append(row)
+            running.setdefault((row.queue, row.partition), []).append(row)
+        for key, rows in running.items():
+            ids = sorted(r.id for r in rows)
+            if key[0] == "sequence":
+                ok = all(i in self.overtaken for i in ids[:-1])
+                assert ok, f"jobs {ids} of sequence {key[1]!r} run at once"
+                continue
+            limit = self.partition_limit[key[0]]
+            fresh = [r.id for r in rows if (r.id, r.attempts) not in self.grandfathered[key[0]]]
+            assert limit is None or len(rows) <= limit or not fresh, (
+                f"jobs {ids} of partition {key[1]!r} of queue {key[0]!r} run: its partition "
+                f"limit is {limit}"
+            )
 
     @invariant()
     def holds(self) -> None:

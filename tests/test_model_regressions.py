@@ -2,7 +2,8 @@
 
 Each replays the shrunk steps Hypothesis printed on a `QueueMachine` of its own database,
 checking the model's invariants after every step, as the state machine does. Each names
-the defect of issue 20 it found (all fixed since).
+the defect of issue 20 it found (all fixed since), or, marked xfail, one of issue 24's claim
+not fixed yet.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def job(task: str, b: str, queue: str = "default", letter: str | None = None, **
         "letter": letter,
         "delay": more.get("delay"),
         "max_attempts": more.get("max_attempts"),
+        "partition": more.get("partition"),
+        "sequence": more.get("sequence"),
+        "priority": more.get("priority"),
     }
 
 
@@ -133,4 +137,73 @@ def test_a_handler_that_overran_its_timeout_is_not_a_success(machine: QueueMachi
         ),
         ("time_passes", {"seconds": 200000.0}),
         ("work", {"batch": 5, "concurrency": 2, "served": None}),
+    )
+
+
+# Defects of issue 24's claim the model found (see `KNOWN_DEFECTS` in tests/test_model.py):
+# the model excuses each narrowly; these replays run without the excuse and fail until the
+# claim is fixed.
+
+
+def enqueue_one(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return ("enqueue", {"spec": spec, "via": "connection"})
+
+
+def known_defect(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
+
+
+def replay_unexcused(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) -> None:
+    """`replay` with none of the model's known defects excused."""
+    state.excused = frozenset()
+    replay(state, *steps)
+
+
+@known_defect(
+    "overtaking retry: a job of a sequence retried while a later one runs is claimable "
+    "(sequence_free looks at lower ids only): two jobs of one sequence run at once"
+)
+def test_a_retried_job_of_a_sequence_waits_for_the_later_one_running(
+    machine: QueueMachine,
+) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        ("cancel", {"indices": [0]}),
+        ("kill_worker", {"limit": 1, "started": True}),  # job 2 runs (its worker died)
+        ("retry", {"indices": [0], "queue": None, "attempts": None}),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),  # job 1 starts
+    )
+
+
+@known_defect(
+    "fair starvation: claim_turns gives a partition with only a delayed job the "
+    "claim's share, and the partition with a running job and a due one none"
+)
+def test_a_delayed_job_of_a_fair_queue_does_not_starve_another_partition(
+    machine: QueueMachine,
+) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", queue="keep", partition="p2")),
+        ("kill_worker", {"limit": 1, "started": True}),  # p2 has one running
+        enqueue_one(job("plain", "ok", queue="keep", partition="p1", delay=3600.0)),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p2")),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),  # leaves p2's due job
+    )
+
+
+@known_defect(
+    "fair truncation: a claim over several queues keeps its candidates by priority, "
+    "run_at and id, cutting a fair queue's turns"
+)
+def test_a_claim_over_several_queues_keeps_a_fair_queues_turns(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", queue="keep", partition="p1")),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p1")),
+        enqueue_one(job("plain", "ok")),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p2")),
+        ("kill_worker", {"limit": 3, "started": True}),  # takes p1's two, not p2's one
     )
