@@ -23,10 +23,10 @@ from fault_kit import (
     run_cli,
     wait_until,
 )
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue_many
+from sqla_queue import Unique, enqueue, enqueue_many
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -337,3 +337,221 @@ def test_no_partition_runs_more_than_its_limit_across_three_workers(
     assert max(peak.values()) <= PARTITION_LIMIT, peak
     assert max(in_ledger.values()) <= PARTITION_LIMIT, in_ledger
     assert set(in_ledger.values()) == {PARTITION_LIMIT}, "every partition reached its limit"
+
+
+# -- 3. aging ----------------------------------------------------------------------------------
+
+AGING = 0.5  # seconds per priority step
+CLAIM_ROUND = 1.0
+"""One claim round of a worker at -c 1 that claims one job at a time: the 20 ms job in hand,
+then the claim; a second of it, for a loaded 2-core machine."""
+AGING_BOUND = 9 * AGING + CLAIM_ROUND
+"""A priority-9 job of an aging queue is at effective priority 0 once it has waited 9
+intervals, and then the oldest job at the best priority: the next claim takes it."""
+BACKLOG = 60  # priority-0 jobs the producer keeps queued (about 1 s of the worker's work)
+
+
+def test_an_aging_queue_starts_a_starved_low_priority_job_within_its_bound(
+    ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
+) -> None:
+    """Two queues kept deep in fresh priority-0 jobs by a producer, one worker (-c 1) each:
+    the priority-9 job of the aging one starts after 9 intervals and within `AGING_BOUND`;
+    that of the queue without aging (the control) has not started by then."""
+    create_queue(ledger, "aging", "--aging", f"{AGING}s")
+    create_queue(ledger, "plain")
+    options = ["-c", "1", "--batch", "1", "--max-batch", "1", "--poll-interval", "0.2"]
+    pool = [workers(ledger.url, "-q", queue, *options) for queue in ("aging", "plain")]
+    for worker in pool:
+        worker.wait_started()
+
+    def backlog(queue: str, count: int) -> list[dict[str, Any]]:
+        return [{"task": "record", "queue": queue, "args": {"n": 0, "work": 0.02}}] * count
+
+    # with a backlog from the start: alone in its queue, the job would run at once
+    starved = {
+        queue: enqueue_rows(
+            queue_engine,
+            [
+                {"task": "keyed", "queue": queue, "priority": 9, "args": {"key": "p9", "n": 0}},
+                *backlog(queue, BACKLOG),
+            ],
+        )[0]
+        for queue in ("aging", "plain")
+    }
+    stop = threading.Event()
+    least_queued: list[int] = []
+
+    def keep_deep() -> None:
+        """Top both queues up to `BACKLOG` queued priority-0 jobs every 50 ms."""
+        while not stop.is_set():
+            depth = dict(
+                ledger.rows(
+                    "SELECT queue, count(*) FROM sqla_queue.jobs WHERE status = 'queued'"
+                    " AND priority = 0 GROUP BY queue"
+                )
+            )
+            least_queued.append(min(depth.get(q, 0) for q in ("aging", "plain")))
+            fresh = [
+                job for q in ("aging", "plain") for job in backlog(q, BACKLOG - depth.get(q, 0))
+            ]
+            if fresh:
+                enqueue_rows(queue_engine, fresh)
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=keep_deep)
+    producer.start()
+    try:
+        waited = "SELECT extract(epoch FROM now() - run_at) FROM sqla_queue.jobs WHERE id = %s"
+        wait_until(
+            lambda: ledger.value(waited, starved["plain"]) > AGING_BOUND + 0.5,
+            AGING_BOUND + 30,
+            what="the bound to pass",
+        )
+    finally:
+        stop.set()
+        producer.join(10)
+    stop_all(pool)
+
+    delays = dict(
+        ledger.rows(
+            "SELECT j.queue, extract(epoch FROM r.at - j.run_at)::float FROM public.fault_runs r"
+            " JOIN sqla_queue.jobs j ON j.id = r.job_id WHERE r.job_id = ANY(%s)"
+            " AND r.event LIKE 'started%%'",
+            list(starved.values()),
+        )
+    )
+    done = ledger.value(
+        "SELECT count(*) FROM sqla_queue.jobs WHERE status = 'done' AND priority = 0"
+    )
+    print(
+        f"\naging {AGING} s: the priority-9 job started {delays.get('aging')} s after it was "
+        f"due (bound {AGING_BOUND} s); control: {delays.get('plain')}; {done} priority-0 jobs "
+        f"ran, the fewest queued at a look {min(least_queued)}"
+    )
+    assert min(least_queued) > 0, "the queues ran dry: nothing starved the job"
+    assert "aging" in delays, "the aged job never started"
+    assert 9 * AGING <= delays["aging"] <= AGING_BOUND
+    assert "plain" not in delays, "without aging the priority-9 job ran with a backlog"
+
+
+# -- 4. debounce and throttle ------------------------------------------------------------------
+
+DEBOUNCE = Unique(args=["key"], on_conflict="replace")
+THROTTLE = Unique(args=["key"], on_conflict="replace_args")
+CALLS = 50
+DELAY = 2.0
+
+
+def enqueue_keyed(
+    engine: Engine, calls: list[tuple[str, int, Unique]], **options: Any
+) -> list[tuple[int, bool, float]]:
+    """Enqueue `keyed` jobs (key, n, unique) in a transaction of their own; returns (each
+    job's id, whether it was a duplicate, the transaction's now() in epoch seconds: `delay`
+    counts from it)."""
+    with Session(engine) as session, session.begin():
+        extra = options.pop("args", {})
+        handles = [
+            enqueue(session, "keyed", {"key": key, "n": n, **extra}, unique=unique, **options)
+            for key, n, unique in calls
+        ]
+        now = float(session.scalar(select(func.extract("epoch", func.now()))))
+        return [(handle.id, handle.duplicate, now) for handle in handles]
+
+
+def test_debounce_and_throttle_with_a_worker_run_once_with_the_last_args(
+    ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
+) -> None:
+    """50 calls in a second, each with `delay` 2 s: `replace` (debounce) runs the handler
+    once, with the last call's args, `delay` after the last call; `replace_args` (throttle)
+    runs it once, with the last args, at the first call's run_at."""
+    create_queue(ledger, "keys")
+    worker = workers(ledger.url, "-q", "keys", "-c", "2", "--poll-interval", "0.1")
+    worker.wait_started()
+    called: dict[str, list[float]] = {"debounced": [], "throttled": []}
+    begin = time.monotonic()
+    for n in range(CALLS):  # one call of each key per transaction, paced over 0.8 s
+        time.sleep(max(0.0, begin + n * 0.8 / CALLS - time.monotonic()))
+        calls = [("debounced", n, DEBOUNCE), ("throttled", n, THROTTLE)]
+        for (key, _, _), (_, _, now) in zip(
+            calls, enqueue_keyed(queue_engine, calls, queue="keys", delay=DELAY), strict=True
+        ):
+            called[key].append(now)
+    assert called["debounced"][-1] - called["debounced"][0] < 1.0
+    wait_drained(ledger, "keys", 30)
+    time.sleep(1.0)  # a second run would have started by now
+    worker.wait_started()
+    assert worker.stop() == 0
+
+    key_of = dict(ledger.rows("SELECT id, args->>'key' FROM sqla_queue.jobs"))
+    runs: dict[str, list[tuple[int, float]]] = {key: [] for key in called}
+    for _, job_id, _, _, word, args, _, _, at in starts_and_ends(ledger, "keys"):
+        if word == "started":
+            runs[key_of[job_id]].append((args, at))
+    jobs = dict(ledger.rows("SELECT args->>'key', count(*) FROM sqla_queue.jobs GROUP BY 1"))
+    due = dict(
+        ledger.rows("SELECT args->>'key', extract(epoch FROM run_at)::float FROM sqla_queue.jobs")
+    )
+    first, last = called["debounced"][0], called["debounced"][-1]
+    print(
+        f"\n{CALLS} calls each in {last - first:.2f} s: debounced ran {runs['debounced']}, "
+        f"{runs['debounced'][0][1] - last:.2f} s after the last call; throttled ran "
+        f"{runs['throttled']}, {runs['throttled'][0][1] - called['throttled'][0]:.2f} s after "
+        "the first"
+    )
+    assert jobs == {"debounced": 1, "throttled": 1}
+    assert ledger.status_counts() == {"done": 2}
+    ((args, at),) = runs["debounced"]
+    assert args == CALLS - 1
+    assert at >= called["debounced"][-1] + DELAY
+    ((args, at),) = runs["throttled"]
+    assert args == CALLS - 1
+    assert due["throttled"] == pytest.approx(called["throttled"][0] + DELAY, abs=0.001)
+    assert due["throttled"] <= at < called["throttled"][-1] + DELAY, "pushed back"
+
+
+def test_a_running_job_keeps_its_args_and_a_replacing_call_becomes_a_new_job(
+    ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
+) -> None:
+    """A `replace` call while the job holding its key runs: the running job keeps its args,
+    the call writes a new job. That job is not held back until the running one ends (a
+    free slot runs it at once); with the key as its `sequence` too, it waits for the end."""
+    create_queue(ledger, "keys")
+    worker = workers(ledger.url, "-q", "keys", "-c", "4", "--poll-interval", "0.1")
+    first = {"args": {"seconds": 1.5}, "queue": "keys"}
+    held = {
+        "free": enqueue_keyed(queue_engine, [("free", 1, DEBOUNCE)], **first)[0][0],
+        "sequenced": enqueue_keyed(
+            queue_engine, [("sequenced", 1, DEBOUNCE)], sequence="sequenced", **first
+        )[0][0],
+    }
+    wait_until(
+        lambda: all(ledger.events(job_id) for job_id in held.values()),
+        30,
+        what="the first jobs to start",
+    )
+    replacing = {
+        "free": enqueue_keyed(queue_engine, [("free", 2, DEBOUNCE)], queue="keys")[0],
+        "sequenced": enqueue_keyed(
+            queue_engine, [("sequenced", 2, DEBOUNCE)], queue="keys", sequence="sequenced"
+        )[0],
+    }
+    wait_drained(ledger, "keys", 30)
+    worker.wait_started()
+    assert worker.stop() == 0
+
+    notes = {
+        (job_id, word): (args, n)
+        for n, job_id, _, _, word, args, *_ in starts_and_ends(ledger, "keys")
+    }
+    args = dict(ledger.rows("SELECT id, (args->>'n')::int FROM sqla_queue.jobs"))
+    assert ledger.status_counts() == {"done": 4}
+    for key, (new, duplicate, _) in replacing.items():
+        old = held[key]
+        assert (duplicate, new != old) == (False, True)
+        assert (args[old], args[new]) == (1, 2)
+        assert [notes[old, "started"][0], notes[old, "finished"][0]] == [1, 1]
+        assert [notes[new, "started"][0], notes[new, "finished"][0]] == [2, 2]
+        assert notes[new, "started"][1] > notes[old, "started"][1]
+    overlapped = notes[replacing["free"][0], "started"][1] < notes[held["free"], "finished"][1]
+    print(f"\nwithout a sequence the new job started while the running one ran: {overlapped}")
+    assert notes[replacing["sequenced"][0], "started"][1] > notes[held["sequenced"], "finished"][1]
