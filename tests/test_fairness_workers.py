@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps.support import WorkerThread, count_where, wait_for
 from fault_kit import (
     FaultDatabase,
     WorkerProcess,
@@ -23,10 +24,12 @@ from fault_kit import (
     run_cli,
     wait_until,
 )
+from multixact_support import admin_engine, count_multixacts
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 
-from sqla_queue import Unique, enqueue, enqueue_many
+from sqla_queue import Registry, Unique, enqueue, enqueue_many, partitions
+from sqla_queue.admin import create_queue as create_queue_api
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -171,7 +174,7 @@ def test_sequences_run_in_order_one_at_a_time_while_workers_are_killed(
       (at least once), unless a later job of the key had started meanwhile (order).
     """
     create_queue(ledger, "seqs")
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "task": "keyed",
             "queue": "seqs",
@@ -351,6 +354,7 @@ intervals, and then the oldest job at the best priority: the next claim takes it
 BACKLOG = 60  # priority-0 jobs the producer keeps queued (about 1 s of the worker's work)
 
 
+@pytest.mark.slow
 def test_an_aging_queue_starts_a_starved_low_priority_job_within_its_bound(
     ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
 ) -> None:
@@ -454,16 +458,16 @@ def enqueue_keyed(
             enqueue(session, "keyed", {"key": key, "n": n, **extra}, unique=unique, **options)
             for key, n, unique in calls
         ]
-        now = float(session.scalar(select(func.extract("epoch", func.now()))))
+        now = float(session.execute(select(func.extract("epoch", func.now()))).scalar_one())
         return [(handle.id, handle.duplicate, now) for handle in handles]
 
 
 def test_debounce_and_throttle_with_a_worker_run_once_with_the_last_args(
     ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
 ) -> None:
-    """50 calls in a second, each with `delay` 2 s: `replace` (debounce) runs the handler
-    once, with the last call's args, `delay` after the last call; `replace_args` (throttle)
-    runs it once, with the last args, at the first call's run_at."""
+    """50 calls of each key paced over 0.8 s, each with `delay` 2 s: `replace` (debounce)
+    runs the handler once, with the last call's args, `delay` after the last call;
+    `replace_args` (throttle) runs it once, with the last args, at the first call's run_at."""
     create_queue(ledger, "keys")
     worker = workers(ledger.url, "-q", "keys", "-c", "2", "--poll-interval", "0.1")
     worker.wait_started()
@@ -476,7 +480,9 @@ def test_debounce_and_throttle_with_a_worker_run_once_with_the_last_args(
             calls, enqueue_keyed(queue_engine, calls, queue="keys", delay=DELAY), strict=True
         ):
             called[key].append(now)
-    assert called["debounced"][-1] - called["debounced"][0] < 1.0
+    # a loaded machine may take longer than the 0.8 s; what the checks need is that every
+    # call lands before the first call's run_at (the job has not started yet)
+    assert called["debounced"][-1] - called["debounced"][0] < DELAY - 0.5
     wait_drained(ledger, "keys", 30)
     time.sleep(1.0)  # a second run would have started by now
     worker.wait_started()
@@ -555,3 +561,114 @@ def test_a_running_job_keeps_its_args_and_a_replacing_call_becomes_a_new_job(
     overlapped = notes[replacing["free"][0], "started"][1] < notes[held["free"], "finished"][1]
     print(f"\nwithout a sequence the new job started while the running one ran: {overlapped}")
     assert notes[replacing["sequenced"][0], "started"][1] > notes[held["sequenced"], "finished"][1]
+
+
+# -- 5. fair against first in, first out ---------------------------------------------------------
+
+NOISY_JOBS = 2000
+QUIET_TENANTS = ("b", "c", "d", "e")
+QUIET_JOBS = 20
+
+
+def noisy_done_when_quiet_finished(db: FaultDatabase, queue: str) -> tuple[int, int]:
+    """(tenant a's jobs ended before the first, and before the last, quiet job ended)."""
+    ends = [
+        (partition, n)
+        for n, _, _, _, word, _, partition, _, _ in starts_and_ends(db, queue)
+        if word == "finished"
+    ]
+    quiet = [n for partition, n in ends if partition != "a"]
+    noisy = [n for partition, n in ends if partition == "a"]
+    assert (len(noisy), len(quiet)) == (NOISY_JOBS, QUIET_JOBS * len(QUIET_TENANTS))
+    return sum(n < min(quiet) for n in noisy), sum(n < max(quiet) for n in noisy)
+
+
+@pytest.mark.slow
+def test_a_fair_queue_runs_quiet_tenants_before_a_tenth_of_a_noisy_backlog(
+    ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
+) -> None:
+    """Tenant a's 2,000 jobs, then 20 of each of b..e, in a fair queue and in a plain one,
+    a worker each (defaults: -c 4, claims growing to 500): fair, every job of b..e ends
+    before a tenth of a's backlog has; first in, first out, they wait behind it."""
+    create_queue(ledger, "fair", "--fair")
+    create_queue(ledger, "fifo")
+    for queue in ("fair", "fifo"):
+        noisy = {"task": "keyed", "queue": queue, "partition": "a", "args": {"key": "a", "n": 0}}
+        enqueue_rows(queue_engine, [noisy] * NOISY_JOBS)
+        enqueue_rows(
+            queue_engine,
+            [
+                {"task": "keyed", "queue": queue, "partition": t, "args": {"key": t, "n": 0}}
+                for t in QUIET_TENANTS
+                for _ in range(QUIET_JOBS)
+            ],
+        )
+    pool = [workers(ledger.url, "-q", queue) for queue in ("fair", "fifo")]
+    for queue in ("fair", "fifo"):
+        wait_drained(ledger, queue, 180)
+    stop_all(pool)
+
+    fair = noisy_done_when_quiet_finished(ledger, "fair")
+    fifo = noisy_done_when_quiet_finished(ledger, "fifo")
+    print(
+        f"\njobs of tenant a ended before the first and the last of b..e: fair {fair}, "
+        f"first in first out {fifo} (of {NOISY_JOBS})"
+    )
+    assert ledger.status_counts() == {"done": 2 * (NOISY_JOBS + QUIET_JOBS * 4)}
+    assert fair[1] < NOISY_JOBS // 10
+    assert fifo[0] >= NOISY_JOBS * 9 // 10
+
+
+# -- MultiXacts ----------------------------------------------------------------------------------
+
+MX_PARTITIONS = 8
+MX_SEQUENCES = 100
+MX_JOBS = 2000
+MX_CLAIMERS = 4
+
+
+def test_fair_partition_limited_sequence_claims_mint_no_multixacts(private_url: str) -> None:
+    """4 workers (threads, one claim each at a time) drain a fair queue with a partition
+    limit whose jobs are in 8 partitions and 100 sequences: the claim's locks (SKIP LOCKED
+    row locks, the queue's advisory lock) and its sequence probes mint no MultiXact."""
+    engine = create_engine(private_url, pool_size=10, max_overflow=10)
+    admin = admin_engine(private_url)
+    try:
+        with engine.begin() as conn:
+            create_queue_api(conn, "mx")
+            partitions.set_fair(conn, "mx")
+            partitions.set_partition_limit(conn, "mx", 3)
+        enqueue_rows(
+            engine,
+            [
+                {
+                    "task": "noop",
+                    "queue": "mx",
+                    "partition": f"p{n % MX_PARTITIONS}",
+                    "sequence": f"s{n % MX_SEQUENCES}",
+                }
+                for n in range(MX_JOBS)
+            ],
+        )
+        registry = Registry()
+        registry.task(name="noop")(lambda: None)
+        pool = [
+            WorkerThread(engine, registry, concurrency=2, batch=5, lease=5.0, poll_interval=0.1)
+            for _ in range(MX_CLAIMERS)
+        ]
+
+        def drain() -> None:
+            for worker in pool:
+                worker.thread.start()
+            wait_for(lambda: not count_where(engine, "status IN ('queued', 'running')"), 120, 0.2)
+            for worker in pool:
+                worker.stop()
+
+        minted = count_multixacts(admin, drain)
+        claimed = [worker.stats.claimed for worker in pool if worker.stats]
+        print(f"\n{MX_JOBS} jobs claimed by {MX_CLAIMERS} workers ({claimed}): {minted} MultiXacts")
+        assert count_where(engine, "true") == 0, "every job done (and deleted)"
+        assert minted == 0
+    finally:
+        engine.dispose()
+        admin.dispose()
