@@ -83,6 +83,16 @@ def sleep(ctx: JobContext, seconds: float) -> None:
     note(ctx, "finished")
 
 
+@registry.task(name="keyed", pass_context=True, max_attempts=100, retry=NO_RETRY_WAIT)
+def keyed(ctx: JobContext, key: str, n: int, seconds: float = 0.0) -> None:
+    """One job of a key (a sequence, a unique key): notes its start and end with the `n` it
+    was given, e.g. "started 3" and "finished 3"."""
+    note(ctx, f"started {n}")
+    if seconds:
+        time.sleep(seconds)
+    note(ctx, f"finished {n}")
+
+
 @registry.task(name="fenced_write", pass_context=True, max_attempts=100, retry=NO_RETRY_WAIT)
 def fenced_write(ctx: JobContext, key: str, first_attempt_sleeps: float) -> None:
     """Write to an outside system with the attempt as fencing token; the write of a stale

@@ -188,6 +188,17 @@ class FaultDatabase:
         self.conn.close()
 
 
+def holding_workers(db: FaultDatabase, pool: list[WorkerProcess]) -> list[WorkerProcess]:
+    """The workers of `pool` that hold a running job now (worker ids are host:pid:...)."""
+    holders = {
+        row[0]
+        for row in db.rows(
+            "SELECT DISTINCT locked_by FROM sqla_queue.jobs WHERE status = 'running'"
+        )
+    }
+    return [w for w in pool if w.alive() and any(f":{w.pid}:" in h for h in holders)]
+
+
 def enqueue_jobs(url: str, queue: str, task: str, args: list[dict[str, Any]]) -> list[int]:
     """Create `queue` (retention keep, so finished rows stay to be counted) and fill it."""
     engine = create_engine(url)

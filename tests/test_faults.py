@@ -21,6 +21,7 @@ from fault_kit import (
     WorkerProcess,
     enqueue_jobs,
     executions,
+    holding_workers,
     run_cli,
     wait_until,
 )
@@ -75,17 +76,6 @@ def worker_options(queue: str, lease: str = LEASE) -> list[str]:
         "--poll-interval",
         "0.5",
     ]
-
-
-def holding_workers(db: FaultDatabase, pool: list[WorkerProcess]) -> list[WorkerProcess]:
-    """The workers of `pool` that hold a running job now (worker ids are host:pid:...)."""
-    holders = {
-        row[0]
-        for row in db.rows(
-            "SELECT DISTINCT locked_by FROM sqla_queue.jobs WHERE status = 'running'"
-        )
-    }
-    return [w for w in pool if w.alive() and any(f":{w.pid}:" in h for h in holders)]
 
 
 def test_sigkilled_workers_lose_no_job(
