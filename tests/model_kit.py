@@ -337,15 +337,17 @@ HOLDS_SEQUENCE = ("queued", "running", "waiting", "failed")
 
 
 def sequence_holders(row: Row, seen: Mapping[int, Row], skipping: set[str]) -> list[int]:
-    """The earlier jobs of `row`'s sequence that hold it: queued, running, waiting, or failed
-    in a queue not in `skipping` (those whose `sequence_on_failure` is 'skip')."""
+    """The jobs of `row`'s sequence that hold it: any other running, and the earlier ones
+    queued, waiting, or failed in a queue not in `skipping` (those whose
+    `sequence_on_failure` is 'skip')."""
     if row.sequence is None:
         return []
     return [
         other.id
         for other in seen.values()
         if other.sequence == row.sequence
-        and other.id < row.id
+        and other.id != row.id
+        and (other.id < row.id or other.status == "running")
         and not other.archived
         and other.status in HOLDS_SEQUENCE
         and not (other.status == "failed" and other.queue in skipping)

@@ -444,12 +444,6 @@ def test_an_aging_queue_starts_a_starved_low_priority_job_within_its_bound(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: claim_jobs orders the union of its branches by raw priority before its "
-    "LIMIT, so an aged job that claim_turns picked loses to the priority-0 jobs of any "
-    "other queue the claim serves, for ever",
-)
 def test_an_aged_job_is_not_starved_by_another_queue_its_worker_serves(
     ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
 ) -> None:
@@ -645,11 +639,6 @@ def test_a_fair_queue_runs_quiet_tenants_before_a_tenth_of_a_noisy_backlog(
     assert fifo[0] >= NOISY_JOBS * 9 // 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the claim returns (and the worker starts) its rows by (priority, run_at, "
-    "id), not in claim_turns' turn order: a partition's whole share of a claim before the next",
-)
 def test_a_worker_starts_a_fair_claims_jobs_in_turn_order(
     ledger: FaultDatabase, queue_engine: Engine, workers: StartWorker
 ) -> None:

@@ -59,8 +59,8 @@ What must hold (checked after each step; a rule checks what its own command prom
   killed worker's claim); in a fair queue, a killed worker's claim gives a partition its
   k-th job only if no partition left with a claimable job had fewer than k - 1 running and
   taken (weights are all 1); a `replace`/`replace_args` enqueue never touches a running
-  holder's args or run_at. Three defects of the claim it found are excused narrowly until
-  fixed (`KNOWN_DEFECTS`).
+  holder's args or run_at. The three defects of the claim it found are fixed
+  (`KNOWN_DEFECTS`).
 
 Profiles (tests/conftest.py): "default" (short, in the README's fast test run) and
 "long" (`SQLA_QUEUE_HYPOTHESIS_PROFILE=long`; `test_queue_model_long` runs it under the
@@ -193,20 +193,13 @@ turn_settings = st.sampled_from(
 )
 FAIR = ("keep",)
 """The queues that start fair (`take_turns` changes any queue's settings)."""
-KNOWN_DEFECTS = frozenset({"overtaking retry", "fair starvation", "fair truncation"})
-"""Defects of the claim the model found and excuses, narrowly, until they are fixed (each has
-a strict xfail replay in tests/test_model_regressions.py, which runs without the excuse):
-
-- "overtaking retry": a failed or cancelled job of a sequence retried while a later job of
-  its sequence runs is claimable at once (`sequence_free` looks at lower ids only): two jobs
-  of one sequence run at once;
-- "fair starvation": `claim_turns` shares a fair queue's claim among every partition with a
-  queued job, due or not (or sequence-blocked): a partition with no running job and only a
-  delayed job takes the whole share, and a partition with a running job and due jobs gets
-  none: the claim takes nothing;
-- "fair truncation": a claim over several queues keeps its first `limit` candidates by
-  priority, run_at and id, not by turn: it may drop a fair queue's first job of a partition
-  and keep a second job of another."""
+KNOWN_DEFECTS: frozenset[str] = frozenset()
+"""Defects of the claim the model found and excuses, narrowly, until they are fixed (each
+with a replay in tests/test_model_regressions.py that runs without the excuse). Issue 24's
+three are fixed: "overtaking retry" (a job of a sequence retried while a later one ran was
+claimable), "fair starvation" (a partition with only a delayed job took a fair claim's whole
+share) and "fair truncation" (a claim over several queues cut a fair queue's turns by age);
+their excuses stay, unused, should one come back."""
 
 
 @dataclass

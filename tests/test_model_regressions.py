@@ -2,8 +2,7 @@
 
 Each replays the shrunk steps Hypothesis printed on a `QueueMachine` of its own database,
 checking the model's invariants after every step, as the state machine does. Each names
-the defect of issue 20 it found (all fixed since), or, marked xfail, one of issue 24's claim
-not fixed yet.
+the defect it found (those of issue 20, and of issue 24's claim: all fixed since).
 """
 
 from __future__ import annotations
@@ -140,17 +139,12 @@ def test_a_handler_that_overran_its_timeout_is_not_a_success(machine: QueueMachi
     )
 
 
-# Defects of issue 24's claim the model found (see `KNOWN_DEFECTS` in tests/test_model.py):
-# the model excuses each narrowly; these replays run without the excuse and fail until the
-# claim is fixed.
+# Defects of issue 24's claim the model found (fixed: `claim_turns` and `sequence_free`);
+# the replays run with none of the model's excuses.
 
 
 def enqueue_one(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return ("enqueue", {"spec": spec, "via": "connection"})
-
-
-def known_defect(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
 
 
 def replay_unexcused(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) -> None:
@@ -159,10 +153,6 @@ def replay_unexcused(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) ->
     replay(state, *steps)
 
 
-@known_defect(
-    "overtaking retry: a job of a sequence retried while a later one runs is claimable "
-    "(sequence_free looks at lower ids only): two jobs of one sequence run at once"
-)
 def test_a_retried_job_of_a_sequence_waits_for_the_later_one_running(
     machine: QueueMachine,
 ) -> None:
@@ -177,10 +167,6 @@ def test_a_retried_job_of_a_sequence_waits_for_the_later_one_running(
     )
 
 
-@known_defect(
-    "fair starvation: claim_turns gives a partition with only a delayed job the "
-    "claim's share, and the partition with a running job and a due one none"
-)
 def test_a_delayed_job_of_a_fair_queue_does_not_starve_another_partition(
     machine: QueueMachine,
 ) -> None:
@@ -194,10 +180,6 @@ def test_a_delayed_job_of_a_fair_queue_does_not_starve_another_partition(
     )
 
 
-@known_defect(
-    "fair truncation: a claim over several queues keeps its candidates by priority, "
-    "run_at and id, cutting a fair queue's turns"
-)
 def test_a_claim_over_several_queues_keeps_a_fair_queues_turns(machine: QueueMachine) -> None:
     replay_unexcused(
         machine,
