@@ -170,7 +170,7 @@ class Queue(QueueBase):
     aging: Mapped[float | None] = mapped_column(Float)
     """Seconds after which a waiting job's priority improves one step (None: never)."""
     sequence_on_failure: Mapped[str] = mapped_column(Text, server_default=text("'hold'"))
-    """`hold`: a failed job of a sequence holds it until retried, cancelled or deleted;
+    """`hold`: a failed job of a sequence holds it until retried or deleted;
     `skip`: the sequence goes on past it."""
     created_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=text("now()")
@@ -474,6 +474,18 @@ class PartitionWeight(QueueBase):
     )
     partition: Mapped[str] = mapped_column(Text, primary_key=True)
     weight: Mapped[float] = mapped_column(Float)
+
+
+class PartitionTurn(QueueBase):
+    """When a fair queue last served a partition (`''`: its jobs without one), written by
+    the claim (`sqla_queue.claim_turns`): among partitions with as many running jobs, the
+    one served longest ago goes first. No foreign key: every claim writes these rows."""
+
+    __tablename__ = "partition_turns"
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[str] = mapped_column(Text, primary_key=True)
+    served_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
 class QueueStart(QueueBase):

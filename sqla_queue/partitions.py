@@ -34,8 +34,8 @@ from .validation import validate_name
 Bind = Connection | Session
 
 SEQUENCE_POLICIES = ("hold", "skip")
-"""What a failed job of a sequence does: holds the sequence until it is retried, cancelled
-or deleted (`hold`), or lets the sequence go on (`skip`)."""
+"""What a failed job of a sequence does: holds the sequence until it is retried or deleted
+(`hold`), or lets the sequence go on (`skip`)."""
 MAX_WEIGHT = 1000.0
 
 
@@ -69,7 +69,7 @@ def set_aging(bind: Bind, name: str, interval: float | dt.timedelta | None) -> N
 
 def set_sequence_on_failure(bind: Bind, name: str, policy: str) -> None:
     """Whether a failed job of queue `name` holds its sequence (`hold`, the default) until
-    it is retried, cancelled or deleted, or the sequence goes on past it (`skip`)."""
+    it is retried or deleted, or the sequence goes on past it (`skip`)."""
     if policy not in SEQUENCE_POLICIES:
         raise ConfigurationError(
             detail=f"sequence_on_failure must be 'hold' or 'skip', got {policy!r:.60}"
@@ -131,8 +131,8 @@ def top_partitions(
 
 @dataclass(frozen=True)
 class HeldSequence:
-    """A sequence a failed job holds: nothing behind it runs until the job is retried,
-    cancelled or deleted."""
+    """A sequence a failed job holds: nothing behind it runs until the job is retried or
+    deleted (`jobs cancel` ends queued, waiting and running jobs, not failed ones)."""
 
     sequence: str
     queue: str

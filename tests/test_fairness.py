@@ -137,6 +137,21 @@ def test_a_fair_queue_takes_one_from_each_partition_before_a_second_from_any(
     assert sorted(partitions_of(engine, first), key=str) == expected
 
 
+def test_one_job_at_a_time_a_fair_queue_still_takes_turns(engine: Engine) -> None:
+    """A worker at -c 1: no job runs while the next is claimed, so running counts are all 0;
+    the partition served longest ago goes first (`partition_turns`)."""
+    make_queue(engine, fair=True)
+    backlog(engine, {"big": 50})
+    backlog(engine, {"b": 3, "c": 3})
+    order = []
+    with engine.connect() as conn:
+        for _ in range(9):
+            (row,) = claim(conn, 1, ["tenants"])
+            order += partitions_of(engine, [row])
+            finish(conn, [row])
+    assert order == ["big", "b", "c"] * 3
+
+
 def test_without_fair_the_oldest_backlog_goes_first(engine: Engine) -> None:
     make_queue(engine)
     backlog(engine, {"big": 50})

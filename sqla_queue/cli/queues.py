@@ -48,7 +48,7 @@ _AGING_HELP = (
     "never starves."
 )
 _SEQUENCE_HELP = (
-    "Whether a failed job of a sequence holds it until retried, cancelled or deleted "
+    "Whether a failed job of a sequence holds it until retried or deleted "
     "(hold, the default) or the sequence goes on past it (skip)."
 )
 

@@ -7,7 +7,11 @@
   `queues.partition_limit`: at most so many running jobs per partition, across all workers;
   `queues.aging` (seconds): a waiting job's priority improves one step per interval;
   `queues.sequence_on_failure`: whether a failed job holds its sequence (`hold`) or not.
-- `partition_weights`: a partition's share of a fair queue (1 when it has no row).
+- `partition_weights`: a partition's share of a fair queue (1 when it has no row);
+  `partition_turns`: when a fair queue last served each partition (`''` for the jobs without
+  one), written by `claim_turns`, so partitions with as many running jobs take turns. No
+  foreign key (its rows are written by every claim: a key-share lock on the queue's row
+  would mint MultiXacts); rows not served for a day are forgotten.
 - `ix_jobs_partition_claim` reads a fair queue's partitions and each one's first due jobs
   (every queued job has an entry, so a job without a partition is found too). Its predicate
   says `priority >= 0`, true of every row (`ck_jobs_priority`) but stated by no query other
@@ -93,6 +97,7 @@ AS $$
 DECLARE
     chosen bigint[];
     ranks integer[];
+    locked bigint[];
 BEGIN
     IF want IS NULL OR want <= 0 OR NOT (fair OR partition_limit IS NOT NULL OR aging IS NOT NULL)
     THEN
@@ -167,7 +172,10 @@ BEGIN
                     END::double precision AS running,
                     coalesce((SELECT w.weight FROM {SCHEMA}.partition_weights w
                               WHERE w.queue = queue_name AND w.partition = p.partition), 1.0)
-                        AS weight
+                        AS weight,
+                    (SELECT u.served_at FROM {SCHEMA}.partition_turns u
+                     WHERE u.queue = queue_name AND u.partition = coalesce(p.partition, ''))
+                        AS served
                 FROM parts p
                 -- a due job: in index order with LIMIT 1, which no plan reads by a scan of
                 -- the table (a bare EXISTS was planned as one: 4 ms a partition at 20,000 jobs)
@@ -183,11 +191,12 @@ BEGIN
             eligible AS (
                 SELECT c.* FROM counted c
                 WHERE partition_limit IS NULL OR c.running < partition_limit
-                ORDER BY CASE WHEN fair THEN c.running / c.weight ELSE 0 END, c.partition
+                ORDER BY CASE WHEN fair THEN c.running / c.weight ELSE 0 END,
+                    c.served NULLS FIRST, c.partition
                 LIMIT CASE WHEN fair THEN 2 * want END
             ),
             picked AS (
-                SELECT p.partition, p.running, p.weight, t.id, t.priority, t.run_at,
+                SELECT p.partition, p.running, p.weight, p.served, t.id, t.priority, t.run_at,
                     row_number() OVER (
                         PARTITION BY p.partition ORDER BY t.priority, t.run_at, t.id) AS turn
                 FROM eligible p CROSS JOIN LATERAL (
@@ -200,9 +209,10 @@ BEGIN
                     ) u WHERE p.unnamed
                 ) t
             )
-            SELECT y.id, y.rank, row_number() OVER (ORDER BY y.k, y.rank, y.run_at, y.id) AS n
+            SELECT y.id, y.rank, row_number() OVER (
+                ORDER BY y.k, y.served NULLS FIRST, y.rank, y.run_at, y.id) AS n
             FROM (
-                SELECT x.id, x.run_at,
+                SELECT x.id, x.run_at, x.served,
                     CASE WHEN fair THEN (x.running + x.turn) / x.weight ELSE 0 END AS k,
                     CASE WHEN aging IS NULL THEN x.priority
                          ELSE greatest(
@@ -210,22 +220,38 @@ BEGIN
                     END::integer AS rank
                 FROM picked x
             ) y
-            ORDER BY y.k, y.rank, y.run_at, y.id
+            ORDER BY y.k, y.served NULLS FIRST, y.rank, y.run_at, y.id
             LIMIT want
         ) c;
     END IF;
     -- lock what was chosen; a job another statement locked or changed meanwhile is left.
     -- The status is read from the locked rows: said in the WHERE, it led a planner without
     -- statistics to read the whole queued index (a BitmapAnd) for 16 ids.
-    -- Each comes with its turn (its place in the choice) and the priority it has (aged, in an
-    -- aging queue), which the claim statement orders by.
-    RETURN QUERY
-    SELECT l.id, c.n::integer, c.rank FROM (
+    SELECT array_agg(l.id) INTO locked FROM (
         SELECT j.id, j.status FROM {SCHEMA}.jobs j WHERE j.id = ANY(chosen)
         OFFSET 0 FOR UPDATE SKIP LOCKED  -- OFFSET: the status test is not pushed down here
     ) l
-    JOIN unnest(chosen, ranks) WITH ORDINALITY AS c(id, rank, n) ON c.id = l.id
     WHERE l.status = 'queued';
+    IF fair AND locked IS NOT NULL THEN
+        -- when each partition was last served: among partitions with as many running jobs,
+        -- the one served longest ago goes first (a worker at -c 1 takes turns too)
+        INSERT INTO {SCHEMA}.partition_turns AS u (queue, partition, served_at)
+        SELECT queue_name, x.partition, clock_timestamp() FROM (
+            SELECT DISTINCT coalesce(j.partition, '') AS partition
+            FROM {SCHEMA}.jobs j WHERE j.id = ANY(locked)
+        ) x
+        ON CONFLICT (queue, partition) DO UPDATE SET served_at = excluded.served_at;
+        IF random() < 0.001 THEN  -- now and then, forget partitions not served for a day
+            DELETE FROM {SCHEMA}.partition_turns u
+            WHERE u.queue = queue_name AND u.served_at < now() - interval '1 day';
+        END IF;
+    END IF;
+    -- Each comes with its turn (its place in the choice) and the priority it has (aged, in an
+    -- aging queue), which the claim statement orders by.
+    RETURN QUERY
+    SELECT c.id, c.n::integer, c.rank
+    FROM unnest(chosen, ranks) WITH ORDINALITY AS c(id, rank, n)
+    WHERE c.id = ANY(locked);
 END
 $$
 """
@@ -277,6 +303,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("queue", "partition", name=op.f("pk_partition_weights")),
         schema=SCHEMA,
     )
+    op.create_table(
+        "partition_turns",
+        sa.Column("queue", sa.Text(), nullable=False),
+        sa.Column("partition", sa.Text(), nullable=False),
+        sa.Column("served_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("queue", "partition", name=op.f("pk_partition_turns")),
+        schema=SCHEMA,
+    )
     op.create_index(
         "ix_jobs_partition_claim",
         "jobs",
@@ -306,6 +340,7 @@ def downgrade() -> None:
     op.execute(f"DROP FUNCTION {SCHEMA}.claim_turns")
     for index in ("ix_jobs_sequence", "ix_jobs_partition_running", "ix_jobs_partition_claim"):
         op.drop_index(index, table_name="jobs", schema=SCHEMA)
+    op.drop_table("partition_turns", schema=SCHEMA)
     op.drop_table("partition_weights", schema=SCHEMA)
     for name in ("ck_queues_sequence_on_failure", "ck_queues_aging", "ck_queues_partition_limit"):
         op.drop_constraint(name, "queues", schema=SCHEMA)
