@@ -230,7 +230,13 @@ def test_each_column_option_is_a_field_a_key_a_check_and_a_column_every_path_wri
         assert f" {name} " in CREATE_STAGED_JOBS
         assert f"job_{name}" in insert_parameters
 
-    given = {"max_attempts": 3, "workflow_id": "wf-1", "about": "orders:42"}  # one of each
+    given = {  # one of each
+        "max_attempts": 3,
+        "workflow_id": "wf-1",
+        "about": "orders:42",
+        "partition": "tenant-1",
+        "sequence": "s-1",
+    }
     assert given.keys() == COLUMN_OPTIONS.keys()
     with Session(engine) as session, session.begin():
         enqueue(session, "t", {"n": -1}, unique=True, **given)  # unique: written at once
