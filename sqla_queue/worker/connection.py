@@ -248,8 +248,11 @@ class DatabaseLink:
 
     With `synchronous_commit=False` its session commits without waiting for the disk
     (`SET synchronous_commit = off`): it carries only the worker's own claims and finishes.
-    The connection is then detached from the engine's pool, so the setting never reaches a
-    pooled connection that `ctx.session()` or the application checks out later.
+    JIT is off in its session (`SET jit = off`): PostgreSQL compiles any statement whose
+    estimated cost passes `jit_above_cost`, and on a table never analyzed the claim of a
+    queue with a limit or turns passed it at 100,000 jobs: 90 ms of compiling for a 5 ms
+    claim, every claim. The connection is detached from the engine's pool, so its settings
+    never reach a pooled connection that `ctx.session()` or the application checks out.
     """
 
     engine: Engine
@@ -268,13 +271,14 @@ class DatabaseLink:
 
     def _open(self) -> Connection:
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        if not self.synchronous_commit:
-            conn.detach()  # closed, not pooled, when the link lets it go
-            try:
+        conn.detach()  # closed, not pooled, when the link lets it go: its settings stay its own
+        try:
+            conn.exec_driver_sql("SET jit = off")
+            if not self.synchronous_commit:
                 conn.exec_driver_sql("SET synchronous_commit = off")
-            except BaseException:
-                conn.close()
-                raise
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def connect(self) -> Connection | None:
