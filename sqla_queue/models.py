@@ -280,7 +280,9 @@ class Job(QueueBase):
             "partition",
             postgresql_where=text("status = 'running' AND partition IS NOT NULL"),
         ),
-        Index("ix_jobs_sequence", "sequence", "id", postgresql_where=text(HOLDS_SEQUENCE)),
+        Index(
+            "ix_jobs_sequence", "sequence", "status", "id", postgresql_where=text(HOLDS_SEQUENCE)
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)

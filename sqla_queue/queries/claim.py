@@ -141,24 +141,30 @@ def _turns(table: Any = queues) -> ColumnElement[bool]:
 
 
 def sequence_free(table: Any) -> ColumnElement[bool]:
-    """A job of no sequence, or one no other job of its sequence holds: none running, and
-    no earlier one queued or waiting, nor failed in a queue whose `sequence_on_failure` is
-    `hold` (an earlier job retried while a later one runs waits for it).
+    """A job of no sequence, or one no other job of its sequence holds: no earlier one
+    queued, running or waiting, nor failed in a queue whose `sequence_on_failure` is
+    `hold`, and no later one running (an earlier job retried while a later one runs waits).
 
     The same text as `SEQUENCE_FREE` of migration sqlaq_0013 (`claim_turns`). A job's
-    earlier jobs are those of lower id: its enqueue order. The index `ix_jobs_sequence`
-    holds exactly the rows that may hold a sequence, so the probe reads only those.
+    earlier jobs are those of lower id: its enqueue order. Two probes, each with an index
+    condition on all of `ix_jobs_sequence`'s columns (sequence, status, id), which holds
+    exactly the rows that may hold a sequence: the head of a sequence reads no row.
     """
     e, s = _alias("e"), queues.alias("s")
     skips = select(_ONE).where(s.c.name == e.c.queue, s.c.sequence_on_failure == _text("skip"))
-    holding = select(_ONE).where(
+    earlier = select(_ONE).where(
         e.c.sequence == table.c.sequence,
-        e.c.id != table.c.id,
         e.c.status.in_([literal_column(f"'{s}'") for s in HOLDING_STATUSES]),
-        or_(e.c.id < table.c.id, e.c.status == literal_column(f"'{JobStatus.running.value}'")),
+        e.c.id < table.c.id,
         or_(e.c.status != literal_column(f"'{JobStatus.failed.value}'"), ~exists(skips)),
     )
-    return or_(table.c.sequence.is_(None), ~exists(holding))
+    r = _alias("sr")  # not "r": the name of claim_turns rows
+    later_running = select(_ONE).where(
+        r.c.sequence == table.c.sequence,
+        r.c.status == literal_column(f"'{JobStatus.running.value}'"),
+        r.c.id > table.c.id,
+    )
+    return or_(table.c.sequence.is_(None), and_(~exists(earlier), ~exists(later_running)))
 
 
 def _limited_queues(queue_names: Sequence[str] | None) -> CTE:

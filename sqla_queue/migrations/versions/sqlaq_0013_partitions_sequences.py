@@ -54,17 +54,21 @@ PARTITION_CLAIM = "status = 'queued' AND priority >= 0"
 HOLDS_SEQUENCE = "sequence IS NOT NULL AND status IN ('queued', 'running', 'waiting', 'failed')"
 
 # The condition a claimable job of a sequence meets (the same text as
-# `sqla_queue.queries.claim.sequence_free`): no other job of its sequence runs, and no earlier
-# one is queued, waiting, or failed in a queue that holds sequences on failure. (Any running
-# one holds it, not only an earlier one: an earlier job retried while a later one runs waits.)
-SEQUENCE_FREE = f"""(j.sequence IS NULL OR NOT EXISTS (
+# `sqla_queue.queries.claim.sequence_free`): no earlier job of its sequence is queued,
+# running, waiting, or failed in a queue that holds sequences on failure, and no later one
+# runs (an earlier job retried while a later one runs waits for it). Two probes, each an
+# index condition on all of ix_jobs_sequence's columns (sequence, status, id): an earlier
+# job reads only the earlier jobs, a head of its sequence none.
+SEQUENCE_FREE = f"""(j.sequence IS NULL OR (NOT EXISTS (
             SELECT 1 FROM {SCHEMA}.jobs e
-            WHERE e.sequence = j.sequence AND e.id <> j.id
-              AND e.status IN ('queued', 'running', 'waiting', 'failed')
-              AND (e.id < j.id OR e.status = 'running')
+            WHERE e.sequence = j.sequence
+              AND e.status IN ('queued', 'running', 'waiting', 'failed') AND e.id < j.id
               AND (e.status <> 'failed' OR NOT EXISTS (
                   SELECT 1 FROM {SCHEMA}.queues s
-                  WHERE s.name = e.queue AND s.sequence_on_failure = 'skip'))))"""
+                  WHERE s.name = e.queue AND s.sequence_on_failure = 'skip')))
+        AND NOT EXISTS (
+            SELECT 1 FROM {SCHEMA}.jobs e
+            WHERE e.sequence = j.sequence AND e.status = 'running' AND e.id > j.id)))"""
 
 # A partition's queued rows, named (`{named}`) or without a partition (`{unnamed}`): two
 # queries each reading ix_jobs_partition_claim in order (an OR of the two could not), of which
@@ -333,7 +337,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_jobs_sequence",
         "jobs",
-        ["sequence", "id"],
+        ["sequence", "status", "id"],
         schema=SCHEMA,
         postgresql_where=sa.text(HOLDS_SEQUENCE),
     )
