@@ -169,6 +169,8 @@ WORKER_GRANTS = [
     "GRANT SELECT, INSERT, DELETE ON sqla_queue.queue_starts TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.job_counts TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.stopped_workers TO {role}",
+    "GRANT SELECT ON sqla_queue.partition_weights TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.partition_turns TO {role}",
 ]
 """Exactly what docs/production.md ("Security") lists for the worker's role."""
 
@@ -286,8 +288,9 @@ def test_worker_role_cannot_touch_anything_else(worker_role: WorkerRole) -> None
 def test_each_documented_privilege_is_needed(
     fault_db: FaultDatabase, worker_role: WorkerRole, grant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Without any one grant, a job in a rate-limited archive queue cannot be claimed and
-    finished (the limit makes the claim record its start in queue_starts); without the one
+    """Without any one grant, a job in a rate-limited, fair archive queue cannot be claimed
+    and finished (the limit makes the claim record its start in queue_starts, and the fair
+    claim reads the partition weights and records its turn); without the one
     on stopped_workers, the job runs but the worker cannot deregister (its stop is recorded
     there in the same statement): it says so, and its registration is left to expire."""
     registry = Registry()
@@ -299,6 +302,7 @@ def test_each_documented_privilege_is_needed(
         with Session(admin_engine) as session, session.begin():
             admin.create_queue(session, "archived", "archive")
             admin.set_rate(session, "archived", "1000/s")
+            admin.set_fair(session, "archived")  # its claim reads weights and writes turns
             enqueue(session, "noop", queue="archived")
         fault_db.conn.execute(worker_role.revoke(grant))
         if "job_counts" in grant:  # the rollup's write fails alone, logged: the job is done
