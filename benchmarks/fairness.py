@@ -9,7 +9,8 @@ drops the queue's foreign key (`drop_queue_fk`), as a busy deployment would.
 1. **Noisy neighbour**: tenant A enqueues `--big` jobs of 5 ms, then tenants B..K 100
    each; worker threads (2 workers x `-c 32`) drain them all. Each run has a database of its
    own, just filled and never analyzed (a cold table, as a user meets it). Three runs: the
-   queue FIFO (today), the queue `--fair`, and B..K alone (their wait with A absent). For
+   queue FIFO (today), the queue `--fair`, and B..K alone in the same fair queue (their wait
+   with A absent: the one thing that differs from the fair run is A). For
    each: how many of A's jobs were done when the last of B..K finished, B..K's p50/p99 wait
    (from the workers' first claim to the job's start), the whole drain's rate, and the
    MultiXacts the cluster minted during the drain.
@@ -97,14 +98,14 @@ def _run_workers(url: str, queue: str, until: Any, workers: int, concurrency: in
 def noisy_neighbour(
     server: str, mode: str, big: int, small: int, job_seconds: float, workers: int, concurrency: int
 ) -> dict[str, Any]:
-    """One run: `mode` "fifo", "fair" or "alone" (B..K without A)."""
+    """One run: `mode` "fifo", "fair" or "alone" (B..K without A, in the fair queue)."""
     db = _fresh(server)
     try:
         engine = db.engine
         assert engine is not None
         with engine.begin() as conn:
             admin.create_queue(conn, "tenants", "keep")
-            if mode == "fair":
+            if mode in ("fair", "alone"):  # alone: the same fair queue, A absent
                 partitions.set_fair(conn, "tenants", True)
         args = {"seconds": job_seconds}
         rows = [{"task": "fair.sleep", "queue": "tenants", "args": args, "partition": "A"}]
