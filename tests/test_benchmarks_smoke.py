@@ -206,3 +206,23 @@ def test_enqueue_paths_figures_fill_the_issue13_rows() -> None:
     assert rows["t2_bulk_fk"]["met"] is True
     assert rows["t2_bulk_nofk"]["met"] is False
     assert rows["t5_c64"]["met"] is None  # nothing measured for it here
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_fairness_benchmark_runs_at_tiny_sizes(admin_url: str) -> None:
+    """`python -m benchmarks.fairness` (issue 24's noisy neighbour and paired claim cost)
+    end to end: every mode drains, the fair queue serves B..K before A's backlog."""
+    args = ["--database-url", admin_url, "--big", "400", "--small", "5", "--job-ms", "1"]
+    args += ["--concurrency", "4", "--cost-jobs", "200", "--repeat", "1"]
+    command = [sys.executable, "-m", "benchmarks.fairness", *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=290)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout[done.stdout.index("\n{") + 1 :])
+    modes = {run["mode"]: run for run in report["noisy_neighbour"]}
+    assert set(modes) == {"fifo", "fair", "alone"}
+    assert modes["fifo"]["a_done_when_small_finished"] >= 360  # B..K waited behind A
+    assert modes["fair"]["a_done_when_small_finished"] < 80  # B..K took turns with A
+    assert all(run["multixacts"] == 0 for run in modes.values())
+    for feature in ("fair", "limited", "sequences"):
+        assert report["claim_cost"][feature]["ratio"] > 0
