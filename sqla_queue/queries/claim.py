@@ -238,6 +238,11 @@ def claim_jobs(
     and plans in well under half the time (0.16 against 0.39 ms). The worker uses it while
     no queue has a limit (its heartbeat tells it, `beat_worker`).
 
+    A fair, partition-limited or aging queue is limited too, and `claim_turns` (migration
+    sqlaq_0013) chooses its jobs, each with its turn and (aged) priority. A job whose
+    sequence another job holds is skipped in every branch (`sequence_free`). The rows come
+    back by priority, then age (a turn-taking queue's jobs as of its oldest), then turn.
+
     Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
