@@ -37,6 +37,7 @@ from .deprecation import renamed_name
 from .job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from .job.options import OPTION_NAMES, JobOptions, column_values, delay_interval, options_from
 from .job.states import FINISHED_SQL, in_sql
+from .job.states import HOLDS_SEQUENCE as SEQUENCE_HOLDERS
 from .job.states import JobStatus as JobStatus
 from .job.states import unique_predicate as unique_predicate
 
@@ -126,7 +127,7 @@ ABOUT_SOME_ROW = "about IS NOT NULL"
 """The predicate of `ix_jobs_about`: a query by the row a job is about states it too."""
 IN_WORKFLOW = "workflow_id IS NOT NULL"
 """The predicate of `ix_jobs_workflow_id`: a query by workflow states it too."""
-HOLDS_SEQUENCE = "sequence IS NOT NULL AND status IN ('queued', 'running', 'waiting', 'failed')"
+HOLDS_SEQUENCE = f"sequence IS NOT NULL AND {in_sql(SEQUENCE_HOLDERS)}"
 """The predicate of `ix_jobs_sequence`: the jobs that may hold their sequence (a failed one
 does in a queue whose `sequence_on_failure` is `hold`)."""
 

@@ -354,3 +354,61 @@ def test_the_held_sequence_and_the_aged_jobs_are_visible(engine: Engine) -> None
         (held,) = partitions.held_sequences(conn)
         assert (held.sequence, held.job_id, held.behind) == ("order-1", ids[0], 2)
         assert partitions.aged_jobs(conn) == {"tenants": 1}
+
+
+# -- where the features meet the others --------------------------------------------------------
+
+
+def test_a_fair_queue_with_max_running_takes_turns_within_its_limit(engine: Engine) -> None:
+    make_queue(engine, fair=True)
+    with engine.begin() as conn:
+        admin.set_max_running(conn, "tenants", 3)
+    backlog(engine, {"big": 50})
+    backlog(engine, {"b": 5, "c": 5})
+    with engine.connect() as conn:
+        first = claim(conn, 50, ["tenants"])
+        assert sorted(partitions_of(engine, first), key=str) == ["b", "big", "c"]
+        assert claim(conn, 50, ["tenants"]) == []
+
+
+def test_a_job_waiting_on_its_dependencies_holds_its_sequence(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        parent = enqueue(session, "t", {}, delay=3600)
+        enqueue(session, "t", {"n": 1}, sequence="s", depends_on=[parent])
+        enqueue(session, "t", {"n": 2}, sequence="s")
+        session.flush()
+        parent_id = parent.id
+    with engine.connect() as conn:
+        assert claim(conn, 10) == []  # the parent is not due, the first waits, the second too
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET run_at = now() WHERE id = :i"), {"i": parent_id}
+        )
+        conn.commit()
+        (got,) = claim(conn, 10)  # the parent; the second still waits behind the first
+        assert got["id"] == parent_id
+
+
+def test_the_cli_sets_and_clears_turns_and_weights(database_url: str, engine: Engine) -> None:
+    from click.testing import CliRunner
+
+    from sqla_queue.cli import main
+
+    def cli(*args: str) -> str:
+        done = CliRunner().invoke(main, [*args[:2], "--database-url", database_url, *args[2:]])
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    assert "fair, partition-limit 2, aging 5m" in cli(
+        "queues", "create", "tenants", "--fair", "--partition-limit", "2", "--aging", "5m"
+    )
+    assert "weight 3" in cli("queues", "weight", "tenants", "gold", "3")
+    with engine.begin() as conn:
+        assert partitions.partition_weights(conn) == {("tenants", "gold"): 3.0}
+    cli("queues", "weight", "tenants", "gold", "--clear")
+    out = cli("queues", "set", "tenants", "--no-fair", "--no-partition-limit", "--no-aging")
+    assert "fair" not in out
+    assert "aging" not in out
+    with engine.begin() as conn:
+        assert partitions.partition_weights(conn) == {}
+        (info,) = [q for q in admin.list_queues(conn) if q.name == "tenants"]
+    assert (info.fair, info.partition_limit, info.aging) == (False, None, None)

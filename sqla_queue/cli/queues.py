@@ -240,7 +240,7 @@ def queues_list(database_url: str | None) -> None:
 @queues.command("weight")
 @click.argument("name")
 @click.argument("partition")
-@click.argument("weight", type=float, required=False)
+@click.argument("weight", type=click.FloatRange(0.001, partitions.MAX_WEIGHT), required=False)
 @click.option("--clear", is_flag=True, help="Back to weight 1.")
 def queues_weight(
     database_url: str | None, name: str, partition: str, weight: float | None, clear: bool

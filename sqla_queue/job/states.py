@@ -108,6 +108,9 @@ UNFINISHED = statuses(finished=False)
 NOT_STARTED = tuple(s for s in UNFINISHED if s != JobStatus.running.value)
 """The statuses of a job no handler has started: queued, waiting (what a debounced
 duplicate replaces, and what deleting the row a job is about cancels)."""
+HOLDS_SEQUENCE = (*UNFINISHED, JobStatus.failed.value)
+"""The statuses in which a job may hold its sequence: queued, running, waiting, and failed
+(in a queue whose `sequence_on_failure` is `hold`; see `sqla_queue.partitions`)."""
 UNIQUE_BITS = {status.value: state.unique_bit for status, state in STATES.items()}
 """Each status's bit in a job's `unique_states`."""
 
@@ -166,6 +169,7 @@ def unique_predicate(table: str = "") -> str:
 __all__ = [
     "FINISHED",
     "FINISHED_SQL",
+    "HOLDS_SEQUENCE",
     "NOT_STARTED",
     "STATES",
     "UNFINISHED",

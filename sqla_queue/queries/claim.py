@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.bounds import MAX_DURATION
+from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     JobStatus,
@@ -125,10 +126,6 @@ def _due(table: Any) -> ColumnElement[bool]:
     return and_(_is(JobStatus.queued, table), table.c.run_at <= func.now())
 
 
-HOLDING_STATUSES = ("queued", "running", "waiting", "failed")
-"""The statuses in which a job may hold its sequence (`models.HOLDS_SEQUENCE`)."""
-
-
 def _limited(table: Any = queues) -> ColumnElement[bool]:
     """A queue with a concurrency or a rate limit, or one that takes turns (`_turns`): its
     claims go through `claim_slots`."""
@@ -154,7 +151,7 @@ def sequence_free(table: Any) -> ColumnElement[bool]:
     skips = select(_ONE).where(s.c.name == e.c.queue, s.c.sequence_on_failure == _text("skip"))
     earlier = select(_ONE).where(
         e.c.sequence == table.c.sequence,
-        e.c.status.in_([literal_column(f"'{s}'") for s in HOLDING_STATUSES]),
+        status_in(e.c.status, HOLDS_SEQUENCE),
         e.c.id < table.c.id,
         or_(e.c.status != literal_column(f"'{JobStatus.failed.value}'"), ~exists(skips)),
     )

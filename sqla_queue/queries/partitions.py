@@ -28,9 +28,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
 from sqla_queue.models import JobStatus, PartitionWeight
 
-from .claim import HOLDING_STATUSES, _turns
+from .claim import _turns
 from .common import _is, jobs, queues
 from .queues import _set_queue
 
@@ -131,7 +132,7 @@ def _holding_failures() -> tuple[Any, Any]:
         f.c.sequence.is_not(None),
         _is(JobStatus.failed, f),
         ~skips,
-        f.c.status.in_([literal_column(f"'{s}'") for s in HOLDING_STATUSES]),
+        status_in(f.c.status, HOLDS_SEQUENCE),
     )
     return f, holding
 
