@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import Dependency, DependencyError, Job, admin, enqueue, enqueue_many, queries
 from sqla_queue.inserts.links import Link, link_jobs
+from sqla_queue.orm import cancel_jobs_about
 
 
 def claim_all(engine: Engine) -> dict[int, int]:
@@ -395,3 +396,87 @@ def test_a_wide_fan_out_is_promoted_by_its_parent_without_a_runaway_plan(engine:
             text("SELECT count(*) FROM sqla_queue.jobs WHERE status = 'queued'")
         ).scalar_one()
     assert queued == 12_000
+
+
+def test_a_retried_parent_leaves_a_dependent_cancelled_by_hand_cancelled(engine: Engine) -> None:
+    """Only the dependents its own failure cancelled wait again (issue 33, defect 4)."""
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a])
+        c = enqueue(session, "t.c", {}, depends_on=[a])
+        session.flush()
+        ids = (a.id, b.id, c.id)
+    claimed = claim_all(engine)
+    with engine.begin() as conn:  # the operator cancels b while a runs
+        assert admin.cancel_jobs(conn, [ids[1]]) == {ids[1]: "waiting"}
+    fail(engine, claimed)
+    assert [s for s, _ in states(engine, *ids)] == ["failed", "cancelled", "cancelled"]
+    retry(engine, ids[0])
+    assert states(engine, *ids) == [("queued", None), ("cancelled", 1), ("waiting", 1)]
+    succeed(engine, claim_all(engine))  # (a done job is deleted: its queue keeps none)
+    assert [s for s, _ in states(engine, *ids)] == ["gone", "cancelled", "queued"]
+
+
+def test_a_retried_parent_leaves_a_dependent_whose_row_was_deleted_cancelled(
+    engine: Engine,
+) -> None:
+    """A job cancelled because the row it was about was deleted never runs (defect 4)."""
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {}, depends_on=[a], about="orders:7")
+        session.flush()
+        ids = (a.id, b.id)
+    claimed = claim_all(engine)
+    with Session(engine) as session, session.begin():
+        assert cancel_jobs_about(session, "orders:7") == [ids[1]]
+    fail(engine, claimed)
+    retry(engine, ids[0])
+    succeed(engine, claim_all(engine))
+    assert [s for s, _ in states(engine, *ids)] == ["gone", "cancelled"]
+
+
+def test_a_dependent_cancelled_by_one_parent_is_revived_by_the_retry_of_the_last_failed_one(
+    engine: Engine,
+) -> None:
+    """Its error names the lower failed parent; retrying that one first, then the other,
+    still revives it (the revival matches any parent's cancellation, not only the named)."""
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, "t.a", {})
+        b = enqueue(session, "t.b", {})
+        c = enqueue(session, "t.c", {}, depends_on=[a, b])
+        session.flush()
+        ids = (a.id, b.id, c.id)
+    fail(engine, claim_all(engine))
+    retry(engine, ids[0])
+    assert status_of(engine, ids[2]) == "cancelled"
+    retry(engine, ids[1])
+    assert states(engine, ids[2]) == [("waiting", 2)]
+
+
+@pytest.mark.slow
+def test_cancelling_a_chord_60_000_wide_is_linear_not_quadratic(engine: Engine) -> None:
+    """Each ended parent was recorded by copying one growing text (n squared: 80,000 took
+    76 s, 60,000 about 43 s); a deadline of 30 s on the one statement fails the old way
+    and leaves the linear one (about 1 s) room under any load (defect 12)."""
+    width = 60_000
+    with engine.begin() as conn:
+        parents = enqueue_many(conn, [{"task": "t.part"} for _ in range(width)])
+        (callback,) = enqueue_many(conn, [{"task": "t.callback"}])
+        link_jobs(conn, [Link(callback, "t.callback", [(p, "cancel") for p in parents])])
+    with engine.begin() as conn:
+        conn.execute(text("SET LOCAL statement_timeout = '30s'"))
+        cancelled = admin.cancel_jobs(conn, parents)
+    assert len(cancelled) == width
+    with engine.connect() as conn:
+        counts = dict(
+            conn.execute(text("SELECT status, count(*) FROM sqla_queue.jobs GROUP BY status")).all()
+        )
+        outcomes = conn.execute(
+            text("SELECT count(*) FROM sqla_queue.job_deps WHERE parent_status = 'cancelled'")
+        ).scalar_one()
+        why = conn.execute(
+            text("SELECT last_error FROM sqla_queue.jobs WHERE id = :id"), {"id": callback}
+        ).scalar_one()
+    assert counts == {"cancelled": width + 1}  # the callback by the trigger
+    assert outcomes == width  # every ended parent was recorded on its edge
+    assert why.startswith(f"cancelled: job {parents[0]} (t.part), which it depends on, ended")
