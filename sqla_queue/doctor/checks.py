@@ -435,6 +435,7 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
             "queues": row["queues"],
             "concurrency": row["concurrency"],
             "running": int(row["running"]),
+            "claimed": int(row["claimed"]),
             "silent_seconds": float(row["silent_seconds"]),
             "loop_blocked_seconds": (
                 None if row["loop_blocked_seconds"] is None else float(row["loop_blocked_seconds"])
