@@ -316,6 +316,10 @@ def test_a_worker_shows_its_claimed_jobs_apart_from_the_running_ones(
             assert (listed["running"], listed["claimed"]) == (1, 9)
             table = invoke_cli(database_url, "workers", "list").stdout
             assert "claimed" in table
+            (workers,) = [
+                f for f in diagnose(engine, DoctorOptions(sample=0)) if f.name == "workers"
+            ]
+            assert "1 job(s) running, 9 claimed and not started" in workers.value
         finally:
             release.set()
 

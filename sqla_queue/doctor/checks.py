@@ -445,7 +445,8 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
         for row in rows
     ]
     value = (
-        f"{len(workers)} live worker(s), {sum(w['running'] for w in workers)} job(s) running"
+        f"{len(workers)} live worker(s), {sum(w['running'] for w in workers)} job(s) running, "
+        f"{sum(w['claimed'] for w in workers)} claimed and not started"
         if workers
         else "no live worker: queued jobs wait and stuck jobs are not reaped"
     )
