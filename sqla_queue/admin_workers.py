@@ -63,7 +63,10 @@ class LiveWorker(WorkerInfo):
     silent_seconds: float
     """Seconds since its last heartbeat."""
     running: int
-    """Jobs it runs now."""
+    """Jobs whose handlers it runs now (started, as its last heartbeat reported)."""
+    claimed: int = 0
+    """Jobs it holds that have not started: claimed ahead, waiting for a free handler
+    thread (at most its claim size), or started since its last heartbeat."""
 
 
 @dataclass(frozen=True)

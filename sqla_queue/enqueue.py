@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-from sqlalchemy import Connection, event, func
+from sqlalchemy import Connection, Engine, event, func
 from sqlalchemy.orm import (
     Session,
     UOWTransaction,
@@ -161,6 +161,7 @@ def enqueue_job(
 ) -> Job | int:
     """`enqueue` with its options built: the one path of `enqueue` and `Task.enqueue`
     (`defaults`: the task's options, for a task outside the registry in force)."""
+    _check_session(session, "enqueue()" if defaults is None else "Task.enqueue()")
     if flush and not isinstance(session, (Session, Connection)):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
     new = prepare_job(task, args, options, registry=registry, defaults=defaults)
@@ -193,6 +194,28 @@ def enqueue_job(
     if flush:
         session.flush()
     return job
+
+
+def _check_session(session: object, call: str) -> None:
+    """Refuse, in one line naming the mistake, a first argument that is not what the job
+    is written through (args given first, an Engine, a sessionmaker)."""
+    if isinstance(session, (Session, Connection)):
+        return
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    if isinstance(session, AsyncSession):
+        return
+    if isinstance(session, Mapping):
+        given = f"a {type(session).__name__}: the args go second"
+    elif isinstance(session, Engine):
+        given = "an Engine: open a Session or a Connection on it, whose commit writes the job"
+    else:
+        given = repr(session) if session is None else f"a {type(session).__name__}"
+    raise TypeError(
+        f"{call} writes the job in your transaction: pass a Session, an AsyncSession or a "
+        f"Connection as the first argument, then the args (got {given}); e.g. "
+        "`with Session(engine) as session, session.begin(): task.enqueue(session, {...})`"
+    )
 
 
 def _enqueue_core(connection: Connection, new: NewJob) -> int:
@@ -429,9 +452,25 @@ def _write_enqueued(session: Session, job: Job) -> bool:
     return True
 
 
+def check_async_session(session: object, call: str) -> None:
+    """Refuse, in one line, anything but an `AsyncSession` where one is needed."""
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    if isinstance(session, AsyncSession):
+        return
+    sync = "; with a sync Session, call enqueue()" if isinstance(session, Session) else ""
+    raise TypeError(
+        f"{call} needs an AsyncSession as the first argument, got a {type(session).__name__}{sync}"
+    )
+
+
 async def enqueue_async(session: AsyncSession, task: str, *args: Any, **kwargs: Any) -> Job:
     # Its keywords are enqueue's, checked there (`options=`, JobOptions' fields, registry).
-    """`enqueue` for an `AsyncSession`, run in its sync session (for `unique=` and `flush`)."""
+    """`enqueue` for an `AsyncSession`, run in its sync session (for `unique=` and `flush`):
+    the same registry in force (`registry=`, else the default), so a task's name takes its
+    task's queue and defaults as with `enqueue`. `Task.enqueue_async` enqueues through the
+    task object itself."""
+    check_async_session(session, "enqueue_async()")
     return await session.run_sync(lambda sync_session: enqueue(sync_session, task, *args, **kwargs))
 
 

@@ -38,18 +38,35 @@ def json_formatter() -> logging.Formatter:
     )
 
 
+def text_line_formatter() -> logging.Formatter:
+    """The text format off a terminal: one line per record (time, level, logger, message),
+    as long as the message, never wrapped (a traceback follows on its own lines)."""
+    return logging.Formatter(
+        "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
+    )
+
+
 def configure_logging(level: str = "info", log_format: str = "text") -> None:
-    """Send the root logger's records at `level` and above to stderr, as `log_format`."""
+    """Send the root logger's records at `level` and above to stderr, as `log_format`:
+    "json", one object per line; "text", laid out by rich on a terminal, else (systemd,
+    Docker, a file) one plain line per record that is never wrapped."""
     handler: logging.Handler
     if log_format == "json":
         handler = logging.StreamHandler()
         handler.setFormatter(json_formatter())
     elif log_format == "text":
         from rich.console import Console
-        from rich.logging import RichHandler
 
-        handler = RichHandler(show_path=False, rich_tracebacks=False, console=Console(stderr=True))
-        handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+        console = Console(stderr=True)
+        if console.is_terminal:
+            from rich.logging import RichHandler
+
+            handler = RichHandler(show_path=False, rich_tracebacks=False, console=console)
+            handler.setFormatter(logging.Formatter("%(message)s", datefmt="[%X]"))
+        else:  # systemd, Docker, a file: one record per line, never wrapped, for grep
+            handler = logging.StreamHandler()
+            handler.setFormatter(text_line_formatter())
     else:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

@@ -8,6 +8,9 @@ import difflib
 import functools
 import importlib
 import inspect
+import os
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
@@ -183,6 +186,28 @@ class Task:
             f"{why}",
         )
 
+    def args_misfit(self, args: Mapping[str, Any]) -> str | None:
+        """Why the handler cannot be called with `args` (`inspect.Signature.bind`, as the
+        worker will call it), naming its signature and the args given; None when it can
+        (or Python cannot tell its signature). The worker fails such a job at once: no
+        retry can make the same args fit."""
+        signature = self._signature
+        if signature is None or signature.fits(args):
+            return None
+        try:
+            signature.signature.bind(*[None] * self.pass_context, **args)
+        except TypeError as exc:
+            why = str(exc)
+        else:
+            return None
+        handler = getattr(self.func, "__qualname__", self.name)
+        context = " (pass_context=True: the JobContext comes first)" * self.pass_context
+        given = ", ".join(sorted(map(str, args))) or "none"
+        return (
+            f"its args do not fit the handler {handler}{signature.signature}{context}: {why} "
+            f"(args given: {given})"
+        )
+
     def enqueue(
         self,
         session: Session | AsyncSession,
@@ -203,6 +228,32 @@ class Task:
         call = options_from("Task.enqueue()", options, fields, invalid_job(self.name))
         job = enqueue_job(session, self.name, args, call, flush, self.registry, self.options)
         return cast("Job", job)
+
+    async def enqueue_async(
+        self,
+        session: AsyncSession,
+        args: dict[str, Any] | None = None,
+        *,
+        options: JobOptions | None = None,
+        flush: bool = False,
+        **fields: Unpack[JobOptionFields],
+    ) -> Job:
+        """`Task.enqueue` for an `AsyncSession`: the same options, the task's queue and
+        defaults (`unique=` among them, written at once as with a sync `Session`) and its
+        registry's insert hooks; run in the session's sync session, as `enqueue_async`.
+        `flush=True` flushes at once, so `job.id` is set."""
+        from .enqueue import check_async_session, enqueue_job
+
+        call = options_from("Task.enqueue_async()", options, fields, invalid_job(self.name))
+        check_async_session(session, "Task.enqueue_async()")
+
+        def write(sync_session: Session) -> Job:
+            job = enqueue_job(
+                sync_session, self.name, args, call, flush, self.registry, self.options
+            )
+            return cast("Job", job)
+
+        return await session.run_sync(write)
 
     def s(self, **args: Any) -> Signature:
         """A signature of this task with these args (its handler's keyword arguments), for
@@ -524,6 +575,45 @@ def _import_module(path: str, module_name: str, include: bool = False) -> Any:
             missing = f"no module named {exc.name!r} (is it on PYTHONPATH? run from its folder)"
             detail = f"{which}: {missing}" if include else missing
             raise AppLoadError(path=path, detail=detail) from exc
-        raise AppLoadError(path=path, detail=f"importing {which} raised {exc!r}") from exc
+        raise AppLoadError(
+            path=path, detail=f"importing {which} raised {exc!r}{_where(exc)}"
+        ) from exc
     except Exception as exc:
-        raise AppLoadError(path=path, detail=f"importing {which} raised {exc!r}") from exc
+        raise AppLoadError(
+            path=path, detail=f"importing {which} raised {exc!r}{_where(exc)}"
+        ) from exc
+
+
+_LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
+"""The `sysconfig` paths whose files are not the application's own code."""
+
+
+def _where(exc: BaseException) -> str:
+    """` at FILE:LINE`: where `exc` was raised in the application's own code (the innermost
+    frame outside Python's library, installed packages and sqla-queue; a SyntaxError's own
+    file and line), or the innermost frame of all; "" when there is none."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {_shown_path(exc.filename)}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    paths = sysconfig.get_paths()
+    library = tuple(
+        os.path.realpath(p) + os.sep
+        for p in {*(paths.get(k) for k in _LIBRARY_PATHS), os.path.dirname(__file__)}
+        if p
+    )
+    own = [
+        f
+        for f in frames
+        if not f.filename.startswith("<") and not os.path.realpath(f.filename).startswith(library)
+    ]
+    found = own[-1] if own else (frames[-1] if frames else None)
+    return "" if found is None else f" at {_shown_path(found.filename)}:{found.lineno}"
+
+
+def _shown_path(filename: str) -> str:
+    """`filename` relative to the current folder when it is under it."""
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:  # another drive (Windows)
+        return filename
+    return filename if relative.startswith(os.pardir) else relative

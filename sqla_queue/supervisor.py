@@ -496,6 +496,12 @@ def _option_arguments(option: click.Option, value: Any) -> list[str]:
         return [option.opts[0]] if value else []
     if value is None:
         return []
+    if option.multiple:  # -q a -q b: each value given again
+        return [arg for item in value for arg in _option_arguments_of_one(option, item)]
+    return _option_arguments_of_one(option, value)
+
+
+def _option_arguments_of_one(option: click.Option, value: Any) -> list[str]:
     if isinstance(value, float):  # positional notation: DURATION refuses 1e-05
         return [option.opts[0], format(Decimal(repr(value)), "f")]
     return [option.opts[0], str(value)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import subprocess
 import time
@@ -16,9 +15,9 @@ from apps.support import (
     SQLA_QUEUE_BIN,
     count_where,
     create_task_log,
-    dispose_engines,
     enqueue_jobs,
     jobs_by_id,
+    restored_logging_and_engines,
     start_worker_process,
     subprocess_env,
     task_log,
@@ -39,13 +38,7 @@ from sqla_queue.migrate import SCHEMA_REVISION
 
 @pytest.fixture(autouse=True)
 def _restore_logging_and_engines() -> Iterator[None]:
-    """`sqla-queue worker` configures the root logger: give the next test its own back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    dispose_engines()
+    yield from restored_logging_and_engines()
 
 
 def cli(*args: str, url: str | None = None, **env: str | None) -> Result:

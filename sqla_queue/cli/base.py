@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +23,8 @@ from sqla_queue.errors import SqlaQueueError
 
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C")
+
+log = logging.getLogger("sqla_queue.cli")
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)
 
@@ -213,11 +216,17 @@ def app_registry(app_path: str) -> Any:
     """The registry `--app pkg.module:name` names, found from the current folder as well."""
     import sys
 
+    from sqla_queue.errors import AppLoadError
     from sqla_queue.registry import load_registry
 
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")
-    return load_registry(app_path)
+    try:
+        return load_registry(app_path)
+    except AppLoadError as exc:
+        if exc.__cause__ is not None:  # --log-level debug: the whole traceback
+            log.debug("loading %s failed", app_path, exc_info=exc.__cause__)
+        raise
 
 
 def print_table(table: Any) -> None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+import textwrap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +15,9 @@ from sqla_queue.durations import DURATION
 
 from . import base
 from .base import Command
+
+if TYPE_CHECKING:
+    from sqla_queue.doctor import Finding
 
 
 @click.command(cls=Command)
@@ -77,6 +84,9 @@ def doctor(
         engine.dispose()
     if as_json:
         click.echo(json.dumps([finding.as_dict() for finding in findings], indent=2))
+    elif not _on_a_terminal():
+        for line in findings_as_lines(findings):
+            click.echo(line)
     else:
         from rich.table import Table
 
@@ -89,3 +99,47 @@ def doctor(
         base.print_table(table)
     if worst(findings) is Severity.critical:
         sys.exit(1)
+
+
+PLAIN_WIDTH = 100
+"""Columns of doctor's text off a terminal (a pipe, a file, CI): each finding's value and
+fix wrap to it, a command in backticks never split."""
+_SEVERITY_WIDTH = len("critical") + 2
+
+
+def _on_a_terminal() -> bool:
+    from rich.console import Console
+
+    return Console().is_terminal
+
+
+def findings_as_lines(findings: Sequence[Finding]) -> list[str]:
+    """Doctor's findings as plain text for a pipe or a file: per finding, a line
+    `SEVERITY  check: value`, then `fix: ...` unless it is ok, each wrapped to
+    `PLAIN_WIDTH` columns under its first line (a `command` in backticks kept whole)."""
+    from sqla_queue.doctor import Severity
+
+    lines: list[str] = []
+    indent = " " * _SEVERITY_WIDTH
+    for finding in findings:
+        head = f"{finding.severity.value:<{_SEVERITY_WIDTH}}{finding.name}: {finding.value}"
+        lines += _wrapped(head, indent)
+        if finding.severity is not Severity.ok and finding.fix:
+            lines += _wrapped(f"{indent}fix: {finding.fix}", indent + "     ")
+    return lines
+
+
+_KEPT_SPACE = "\0"
+"""Stands for a space inside a backticked command while the text is wrapped."""
+
+
+def _wrapped(text: str, indent: str) -> list[str]:
+    kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _KEPT_SPACE), text)
+    lines = textwrap.wrap(
+        kept,
+        PLAIN_WIDTH,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [line.replace(_KEPT_SPACE, " ") for line in lines] or [text]

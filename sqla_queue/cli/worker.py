@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -19,6 +20,9 @@ from sqla_queue.supervisor import exit_past_stuck_handlers
 
 from . import base
 from .base import Command
+
+if TYPE_CHECKING:
+    from sqla_queue.worker import WorkerStats
 
 log = logging.getLogger("sqla_queue.cli")
 
@@ -72,7 +76,12 @@ def _supervised_child_exits(func: F) -> F:
 
 @click.command(cls=Command)
 @click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
-@click.option("-q", "--queues", default=None, help="Comma-separated queues (default: all).")
+@click.option(
+    "-q",
+    "--queues",
+    multiple=True,
+    help="A queue to serve; repeat it or separate names with commas (default: all).",
+)
 @_config_option("-c", "--concurrency", type=count(1, MAX_WORKER_CONCURRENCY))
 @_config_option(
     "--batch",
@@ -97,6 +106,12 @@ def _supervised_child_exits(func: F) -> F:
     help="The longest wait between polls when no NOTIFY arrives.",
 )
 @click.option("--burst", is_flag=True, help="Exit when no job is due.")
+@_config_option(
+    "--burst-wait",
+    type=DURATION,
+    help="With --burst: wait instead of exiting while a queued job of its queues (a retry, "
+    "a snooze, a delayed job) falls due within this long (30s, 5m).",
+)
 @click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
 @_config_option(
     "--shutdown-timeout",
@@ -180,13 +195,14 @@ def worker(
     ctx: click.Context,
     database_url: str | None,
     app_path: str,
-    queues: str | None,
+    queues: tuple[str, ...],
     concurrency: int,
     batch: int,
     max_batch: int | None,
     lease: float,
     poll_interval: float,
     burst: bool,
+    burst_wait: float,
     poll_only: bool,
     shutdown_timeout: float,
     give_up_after: float | None,
@@ -209,7 +225,7 @@ def worker(
 
     log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
     base.configure_logging(log_level, log_format)
-    queue_list = [q.strip() for q in queues.split(",")] if queues is not None else None
+    queue_list = [q.strip() for given in queues for q in given.split(",")] if queues else None
     config = base.config_from(WorkerConfig, queues=queue_list)
     if metrics_port is not None and metrics_port + processes - 1 > 65535:
         raise click.BadParameter(
@@ -265,11 +281,29 @@ def worker(
         engine.dispose()
     if burst:
         done = f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed"
+        done += _left_behind(stats, burst_wait)
         if log_format == "json":  # stderr stays one JSON object per line
-            log.warning(done, extra=dataclasses.asdict(stats))
+            fields = dataclasses.asdict(stats)
+            if stats.next_due_at is not None:
+                fields["next_due_at"] = stats.next_due_at.isoformat()
+            log.warning(done, extra=fields)
         else:
             click.echo(done, err=True)
     exit_past_stuck_handlers()
+
+
+def _left_behind(stats: WorkerStats, burst_wait: float) -> str:
+    """What a burst worker left: its queues' jobs due later (a retry, a snooze), and how
+    to wait for them; "" when it left none."""
+    if not stats.not_yet_due or stats.next_due_at is None:
+        return ""
+    jobs = "job" if stats.not_yet_due == 1 else "jobs"
+    earliest = stats.next_due_at.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+    beyond = f" (beyond --burst-wait {burst_wait:g}s)" if burst_wait else ""
+    return (
+        f"; left {stats.not_yet_due} {jobs} not yet due, the earliest due at {earliest}"
+        f"{beyond}: run again then, or --burst-wait DURATION waits for jobs due within it"
+    )
 
 
 def _ack_wait(ctx: click.Context, ack_wait: float, lease: float) -> float:

@@ -32,7 +32,8 @@ def workers() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 def workers_list(database_url: str | None, stopped: bool, limit: int, as_json: bool) -> None:
-    """The live workers: host, pid, queues, concurrency, running jobs, last heartbeat."""
+    """The live workers: host, pid, queues, concurrency, running jobs (handlers started),
+    claimed jobs (held, not started yet), last heartbeat."""
     rows: list[tuple[admin_workers.WorkerInfo, list[str]]]
     with base.transaction(database_url) as conn:
         if stopped:
@@ -48,10 +49,12 @@ def workers_list(database_url: str | None, stopped: bool, limit: int, as_json: b
             live = admin_workers.live_workers(conn)
             rows = [
                 (w, [str(w.pid), _queues(w.queues), str(w.concurrency), str(w.running),
-                     str(w.started_at), f"{w.silent_seconds:.1f} s ago"])
+                     str(w.claimed), str(w.started_at), f"{w.silent_seconds:.1f} s ago"])
                 for w in live
             ]  # fmt: skip
-            columns = ["pid", "queues", "concurrency", "running", "started", "last beat"]
+            columns = [
+                "pid", "queues", "concurrency", "running", "claimed", "started", "last beat"
+            ]  # fmt: skip
             none = "no live worker is registered (`workers list --stopped`: the ones that stopped)"
     if as_json:
         base.echo_json([worker.as_dict() for worker, _ in rows])

@@ -435,6 +435,7 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
             "queues": row["queues"],
             "concurrency": row["concurrency"],
             "running": int(row["running"]),
+            "claimed": int(row["claimed"]),
             "silent_seconds": float(row["silent_seconds"]),
             "loop_blocked_seconds": (
                 None if row["loop_blocked_seconds"] is None else float(row["loop_blocked_seconds"])
@@ -444,7 +445,8 @@ def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
         for row in rows
     ]
     value = (
-        f"{len(workers)} live worker(s), {sum(w['running'] for w in workers)} job(s) running"
+        f"{len(workers)} live worker(s), {sum(w['running'] for w in workers)} job(s) running, "
+        f"{sum(w['claimed'] for w in workers)} claimed and not started"
         if workers
         else "no live worker: queued jobs wait and stuck jobs are not reaped"
     )

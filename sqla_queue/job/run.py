@@ -14,6 +14,7 @@ log, and the lifecycle hooks (`claimed`, `finished`).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import inspect
 import logging
 import threading
@@ -36,7 +37,7 @@ from .outcome import JobAttempt, Outcome, OutcomeKind, error_text, storable
 if TYPE_CHECKING:
     from sqla_queue.registry import Registry, Task
 
-__all__ = ["MAX_RETRY_DELAY", "JobRunner", "resources_of"]
+__all__ = ["MAX_RETRY_DELAY", "JobRunner", "resources_of", "unknown_task_hint"]
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -46,6 +47,8 @@ negative or NaN delay is replaced by the default backoff (the retry could not be
 
 ARGS_CLASS = "ArgsNotDecoded"
 """The error history's class for a job whose args could not be decoded (it never ran)."""
+MISFIT_CLASS = "ArgsDoNotFit"
+"""The error history's class for a job whose args its handler cannot take (it never ran)."""
 RESULT_CLASS = "ResultNotKept"
 """The error history's class for a job whose handler's result could not be kept."""
 
@@ -119,6 +122,10 @@ class JobRunner:
             return self._unknown_task(job)
         if job.decode_error is not None:
             return Outcome(OutcomeKind.failed, job, job.decode_error, error_class=ARGS_CLASS)
+        misfit = task.args_misfit(job.args)
+        if misfit is not None:  # enqueued by name or by the CLI: no retry can make it fit
+            log.error("job %s (%s) failed without running: %s", job.id, job.task, misfit)
+            return Outcome(OutcomeKind.failed, job, misfit, error_class=MISFIT_CLASS)
         try:
             chain = self._chains[task.name]
         except KeyError:
@@ -198,7 +205,11 @@ class JobRunner:
                 "%s; its jobs are put back for a worker that has the task, without using "
                 "their attempts, each later and later; deploy a worker with the task, or "
                 "delete its jobs (`sqla-queue doctor` counts them)",
-                TaskNotFoundError(task=job.task),
+                TaskNotFoundError(
+                    task=job.task,
+                    registry="this worker's registry",
+                    hint=unknown_task_hint(job.task, self.registry),
+                ),
             )
         return Outcome(
             OutcomeKind.deferred,
@@ -269,6 +280,19 @@ class JobRunner:
         if report:
             self.reporter.report(outcome, max_attempts)
         return outcome
+
+
+def unknown_task_hint(task: str, registry: Registry) -> str:
+    """What a worker that has no handler for `task` suggests: the closest task it knows,
+    and the module to import with `Registry(include=[...])` (a task's default name is
+    `module.function`)."""
+    close = difflib.get_close_matches(task, list(registry), n=1, cutoff=0.6)
+    known = f"did you mean {close[0]!r}? " if close else ""
+    module = task.rpartition(".")[0] or "module.that.registers.it"
+    return (
+        f"{known}if the task is registered in a module the worker does not import, "
+        f"import it there: Registry(include=[{module!r}])"
+    )
 
 
 def retry_delay(job: JobAttempt, task: Task) -> float:

@@ -698,3 +698,18 @@ def make_scheduled_due(queue_names: Sequence[str] | None, skip_ids: bool = False
     if queue_names is not None:
         statement = statement.where(jobs.c.queue.in_(queue_names))
     return statement.values(run_at=func.now())
+
+
+def not_yet_due(queue_names: Sequence[str] | None) -> Select[Any]:
+    """(count, earliest run_at, seconds until it) of the queued jobs due later in the given
+    queues (None: all): what a `--burst` worker leaves behind when it exits (a retry or a
+    snooze not yet due), and what `--burst-wait` waits for."""
+    columns = [
+        func.count().label("count"),
+        func.min(jobs.c.run_at).label("earliest"),
+        func.extract("epoch", func.min(jobs.c.run_at) - func.now()).label("seconds"),
+    ]
+    statement = select(*columns).where(_is(JobStatus.queued), jobs.c.run_at > func.now())
+    if queue_names is not None:
+        statement = statement.where(jobs.c.queue.in_(queue_names))
+    return statement

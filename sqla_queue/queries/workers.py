@@ -19,6 +19,7 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -165,12 +166,17 @@ def running_jobs_of_workers() -> Select[Any]:
 
 def live_workers() -> Select[Any]:
     """(id, hostname, pid, queues, concurrency, started_at, seconds since its heartbeat,
-    running jobs, seconds its event loop has been blocked or NULL, its overrunning handlers
-    or NULL) of every registered worker that has not expired."""
-    running = (
-        select(func.count())
+    running jobs (their handlers started), claimed jobs (held, waiting for a handler
+    thread, or started since its last beat), seconds its event loop has been blocked or
+    NULL, its overrunning handlers or NULL) of every registered worker that has not
+    expired."""
+    held = (
+        select(
+            func.count().filter(jobs.c.started_at.is_not(None)).label("running"),
+            func.count().filter(jobs.c.started_at.is_(None)).label("claimed"),
+        )
         .where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
-        .scalar_subquery()
+        .lateral("held")
     )
     return (
         select(
@@ -181,10 +187,12 @@ def live_workers() -> Select[Any]:
             workers.c.concurrency,
             workers.c.started_at,
             seconds_since(workers.c.heartbeat_at).label("silent_seconds"),
-            running.label("running"),
+            held.c.running,
+            held.c.claimed,
             seconds_since(workers.c.loop_blocked_since).label("loop_blocked_seconds"),
             workers.c.overruns,
         )
+        .select_from(workers.join(held, true()))
         .where(workers.c.expires_at >= func.now())
         .order_by(workers.c.started_at)
     )

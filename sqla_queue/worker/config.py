@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import uuid
@@ -46,6 +47,10 @@ class WorkerConfig:
     """Never LISTEN (for PgBouncer in transaction pooling mode): poll with backoff only."""
     burst: bool = False
     """Exit once no job is due and none is running."""
+    burst_wait: float = 0.0
+    """With `burst`: seconds ahead to look for work. While a queued job of its queues falls
+    due within that long (a retry, a snooze, a delayed job), the worker waits for it
+    instead of exiting; 0 exits once nothing is due now."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight handlers get to finish after SIGTERM before their jobs are requeued."""
     heartbeat: float = 2.0
@@ -103,6 +108,7 @@ class WorkerConfig:
             "heartbeat",
             "dead_after",
             "health_stuck_after",
+            "burst_wait",
         ):
             setattr(self, name, check_duration(name, getattr(self, name)))  # a timedelta too
         if self.give_up_after is not None:
@@ -115,6 +121,12 @@ class WorkerConfig:
             ),
             (self.poll_interval > 0, f"poll interval must be positive, got {self.poll_interval}"),
             (self.heartbeat > 0, f"heartbeat must be positive, got {self.heartbeat}"),
+            (self.burst_wait >= 0, f"burst_wait must not be negative, got {self.burst_wait}"),
+            (
+                self.burst or not self.burst_wait,
+                "burst_wait waits for jobs due soon before a burst worker exits: it needs "
+                "burst (--burst)",
+            ),
             (
                 self.health_stuck_after > 0,
                 f"health_stuck_after must be positive, got {self.health_stuck_after}",
@@ -164,3 +176,8 @@ class WorkerStats:
     """Jobs put back for a worker that has a handler for their task."""
     largest_claim: int = 0
     """The most jobs one claim asked for (`batch`, or more while claims grew)."""
+    not_yet_due: int = 0
+    """A burst worker's: the queued jobs of its queues due later when it exited (a retry,
+    a snooze, a delayed job), which it left."""
+    next_due_at: dt.datetime | None = None
+    """A burst worker's: when the earliest of `not_yet_due` falls due."""

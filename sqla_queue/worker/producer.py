@@ -37,6 +37,8 @@ from .keeper import Keeper
 
 log = logging.getLogger("sqla_queue.worker")
 
+BURST_RECHECK = 0.05
+"""The shortest wait of a burst worker for a job due soon (it looks again after it)."""
 STATISTICS_CHECK_EVERY = 30.0
 """Seconds between looks at the jobs table's planner statistics while claims come back full."""
 
@@ -166,7 +168,10 @@ class Producer:
                     and not board.outcomes
                     and (board.running == 0 or board.only_overrunning())
                 ):
-                    return  # the shutdown writes overrunning handlers' outcomes
+                    wait = self._burst_wait()
+                    if wait is None:
+                        return  # the shutdown writes overrunning handlers' outcomes
+                    next_poll = now + wait
                 timeouts = [next_poll - now] if queue_empty else []
                 if flush_after:
                     timeouts.append(flush_after - now)
@@ -185,6 +190,17 @@ class Producer:
             return
         finally:
             pulse.idle()
+
+    def _burst_wait(self) -> float | None:
+        """A burst worker with nothing due now: None to exit, recording what it leaves
+        (`WorkerStats.not_yet_due`); or the seconds to wait, while a job of its queues
+        falls due within `burst_wait` (polling at least every `poll_interval`)."""
+        cfg = self.config
+        count, earliest, seconds = self.db.execute(queries.not_yet_due(cfg.queues)).one()
+        self.stats.not_yet_due, self.stats.next_due_at = int(count), earliest
+        if not count or float(seconds) > cfg.burst_wait:
+            return None
+        return min(max(float(seconds), BURST_RECHECK), cfg.poll_interval)
 
     def _check_statistics(self) -> None:
         """ANALYZE the jobs table if its statistics are missing or far off (one worker does)."""

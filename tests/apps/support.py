@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,18 @@ def dispose_engines() -> None:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
+
+
+def restored_logging_and_engines() -> Iterator[None]:
+    """For an autouse fixture (`yield from`) of a module whose tests run `sqla-queue
+    worker`, which configures the root logger: the next test gets its own back, and the
+    handler engines are closed."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    dispose_engines()
 
 
 def task_log(engine: Engine) -> list[tuple[int, int]]:
