@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -313,21 +314,24 @@ def test_a_unique_job_is_refused_on_a_routed_queue_and_the_transaction_goes_on(
     assert job_rows(engine) == [("before", "out"), ("after", "out")]
 
 
-def test_async_unique_enqueue_is_refused_on_a_routed_queue(
-    database_url: str, engine: Engine
+@pytest.mark.parametrize("feature", ["unique", "sequence", "partition"])
+def test_async_enqueue_of_a_unique_sequence_or_partition_job_is_refused_on_a_routed_queue(
+    database_url: str, engine: Engine, feature: str
 ) -> None:
     routed(engine, "amqp:shop/out")
     async_engine = create_async_engine(normalize_url(database_url))
+    option: dict[str, Any] = {feature: True if feature == "unique" else "a"}
 
     async def attempt() -> None:
         try:
-            async with AsyncSession(async_engine) as session:
-                await enqueue_async(session, "sync", {"account": 1}, queue="out", unique=True)
+            async with AsyncSession(async_engine) as session, session.begin():
+                await enqueue_async(session, "sync", {"account": 1}, queue="out", **option)
         finally:
             await async_engine.dispose()
 
     with pytest.raises(InvalidJobError, match=r"routed to a broker \(amqp:shop/out\)"):
         asyncio.run(attempt())
+    assert job_rows(engine) == []
 
 
 def test_routing_a_queue_that_holds_unique_jobs_is_refused_until_they_finish(
@@ -413,24 +417,6 @@ def test_a_job_with_a_sequence_or_partition_is_refused_on_a_routed_queue(
     assert kept in message
     assert f"enqueue it without {feature}" in message
     assert job_rows(engine) == [("before", "out"), ("after", "out"), ("elsewhere", "default")]
-
-
-def test_async_enqueue_with_a_sequence_is_refused_on_a_routed_queue(
-    database_url: str, engine: Engine
-) -> None:
-    routed(engine, "amqp:shop/out")
-    async_engine = create_async_engine(normalize_url(database_url))
-
-    async def attempt() -> None:
-        try:
-            async with AsyncSession(async_engine) as session, session.begin():
-                await enqueue_async(session, "ordered", {"n": 1}, queue="out", sequence="a")
-        finally:
-            await async_engine.dispose()
-
-    with pytest.raises(InvalidJobError, match=r"routed to a broker \(amqp:shop/out\)"):
-        asyncio.run(attempt())
-    assert job_rows(engine) == []
 
 
 def test_cli_enqueue_with_a_sequence_on_a_routed_queue_is_one_line(
