@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import InstrumentedAttribute, Session, UOWTransaction
-from sqlalchemy.orm.state_changes import _StateChangeStates
 
 from .errors import ConfigurationError, InvalidJobError
+from .savepoints import commits_the_transaction
 
 if TYPE_CHECKING:
     from .registry import Task
@@ -196,21 +196,10 @@ def _unchanged(history: Any) -> Any:
     return history.unchanged[0] if history.unchanged else NOTHING
 
 
-def _commits_the_transaction(session: Session) -> bool:
-    """Whether a commit event is the outer transaction's, not a savepoint's release (which
-    fires the session's commit events too): only the outer commit judges the net change."""
-    if not session.in_nested_transaction():
-        return True
-    # The outer transaction committed with a savepoint still open: its commit is under way
-    # (SQLAlchemy marks a transaction changing state) while the savepoint is still current.
-    outer = session.get_transaction()
-    return outer is not None and outer._next_state is _StateChangeStates.CHANGE_IN_PROGRESS
-
-
 def _enqueue_called_for(session: Session) -> None:
     """At the outer commit: flush what is pending, then enqueue a job for each noted object
     that ends the transaction as a rule asks, about it, on the session's connection."""
-    if not _RULES or not _commits_the_transaction(session):
+    if not _RULES or not commits_the_transaction(session):
         return
     session.flush()  # what commit would flush next (nothing if clean): its changes count too
     noted = session.info.pop(_NOTED, {})
@@ -233,7 +222,7 @@ def _enqueue_called_for(session: Session) -> None:
 
 
 def _forget(session: Session) -> None:
-    if _commits_the_transaction(session):
+    if commits_the_transaction(session):
         session.info.pop(_NOTED, None)
 
 
