@@ -32,6 +32,7 @@ from .inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
 from .inserts.copy import COPY_MIN_ROWS
 from .inserts.links import Link, link_jobs, resolve
 from .inserts.params import _BIND, DEPENDS, JOB_FIELDS, _plain_params, _row_params
+from .inserts.routed import refuse_routed, routed_refusal
 from .inserts.unique import (
     _SERVER_SET,
     UNIQUE_ROUNDS,
@@ -50,6 +51,7 @@ from .job.options import (
     options_from,
 )
 from .models import (
+    DEFAULT_QUEUE,
     DELAY_DUE,
     HOOKS_DUE,
     LINKS_DUE,
@@ -185,9 +187,16 @@ def enqueue_job(
         fields["run_at"] = later = func.now() + interval
     elif new.run_at is not None:
         fields["run_at"] = new.run_at
+    checked = False
+    if isinstance(session, Session) and _not_kept_on_routes(new):
+        # refused at the call, not at the flush (an AsyncSession's is, at its flush)
+        refuse_routed(session.connection(bind_arguments=_BIND), [_routed_params(new)])
+        checked = True
     job = Job(**fields)
     job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
     job.__dict__[_ENQUEUED] = (later, interval)
+    if checked:
+        job.__dict__[_ROUTES_CHECKED] = True
     if new.depends_on is not None:
         job.__dict__[LINKS_DUE] = (new.depends_on, new.on_failure)
     session.add(job)
@@ -223,6 +232,7 @@ def _enqueue_core(connection: Connection, new: NewJob) -> int:
     params = _row_params(new)
     depends = params.pop(DEPENDS, None)
     if new.unique is None:
+        refuse_routed(connection, [params])
         job_id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
         duplicate = False
     else:
@@ -326,6 +336,7 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
             raise
         if unique is not None:
             _write_unique(session, job, unique)
+    _refuse_routed_jobs(session, [job for job in jobs if job.id is None])
     linked = [job for job in jobs if _links_due(job)]
     for job in enqueued:
         if not _write_enqueued(session, job):  # the unit of work writes it, as an added Job
@@ -337,6 +348,36 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
     later = [job for job in linked if job not in ready]
     if later or _PENDING_LINKS in session.info:  # this flush's own (a failed one's are gone)
         session.info[_PENDING_LINKS] = later
+
+
+def _not_kept_on_routes(job: Job | NewJob) -> bool:
+    """Whether `job` has what a routed queue refuses, beside a unique key (checked where
+    unique jobs are written): a sequence or a partition."""
+    return job.sequence is not None or job.partition is not None
+
+
+def _routed_params(job: Job | NewJob) -> dict[str, Any]:
+    """What `routed_refusal` reads of a job (not unique: those are checked when written)."""
+    return {
+        "job_queue": job.queue or DEFAULT_QUEUE,
+        "job_task": job.task,
+        "job_sequence": job.sequence,
+        "job_partition": job.partition,
+    }
+
+
+def _refuse_routed_jobs(session: Session, jobs: list[Job]) -> None:
+    """At flush, refuse a job with a sequence or a partition for a routed queue (one read
+    for the flush's jobs, `routed_refusal`): it leaves the session, and the transaction
+    goes on without it."""
+    jobs = [j for j in jobs if _not_kept_on_routes(j) and not j.__dict__.get(_ROUTES_CHECKED)]
+    if not jobs:
+        return
+    params = [_routed_params(job) for job in jobs]
+    refused = routed_refusal(session.connection(bind_arguments=_BIND), params)
+    if refused is not None:
+        session.expunge(jobs[refused[0]])
+        raise refused[1]
 
 
 def _links_due(job: Job) -> bool:
@@ -408,6 +449,9 @@ def _write_added_queues(session: Session, added: list[Queue]) -> None:
         session.expire(queue, [key for key in columns if key not in given])
 
 
+_ROUTES_CHECKED = "_sqla_queue_routes_checked"
+"""Instance key of a Job that `enqueue(session, ...)` checked against routed queues already
+(its sequence or partition): the flush does not read the queues again for it."""
 _ENQUEUED = "_sqla_queue_enqueued"
 """Instance key of a Job made by `enqueue(session, ...)`: (the run_at expression it was given
 for a delay, or None; that delay). The flush writes it with `_write_enqueued`."""

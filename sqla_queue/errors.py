@@ -24,6 +24,10 @@ class SchemaMissingError(SqlaQueueError):
     """The database has no sqla-queue schema, or an older revision of it ({found}); this version needs {expected}. Run `sqla-queue migrate` (or `alembic upgrade heads`) first."""  # noqa: E501
 
 
+class SchemaUnknownError(SqlaQueueError):
+    """The database's sqla-queue schema records revision {found}, which this version of sqla-queue does not know (its newest is {known}): a newer sqla-queue migrated it, and this one would ignore what that added. Run the version that migrated it (upgrade sqla-queue here), or downgrade the schema with that version first."""  # noqa: E501
+
+
 class SchemaElsewhereError(SqlaQueueError):
     """The sqla_queue schema is already there (revision {found}) but sqla-queue migrate did not record it: {fix}."""  # noqa: E501
 
@@ -155,6 +159,7 @@ __all__ = [
     "ResultTimeoutError",
     "SchemaElsewhereError",
     "SchemaMissingError",
+    "SchemaUnknownError",
     "Snooze",
     "SqlaQueueError",
     "TaskNotFoundError",

@@ -7,6 +7,7 @@ its default schema unless told otherwise, never sees it.
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib import resources
 from typing import Any
@@ -20,7 +21,7 @@ from alembic import command
 
 from . import queries
 from .database import URL_ENV_VAR, create_queue_engine, normalize_url
-from .errors import SchemaElsewhereError, SchemaMissingError
+from .errors import SchemaElsewhereError, SchemaMissingError, SchemaUnknownError
 from .models import SCHEMA, QueueBase
 
 BRANCH = "sqla_queue"
@@ -37,7 +38,8 @@ DROP_SCHEMA_IF_EMPTY = (
     "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
 )
 SCHEMA_REVISION = "sqlaq_0014"
-"""The revision of our schema this version of the code needs (or a later one)."""
+"""The revision of our schema this version of the code needs (or a later one it ships: a
+revision it does not know is refused, `check_schema`)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
 """The opt-in branch that drops the jobs -> queues foreign key (`migrate --drop-queue-fk`)."""
 OPTIONAL_REVISIONS = frozenset({"sqlaq_nofk_0001"})
@@ -147,6 +149,12 @@ def run_steps(connection: Connection, target: str, upgrading: bool) -> None:
 def _revision_ids() -> set[str]:
     script = ScriptDirectory.from_config(alembic_config(optional=True))
     return {rev.revision for rev in script.walk_revisions()}
+
+
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    """Every revision this package ships, opt-in ones included (read once)."""
+    return frozenset(_revision_ids())
 
 
 def version_tables_recording_ours(connection: Connection) -> list[str]:
@@ -322,12 +330,39 @@ def schema_revision(connection: Connection) -> str | None:
     return str(comment).rsplit(" ", 1)[-1]
 
 
+def unknown_revisions(connection: Connection) -> list[str]:
+    """The revisions this database records that this package does not ship (`known_revisions`),
+    in our schema's marker or in our version table (where this role may read it): a newer
+    sqla-queue migrated it. Two catalog reads; none of the migration scripts."""
+    params = {"version_table": f"{VERSION_TABLE_SCHEMA}.{VERSION_TABLE}"}
+    row = connection.execute(queries.schema_marks(), params).first()
+    if row is None:
+        return []
+    found = {str(row.marker).rsplit(" ", 1)[-1]} if row.marker else set()
+    if row.readable:
+        statement = queries.applied_revisions(VERSION_TABLE, VERSION_TABLE_SCHEMA)
+        found.update(connection.execute(statement).scalars())
+    known = known_revisions()
+    return sorted(revision for revision in found if revision not in known)
+
+
+def _older(revision: str) -> bool:
+    """Whether `revision` is numbered before the one this code needs (`SCHEMA_REVISION`)."""
+    number = revision.rsplit("_", 1)[-1]
+    return number.isdigit() and int(number) < _revision_number(SCHEMA_REVISION)
+
+
 def check_schema(bind: Engine | Connection) -> str:
-    """Raise `SchemaMissingError` unless our schema is at `SCHEMA_REVISION` or later."""
+    """Raise `SchemaMissingError` unless our schema is at `SCHEMA_REVISION` or a later
+    revision this package ships, and `SchemaUnknownError` when the database records a
+    revision this package does not know (a newer sqla-queue migrated it)."""
     if isinstance(bind, Engine):
         with bind.connect() as connection:
             return check_schema(connection)
     found = schema_revision(bind)
-    if found is None or _revision_number(found) < _revision_number(SCHEMA_REVISION):
+    if found is None or _older(found):
         raise SchemaMissingError(found=found or "none", expected=SCHEMA_REVISION)
+    unknown = unknown_revisions(bind)
+    if unknown:
+        raise SchemaUnknownError(found=", ".join(unknown), known=head_revision())
     return found

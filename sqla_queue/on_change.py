@@ -18,9 +18,10 @@ bypass them and enqueue nothing. With an `AsyncSession` it works as with a `Sess
 
 How: the attribute loads its old value when set (active history); after each flush the
 value each object had before its first change in the transaction is noted in
-`session.info`; at commit, once the last flush has run, each noted object is compared with
-its current state and the rule's jobs are enqueued on the session's connection for the
-jobs table (its `binds=` respected).
+`session.info`; at the outer commit (a savepoint's release fires the same session events
+and is passed over: what counts is the transaction's net change), once the last flush has
+run, each noted object is compared with its current state and the rule's jobs are enqueued
+on the session's connection for the jobs table (its `binds=` respected).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import InstrumentedAttribute, Session, UOWTransaction
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidJobError
+from .savepoints import commits_the_transaction
 
 if TYPE_CHECKING:
     from .registry import Task
@@ -124,6 +126,22 @@ def check_rule(
     return cls
 
 
+def check_default_args(task: Task, cls: type[Any]) -> None:
+    """Refuse a handler that cannot take the default args, the primary key of `cls` by
+    attribute name: every change would fail its commit otherwise."""
+    mapper = inspect(cls)
+    keys = [mapper.get_property_by_column(column).key for column in mapper.primary_key]
+    try:
+        task.check_args(dict.fromkeys(keys))
+    except InvalidJobError as exc:
+        shown = ", ".join(f'"{key}": ...' for key in keys)
+        raise ConfigurationError(
+            detail=f"on_change enqueues {cls.__name__}'s primary key as args by default "
+            f"({{{shown}}}) and {exc.context['detail']}; name the handler's parameter "
+            f"{' and '.join(keys)}, or pass args=lambda obj: {{...}} with its parameters' names"
+        ) from None
+
+
 def add_rule(
     task: Task,
     attributes: tuple[Any, ...],
@@ -179,9 +197,9 @@ def _unchanged(history: Any) -> Any:
 
 
 def _enqueue_called_for(session: Session) -> None:
-    """At commit: flush what is pending, then enqueue a job for each noted object that ends
-    the transaction as a rule asks, about it, on the session's connection."""
-    if not _RULES:
+    """At the outer commit: flush what is pending, then enqueue a job for each noted object
+    that ends the transaction as a rule asks, about it, on the session's connection."""
+    if not _RULES or not commits_the_transaction(session):
         return
     session.flush()  # what commit would flush next (nothing if clean): its changes count too
     noted = session.info.pop(_NOTED, {})
@@ -204,7 +222,8 @@ def _enqueue_called_for(session: Session) -> None:
 
 
 def _forget(session: Session) -> None:
-    session.info.pop(_NOTED, None)
+    if commits_the_transaction(session):
+        session.info.pop(_NOTED, None)
 
 
 def _forget_on_rollback(session: Session, previous_transaction: Any) -> None:

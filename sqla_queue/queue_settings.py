@@ -83,18 +83,20 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
 def set_route(bind: Bind, name: str, route: str | None) -> None:
     """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
     None, back to table workers. Jobs already in the table follow the new setting. Refused
-    while the queue has unique jobs queued or running: a relayed job's key is not held."""
+    while the queue has jobs queued or running with a unique key, a sequence or a partition:
+    a broker keeps none of them (`sqla_queue.inserts.routed`)."""
     validate_name("queue", name, task="(none)")
     from .brokers.routes import parse_route
-    from .enqueue import unique_on_routed
+    from .inserts.routed import refused_on_routed
     from .queries import brokers
 
     value = None if route is None else str(parse_route(route))
     params = {"queue_name": name, "new_route": value}
     if value is not None:
-        held = bind.execute(brokers.count_unique_unfinished(), params).scalar()
-        if held:
-            raise ConfigurationError(detail=unique_on_routed(name, value, held))
+        held = bind.execute(brokers.count_unfinished_not_kept_on_routes(), params).one()
+        for feature, count in held._mapping.items():
+            if count:
+                raise ConfigurationError(detail=refused_on_routed(feature, name, value, count))
     if bind.execute(queries.set_queue_route(), params).first() is None:
         raise UnknownQueueError(queue=name)
 

@@ -34,7 +34,7 @@ from .job.options import (
 from .lifecycle import LifecycleHooks
 from .middleware import Middleware
 from .models import validate_tags_and_meta
-from .on_change import MISSING, add_rule, check_rule
+from .on_change import MISSING, add_rule, check_default_args, check_rule
 from .periodic import Schedule
 from .periodic import install as install_scheduler
 from .retry import DEFAULT_RETRY, RetryPolicy
@@ -485,10 +485,14 @@ class Registry:
             @registry.on_change(Order.status, to="paid")
             def send_receipt(id: int) -> None: ...
         """
-        check_rule(attributes, to, from_, when, args)
+        cls = check_rule(attributes, to, from_, when, args)
         register = self.task(**task_options)
 
         def watch(f: Callable[..., Any]) -> Task:
+            if args is None:  # refused before it is registered: every commit would fail
+                name = task_options.get("name") or f.__qualname__
+                probe = Task(f, name, pass_context=bool(task_options.get("pass_context")))
+                check_default_args(probe, cls)
             task = register(f)
             add_rule(task, attributes, to, from_, when, args)
             return task

@@ -58,7 +58,13 @@ from typing import Any, NoReturn
 
 import click
 
-from .errors import AppLoadError, ConfigurationError, SchemaElsewhereError, SchemaMissingError
+from .errors import (
+    AppLoadError,
+    ConfigurationError,
+    SchemaElsewhereError,
+    SchemaMissingError,
+    SchemaUnknownError,
+)
 from .health import HealthServer
 from .retry import RetryPolicy
 
@@ -69,7 +75,13 @@ EXIT_USAGE = 2
 EXIT_CONFIG = 78
 """A supervised child's exit status for a configuration it cannot outgrow (sysexits'
 EX_CONFIG, which systemd's `RestartPreventExitStatus=78` also understands)."""
-CONFIGURATION_ERRORS = (AppLoadError, ConfigurationError, SchemaMissingError, SchemaElsewhereError)
+CONFIGURATION_ERRORS = (
+    AppLoadError,
+    ConfigurationError,
+    SchemaMissingError,
+    SchemaElsewhereError,
+    SchemaUnknownError,
+)
 """Errors a supervised child exits with `EXIT_CONFIG` for: restarting would repeat them."""
 CLEAN_EXITS = (0, -signal.SIGTERM)
 """Exit statuses of a child that shut down as told (SIGTERM kills one not yet started)."""

@@ -5,7 +5,8 @@ on the job's id, attempt and `running` status, on the session's own connection: 
 handler's writes, the follow-up jobs it enqueued and the job's completion commit together,
 or not at all. If the attempt no longer holds the job (reaped while it was paused, or
 cancelled), the statement finishes nothing, the hook raises `JobLostError`, and `commit()`
-raises it with nothing committed.
+raises it with nothing committed. A savepoint's release (`begin_nested()`) is not the
+commit: the job is finished by the transaction's own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from . import queries
 from .errors import JobLostError
+from .savepoints import commits_the_transaction
 
 if TYPE_CHECKING:
     from .registry import JobContext, Registry
@@ -41,6 +43,8 @@ def job_session(engine: Engine, ctx: JobContext, registry: Registry | None = Non
     def finish_job(session: Session) -> None:
         if ctx.committed:  # a second commit of the same session: the job is finished
             return
+        if not commits_the_transaction(session):  # a savepoint's release: not yet
+            return
         if ctx.cancelled:  # timed out (its row stays running until it returns), or lost
             raise JobLostError(job_id=ctx.job_id)
         session.flush()  # the handler's rows first, then the job, one transaction
@@ -50,7 +54,8 @@ def job_session(engine: Engine, ctx: JobContext, registry: Registry | None = Non
 
     @event.listens_for(session, "after_commit")
     def mark_committed(session: Session) -> None:
-        ctx.committed = True
+        if commits_the_transaction(session):
+            ctx.committed = True
 
     return session
 

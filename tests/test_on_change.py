@@ -108,6 +108,31 @@ def test_change_back_and_again_in_one_transaction_gives_one_job_and_back_gives_n
     assert [j.about for j in receipts(shop)] == [f"orders:{first.id}"]
 
 
+def test_released_savepoints_enqueue_nothing_the_outer_commit_judges_the_net_change(
+    shop: Engine, registry: Registry
+) -> None:
+    registry.on_change(Order.status, to="paid", name="receipt")(lambda id: None)
+    with Session(shop, expire_on_commit=False) as session, session.begin():
+        back, twice, left_open = Order(), Order(), Order()
+        session.add_all([back, twice, left_open])
+    with Session(shop) as session, session.begin():
+        order = session.get_one(Order, back.id)
+        order.status = "paid"
+        with session.begin_nested():  # released: not a commit of the transaction
+            pass
+        order.status = "new"  # ends open: no receipt
+        other = session.get_one(Order, twice.id)
+        for status in ("paid", "new", "paid"):  # paid at the end: one receipt, not two
+            with session.begin_nested():
+                other.status = status
+    with Session(shop) as session, session.begin():  # the outer commit, a savepoint open
+        session.begin_nested()
+        session.get_one(Order, left_open.id).status = "paid"
+    assert sorted(j.about for j in receipts(shop)) == sorted(
+        [f"orders:{twice.id}", f"orders:{left_open.id}"]
+    )
+
+
 def test_from_when_args_and_several_attributes(shop: Engine, registry: Registry) -> None:
     registry.on_change(Order.status, from_="paid", to="refunded", name="refund")(lambda id: None)
     registry.on_change(
@@ -152,6 +177,29 @@ def test_bad_rules_are_refused_by_name(registry: Registry) -> None:
         registry.on_change("status", to="paid")(lambda id: None)
     with pytest.raises(ConfigurationError, match="use when=lambda"):
         registry.on_change(Order.status, Order.email, to="paid")(lambda id: None)
+
+
+def test_a_handler_that_cannot_take_the_default_args_is_refused_at_registration(
+    registry: Registry,
+) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+
+        @registry.on_change(Order.status, to="paid", name="receipt")
+        def receipt(order_id: int) -> None: ...
+
+    assert str(refused.value).count("\n") == 0
+    assert "primary key as args by default" in str(refused.value)
+    assert "missing required argument order_id" in str(refused.value)
+    assert "args=lambda obj" in str(refused.value)
+    assert "receipt" not in registry  # nothing registered, no rule left behind
+
+    @registry.on_change(Order.status, to="paid", name="receipt", pass_context=True)
+    def takes_id(ctx: Any, id: int) -> None: ...
+
+    @registry.on_change(Order.status, to="paid", args=lambda o: {"order_id": o.id}, name="r2")
+    def takes_its_own(order_id: int) -> None: ...
+
+    assert {"receipt", "r2"} <= set(registry)
 
 
 def test_an_async_session_enqueues_on_change_too(

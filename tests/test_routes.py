@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -313,21 +314,24 @@ def test_a_unique_job_is_refused_on_a_routed_queue_and_the_transaction_goes_on(
     assert job_rows(engine) == [("before", "out"), ("after", "out")]
 
 
-def test_async_unique_enqueue_is_refused_on_a_routed_queue(
-    database_url: str, engine: Engine
+@pytest.mark.parametrize("feature", ["unique", "sequence", "partition"])
+def test_async_enqueue_of_a_unique_sequence_or_partition_job_is_refused_on_a_routed_queue(
+    database_url: str, engine: Engine, feature: str
 ) -> None:
     routed(engine, "amqp:shop/out")
     async_engine = create_async_engine(normalize_url(database_url))
+    option: dict[str, Any] = {feature: True if feature == "unique" else "a"}
 
     async def attempt() -> None:
         try:
-            async with AsyncSession(async_engine) as session:
-                await enqueue_async(session, "sync", {"account": 1}, queue="out", unique=True)
+            async with AsyncSession(async_engine) as session, session.begin():
+                await enqueue_async(session, "sync", {"account": 1}, queue="out", **option)
         finally:
             await async_engine.dispose()
 
     with pytest.raises(InvalidJobError, match=r"routed to a broker \(amqp:shop/out\)"):
         asyncio.run(attempt())
+    assert job_rows(engine) == []
 
 
 def test_routing_a_queue_that_holds_unique_jobs_is_refused_until_they_finish(
@@ -351,3 +355,94 @@ def test_routing_a_queue_that_holds_unique_jobs_is_refused_until_they_finish(
         admin.set_route(conn, "out", None)  # clearing a route is never refused
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT route FROM sqla_queue.queues WHERE name = 'out'")) is None
+
+
+# -- sequences, partitions and routes ------------------------------------------------------------
+
+
+def keyed_task_enqueue(session: Session, feature: str) -> object:
+    registry = Registry()
+    task = registry.task(name="ordered", **{feature: "account-1"})(lambda n: None)
+    return task.enqueue(session, {"n": 1}, queue="out", flush=True)
+
+
+KeyedWrite = Callable[[Session, str], object]
+KEYED_PATHS: dict[str, KeyedWrite] = {
+    "enqueue": lambda s, f: enqueue(s, "ordered", {"n": 1}, queue="out", **{f: "a"}),
+    "enqueue connection": lambda s, f: enqueue(
+        s.connection(), "ordered", {"n": 1}, queue="out", **{f: "a"}
+    ),
+    "Task.enqueue default": keyed_task_enqueue,
+    "session.add": lambda s, f: (
+        s.add(Job(task="ordered", args={"n": 1}, queue="out", **{f: "a"})),
+        s.flush(),
+    ),
+    "unique enqueue": lambda s, f: enqueue(
+        s.connection(), "ordered", {"n": 1}, queue="out", unique=True, **{f: "a"}
+    ),
+    "enqueue_many": lambda s, f: enqueue_many(
+        s,
+        [
+            {"task": "ordered", "args": {"n": i}, "queue": q, f: "a"}
+            for i, q in [(1, "default"), (2, "out")]
+        ],
+    ),
+    "enqueue_many copy": lambda s, f: enqueue_many(
+        s,
+        [
+            {"task": "ordered", "args": {"n": i}, "queue": "out", f: "a"}
+            for i in range(COPY_MIN_ROWS)
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", ["sequence", "partition"])
+@pytest.mark.parametrize("path", sorted(KEYED_PATHS))
+def test_a_job_with_a_sequence_or_partition_is_refused_on_a_routed_queue(
+    engine: Engine, path: str, feature: str
+) -> None:
+    routed(engine)
+    with Session(engine) as session:
+        enqueue(session, "before", queue="out")
+        with pytest.raises(InvalidJobError) as raised:
+            KEYED_PATHS[path](session, feature)
+        enqueue(session, "after", queue="out")  # refused before anything was written
+        enqueue(session, "elsewhere", queue="default", **{feature: "a"})  # not routed: taken
+        session.commit()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "queue 'out' is routed to a broker (nats:jobs.out)" in message
+    kept = "a sequence cannot be kept" if feature == "sequence" else "partitions are not honoured"
+    assert kept in message
+    assert f"enqueue it without {feature}" in message
+    assert job_rows(engine) == [("before", "out"), ("after", "out"), ("elsewhere", "default")]
+
+
+def test_cli_enqueue_with_a_sequence_on_a_routed_queue_is_one_line(
+    database_url: str, engine: Engine
+) -> None:
+    routed(engine)
+    refused = cli("enqueue", "ordered", "--queue", "out", "--sequence", "a", url=database_url)
+    assert "a sequence cannot be kept" in one_line_error(refused)
+    assert job_rows(engine) == []
+
+
+@pytest.mark.parametrize("feature", ["sequence", "partition"])
+def test_routing_a_queue_that_holds_sequence_or_partition_jobs_is_refused_until_they_finish(
+    database_url: str, engine: Engine, feature: str
+) -> None:
+    with engine.begin() as conn:
+        admin.create_queue(conn, "out")
+    with Session(engine) as session, session.begin():
+        held = enqueue(session, "ordered", queue="out", flush=True, **{feature: "a"}).id
+        enqueue(session, "plain", queue="out")
+    with engine.begin() as conn, pytest.raises(ConfigurationError) as raised:
+        admin.set_route(conn, "out", "nats:jobs.out")
+    assert f"it has 1 job(s) with a {feature} queued or running" in str(raised.value)
+    refused = cli("queues", "set", "out", "--route", "nats:jobs.out", url=database_url)
+    assert "is routed to a broker" in one_line_error(refused)
+
+    with engine.begin() as conn:
+        admin.cancel_jobs(conn, [held])
+        admin.set_route(conn, "out", "nats:jobs.out")

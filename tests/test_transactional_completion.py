@@ -108,6 +108,28 @@ def test_a_session_that_is_not_committed_leaves_the_job_running(receipts: Engine
     assert count_where(receipts, f"id = {ctx.job_id} AND status = 'running'") == 1
 
 
+def test_a_released_savepoint_does_not_finish_the_job_its_transaction_does(
+    receipts: Engine,
+) -> None:
+    ctx = claimed_context(receipts)
+    with ctx.session() as session:
+        with session.begin_nested():  # released: not the commit of the transaction
+            session.execute(text("INSERT INTO public.receipts VALUES (1, 1)"))
+        assert not ctx.committed
+        session.rollback()  # the transaction, and the savepoint in it, come to nothing
+    assert not ctx.committed  # the worker writes the job's outcome itself
+    assert receipt_rows(receipts) == []
+    assert count_where(receipts, f"id = {ctx.job_id} AND status = 'running'") == 1
+
+    with ctx.session() as session:
+        with session.begin_nested():
+            session.execute(text("INSERT INTO public.receipts VALUES (2, 1)"))
+        session.commit()  # the transaction's commit finishes the job, once
+    assert ctx.committed
+    assert receipt_rows(receipts) == [(2, 1)]
+    assert count_where(receipts, f"id = {ctx.job_id}") == 0
+
+
 def test_a_context_without_a_database_says_where_session_works() -> None:
     ctx = JobContext(1, "t", "default", 1)
     with pytest.raises(ConfigurationError, match=r"ctx.session\(\) needs a job run by a worker"):

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 from sqla_queue.inserts.copy import COPY_MIN_ROWS, _write_plain
 from sqla_queue.inserts.links import Link, link_jobs
 from sqla_queue.inserts.params import _BIND, DEPENDS, _plain_params, _row_params
+from sqla_queue.inserts.routed import refuse_routed
 from sqla_queue.inserts.unique import _insert_unique
 from sqla_queue.inserts.wake import _NOTIFY_QUEUES, _notify
 
@@ -152,6 +153,7 @@ def enqueue_many(
         if session.autoflush:  # as the INSERT path would: pending queues must exist first
             session.flush()
         connection = session.connection(bind_arguments=_BIND)
+    refuse_routed(connection, params)  # before anything is written: the transaction goes on
     plain = [i for i, p in enumerate(params) if p["job_unique_key"] is None]
     unique = [i for i, p in enumerate(params) if p["job_unique_key"] is not None]
     ids = [0] * len(params)
@@ -170,7 +172,11 @@ def enqueue_many(
             and connection.execute(_MAY_STAGE).scalar()  # a temporary table too
         )
         results = _insert_unique(
-            connection, [params[i] for i in unique], driver if staged else None, reserve
+            connection,
+            [params[i] for i in unique],
+            driver if staged else None,
+            reserve,
+            routes_checked=True,
         )
         for i, (job_id, duplicate) in zip(unique, results, strict=True):
             ids[i], duplicates[i] = job_id, duplicate

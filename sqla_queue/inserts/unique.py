@@ -12,10 +12,11 @@ from sqlalchemy.orm import (
 )
 
 from sqla_queue import queries
-from sqla_queue.errors import InvalidJobError, SqlaQueueError
+from sqla_queue.errors import SqlaQueueError
 from sqla_queue.hooks import NewJob
 from sqla_queue.inserts.copy import _copy_jobs
 from sqla_queue.inserts.params import _BIND, JOB_FIELDS, ON_CONFLICT, _row_params
+from sqla_queue.inserts.routed import refuse_routed, refused_on_routed
 from sqla_queue.inserts.wake import _notify
 from sqla_queue.job.options import column_values
 from sqla_queue.models import (
@@ -23,7 +24,6 @@ from sqla_queue.models import (
     UNIQUE_DUE,
     Job,
 )
-from sqla_queue.queries import brokers as broker_queries
 
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
 UNIQUE_ROUNDS = 10
@@ -36,8 +36,6 @@ _REPLACE = {
     "replace_args": queries.replace_unique_holder(keep_run_at=True),
 }
 _RELEASE_RUNNING = queries.release_running_holder()
-_ROUTED_AMONG = broker_queries.routed_among()
-_MAY_READ_QUEUES = broker_queries.may_read_queues()
 _WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
 _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
 """Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
@@ -46,32 +44,7 @@ _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITT
 def unique_on_routed(queue: str, route: str, held: int = 0) -> str:
     """Why unique jobs and a route do not go together on queue `queue` (with `held` unique
     jobs queued or running: why it cannot be routed now)."""
-    fix = (
-        f"it has {held} unique job(s) queued or running: let them finish (or cancel them) "
-        "before routing it, and enqueue its jobs without unique"
-        if held
-        else "enqueue it without unique (unique=False if the task is unique by default) or "
-        "into a queue that is not routed"
-    )
-    return (
-        f"queue {queue!r} is routed to a broker ({route}), where a unique key cannot be held: "
-        "the relay deletes a job's row, and its key with it, when it publishes, so the same "
-        f"unique job would be accepted again while the first waits in the broker; {fix}"
-    )
-
-
-def _refuse_routed(connection: Connection, params: list[dict[str, Any]]) -> None:
-    """Refuse unique rows for routed queues, before anything is written (so the transaction
-    goes on): their key would be freed once relayed (see `unique_on_routed`). A role that
-    may not read the queues (an enqueue-only role) is not checked: a failed read would
-    abort its transaction."""
-    if not connection.execute(_MAY_READ_QUEUES).scalar():
-        return
-    names = sorted({p["job_queue"] for p in params})
-    routed = connection.execute(_ROUTED_AMONG, {"queues": names}).first()
-    if routed is not None:
-        task = next(p["job_task"] for p in params if p["job_queue"] == routed.name)
-        raise InvalidJobError(task=task, detail=unique_on_routed(routed.name, routed.route))
+    return refused_on_routed("unique", queue, route, held)
 
 
 def _insert_unique(
@@ -79,6 +52,7 @@ def _insert_unique(
     params: list[dict[str, Any]],
     driver: psycopg.Connection[Any] | None = None,
     reserve: bool = True,
+    routes_checked: bool = False,
 ) -> list[tuple[int, bool]]:
     """Write unique rows by `INSERT ... ON CONFLICT DO NOTHING`; per row (id, duplicate).
 
@@ -92,10 +66,12 @@ def _insert_unique(
 
     A row whose `Unique.on_conflict` replaces gives the holder its args (and run_at) if
     the holder has not started; a running holder lets its key go and the row is tried
-    again, to be written as a new job (`_replace_holder`).
+    again, to be written as a new job (`_replace_holder`). Rows for a routed queue are
+    refused first (`refuse_routed`), unless the caller did (`routes_checked`).
     """
     modes = [p.pop(ON_CONFLICT, None) for p in params]
-    _refuse_routed(connection, params)
+    if not routes_checked:
+        refuse_routed(connection, params)
     results: dict[int, tuple[int, bool]] = {}
     pending = list(range(len(params)))
     for round_number in range(UNIQUE_ROUNDS):

@@ -68,13 +68,16 @@ def may_read_queues() -> Select[Any]:
     return select(func.has_table_privilege(queues.fullname, "SELECT"))
 
 
-def count_unique_unfinished() -> Select[Any]:
-    """How many unique jobs (with a key) of `:queue_name` are queued or running."""
-    return select(func.count()).where(
-        jobs.c.queue == bindparam("queue_name", type_=Text),
-        jobs.c.unique_key.is_not(None),
-        jobs.c.status.in_([JobStatus.queued.value, JobStatus.running.value]),
-    )
+def count_unfinished_not_kept_on_routes() -> Select[Any]:
+    """How many jobs of `:queue_name` queued or running have a unique key (`unique`), a
+    sequence (`sequence`), a partition (`partition`): what a routed queue cannot keep."""
+    unfinished = jobs.c.status.in_([JobStatus.queued.value, JobStatus.running.value])
+    statement = select(
+        func.count(jobs.c.unique_key).label("unique"),  # count(x) counts the rows x is set in
+        func.count(jobs.c.sequence).label("sequence"),
+        func.count(jobs.c.partition).label("partition"),
+    ).where(jobs.c.queue == bindparam("queue_name", type_=Text), unfinished)
+    return cast("Select[Any]", statement)
 
 
 def claim_for_relay() -> Select[Any]:

@@ -9,6 +9,8 @@ from sqlalchemy import (
     Select,
     Text,
     and_,
+    bindparam,
+    case,
     column,
     exists,
     func,
@@ -39,6 +41,21 @@ def schema_revision() -> Select[Any]:
     return select(func.obj_description(_namespaces.c.oid, "pg_namespace")).where(
         _namespaces.c.nspname == SCHEMA
     )
+
+
+def schema_marks() -> Select[Any]:
+    """Our schema's revision marker (`marker`) and whether our version table
+    `:version_table` (schema-qualified) exists and this role may read it (`readable`: a
+    worker's role need not)."""
+    name = bindparam("version_table", type_=Text)
+    readable = case(
+        (func.to_regclass(name).is_(None), False),
+        else_=func.has_table_privilege(name, "SELECT"),
+    )
+    return select(
+        func.obj_description(_namespaces.c.oid, "pg_namespace").label("marker"),
+        readable.label("readable"),
+    ).where(_namespaces.c.nspname == SCHEMA)
 
 
 # -- doctor (sqla_queue.doctor): the essay's failure modes, read from the catalogs -----------
@@ -339,7 +356,8 @@ def version_table_exists(version_table: str) -> Select[Any]:
     return select(func.to_regclass(version_table).is_not(None))
 
 
-def applied_revisions(version_table: str) -> Select[Any]:
-    """The revision ids recorded in Alembic's version table `version_table`."""
-    versions = table(version_table, column("version_num"))
+def applied_revisions(version_table: str, schema: str | None = None) -> Select[Any]:
+    """The revision ids recorded in Alembic's version table `version_table` (in `schema`,
+    else on the search path)."""
+    versions = table(version_table, column("version_num"), schema=schema)
     return select(versions.c.version_num)

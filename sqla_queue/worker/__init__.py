@@ -293,6 +293,7 @@ class Worker:
             database,
             lambda: self.executor.loop_lag() if self.executor.has_loop else None,
             self._state,
+            lambda: self.keeper.schema_refusal,
         )
         return HealthServer(cfg.health_host, cfg.health_port, checks.livez, checks.readyz)
 

@@ -13,7 +13,8 @@ with async tasks, the event loop (stuck when it has not run a probe for that lon
 whose thread has exited is dead.
 
 Readiness: live, started (registered; not while waiting for the database at start or
-after a stop was asked), and the database answers `SELECT 1` on a connection of its own
+after a stop was asked), claiming (not stopped by a schema revision it does not know,
+`schema` in the report), and the database answers `SELECT 1` on a connection of its own
 within `DATABASE_TIMEOUT` seconds; that answer is kept for `DATABASE_CACHE` seconds, so
 probes do not add load.
 """
@@ -93,10 +94,14 @@ class WorkerHealth:
         database: Callable[[], str | None],
         loop_lag: Callable[[], float | None],
         state: Callable[[], str],
+        schema: Callable[[], str | None] = lambda: None,
     ) -> None:
         """`loops`: each loop's pulse and thread; `loop_lag`: how long the event loop has
-        left a probe unrun (None without one); `state`: "starting", "running", "stopping"."""
+        left a probe unrun (None without one); `state`: "starting", "running", "stopping";
+        `schema`: why the worker claims no more jobs (a schema revision it does not know),
+        or None."""
         self.loops = loops
+        self.schema = schema
         self.stuck_after = stuck_after
         self.database = database
         self.loop_lag = loop_lag
@@ -135,7 +140,9 @@ class WorkerHealth:
             report["database"] = "not checked (not live)"
         elif state != "running":
             report["database"] = f"not checked (worker {state})"
-        ok = live and state == "running" and error is None
+        refusal = self.schema()
+        report["schema"] = "ok" if refusal is None else refusal
+        ok = live and state == "running" and error is None and refusal is None
         report["status"] = "ok" if ok else "failing"
         return ok, report
 

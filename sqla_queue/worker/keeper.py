@@ -3,7 +3,9 @@
 One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it):
 - registers the worker and extends its registration (the workers table), so other
   workers' reapers requeue its jobs within `dead_after` seconds if it dies; the same
-  statement says whether any queue has a limit (`limits`, read by the producer);
+  statement says whether any queue has a limit (`limits`, read by the producer); then it
+  reads the schema's revisions: one this code does not know stops its claims
+  (`schema_refusal`, read by the producer and `/readyz`);
 - extends the lease of every held job every quarter of its lease, and reports which
   jobs have started (the reaper refunds the attempt of one that had not);
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline,
@@ -30,7 +32,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from sqla_queue import queries
+from sqla_queue.errors import SchemaUnknownError
 from sqla_queue.health import Pulse
+from sqla_queue.migrate import head_revision, unknown_revisions
 from sqla_queue.models import JobStatus
 from sqla_queue.registry import Registry
 from sqla_queue.rollup import RollupWriter
@@ -95,6 +99,10 @@ class Keeper:
         self.tick = min(config.heartbeat, self.beat_jobs_every)
         self.last_job_beat = time.monotonic()
         self._loop_warned = False
+        self.schema_refusal: str | None = None
+        """Why this worker claims no more jobs: the database records a schema revision this
+        code does not know (a newer sqla-queue migrated it while it ran); None: it claims.
+        Checked at each worker beat; `/readyz` reports it."""
         self.limits = True
         """Whether some queue has a concurrency or rate limit, as of the last worker beat:
         the producer's claim takes the statement that honours limits only then."""
@@ -156,6 +164,7 @@ class Keeper:
                     if now >= next_worker_beat:
                         next_worker_beat = now + self.config.heartbeat
                         self.limits = bool(conn.execute(beat_worker, self._registration).scalar())
+                        self._check_schema(conn)
                         self.vacuum.check(conn)
                     jobs = self.board.snapshot()
                     if now >= next_job_beat:
@@ -177,6 +186,21 @@ class Keeper:
                     describe(exc),
                 )
             self.rollup.tick(self.engine)  # about once a minute; logs its own failures
+
+    def _check_schema(self, conn: Connection) -> None:
+        """Stop claiming once the database records a revision this code does not know (its
+        jobs may need what that revision added: a sequence, a limit), and say why; claim
+        again once it no longer does."""
+        unknown = unknown_revisions(conn)
+        refusal = None
+        if unknown:
+            why = SchemaUnknownError(found=", ".join(unknown), known=head_revision())
+            refusal = f"claiming no more jobs (those running finish): {why}"
+            if refusal != self.schema_refusal:
+                log.error("worker %s is %s", self.config.worker_id, refusal)
+        elif self.schema_refusal is not None:
+            log.info("the schema is at a revision this worker knows again: claiming again")
+        self.schema_refusal = refusal
 
     def _beat_jobs(self, conn: Connection, jobs: list[ClaimedJob]) -> None:
         if self._loop_stuck():  # an async handler blocks the loop: let its jobs be reaped

@@ -135,6 +135,7 @@ class Producer:
                     and want > 0
                     and (want == size or board.running == 0)
                     and not self._keeper_behind()
+                    and self.keeper.schema_refusal is None
                 ):
                     wrote = cfg.burst and bool(board.outcomes)
                     claimed = self.claim(want)  # writes pending outcomes first
@@ -179,8 +180,8 @@ class Producer:
                     deadline = self._time_out(now)
                     if deadline is not None:
                         timeouts.append(deadline - now)
-                if self._keeper_behind():
-                    timeouts.append(self.keeper.tick)
+                if self._keeper_behind() or self.keeper.schema_refusal is not None:
+                    timeouts.append(self.keeper.tick)  # look again once the keeper has
                 if board.ready and board.wake_waiting(now):
                     timeouts.append(WAKE_MORE_AFTER)
                 pulse.idle()
