@@ -173,6 +173,28 @@ def test_the_run_anyway_dependents_of_a_job_cancelled_while_running_wait_for_its
         assert [r["id"] for r in claim(conn, 10)] == [child_id]
 
 
+@pytest.mark.parametrize("on_failure", ["cancel", "run"])
+def test_a_dependent_enqueued_on_a_job_cancelled_while_running_waits_for_its_handler(
+    engine: Engine, on_failure: str
+) -> None:
+    with Session(engine) as session, session.begin():
+        parent = enqueue(session, "t", {})
+        session.flush()
+        parent_id = parent.id
+    with engine.connect() as conn:
+        running = claim(conn, 10)
+        cancel_running(conn, running)
+        with Session(engine) as session, session.begin():
+            child = enqueue(
+                session, "t", {}, depends_on=[Dependency(parent_id, on_failure=on_failure)]
+            )
+            session.flush()
+            child_id = child.id
+        assert status_of(engine, child_id) == "waiting"
+        handlers_returned(conn, running)
+    assert status_of(engine, child_id) == {"cancel": "cancelled", "run": "queued"}[on_failure]
+
+
 def test_the_reaper_ends_a_cancelled_job_whose_worker_is_gone_and_frees_what_it_held(
     engine: Engine,
 ) -> None:
