@@ -10,38 +10,14 @@ import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
+from turns_kit import claim, fail, finish, make_queue
 
 from sqla_queue import Dependency, admin, enqueue, enqueue_many, partitions, queries
 from sqla_queue.models import NOTIFY_CHANNEL
 
 
-def claim(conn: Connection, limit: int, queues: list[str] | None = None) -> list[Any]:
-    params: dict[str, Any] = {"limit": limit, "worker_id": "w"}
-    if queues is not None:
-        params["queues"] = queues
-    rows = conn.execute(queries.claim_jobs(queues), params).mappings().all()
-    conn.commit()
-    return list(rows)
-
-
 def batch(rows: list[Any]) -> dict[str, list[int]]:
     return {"job_ids": [r["id"] for r in rows], "job_attempts": [r["attempts"] for r in rows]}
-
-
-def finish(conn: Connection, rows: list[Any]) -> None:
-    conn.execute(queries.complete_jobs(), batch(rows))
-    conn.commit()
-
-
-def fail(conn: Connection, ids: list[int]) -> None:
-    conn.execute(
-        text(
-            "UPDATE sqla_queue.jobs SET status = 'failed', finished_at = now(), "
-            "lease_expires_at = NULL WHERE id = ANY(:ids)"
-        ),
-        {"ids": ids},
-    )
-    conn.commit()
 
 
 def cancel_running(conn: Connection, rows: list[Any]) -> None:
@@ -63,15 +39,6 @@ def status_of(engine: Engine, job_id: int) -> str:
                 text("SELECT status FROM sqla_queue.jobs WHERE id = :i"), {"i": job_id}
             ).scalar_one()
         )
-
-
-def make_queue(engine: Engine, name: str, **settings: Any) -> None:
-    with engine.begin() as conn:
-        admin.create_queue(conn, name)
-        if settings.get("fair"):
-            partitions.set_fair(conn, name, True)
-        if "partition_limit" in settings:
-            partitions.set_partition_limit(conn, name, settings["partition_limit"])
 
 
 def seq_jobs(engine: Engine, sequence: str, count: int, queue: str, **extra: Any) -> list[int]:
@@ -100,7 +67,7 @@ def test_partitions_held_behind_failed_sequences_do_not_starve_a_fair_queue(
     for tenant in ("a-held", "b-held"):
         ids = seq_jobs(engine, f"seq-{tenant}", 3, "tenants", partition=tenant)
         with engine.connect() as conn:
-            fail(conn, ids[:1])
+            fail(conn, [{"id": ids[0]}])
     with Session(engine) as session, session.begin():
         enqueue_many(
             session,
@@ -243,7 +210,7 @@ def test_a_clean_up_in_the_sequence_of_the_failed_job_it_depends_on_runs(
         step_id, after_id, cleanup_id = step.id, after.id, cleanup.id
     with engine.connect() as conn:
         assert [r["id"] for r in claim(conn, 10, ["steps"])] == [step_id]
-        fail(conn, [step_id])
+        fail(conn, [{"id": step_id}])
         assert status_of(engine, cleanup_id) == "queued"
         # the clean-up runs in the failed job's place; the job between them stays held
         running = claim(conn, 10, ["steps"])
@@ -269,7 +236,7 @@ def test_a_clean_up_still_waits_for_the_jobs_before_the_one_it_cleans_up_after(
         session.flush()
         first_id, step_id, cleanup_id = first.id, step.id, cleanup.id
     with engine.connect() as conn:
-        fail(conn, [step_id])  # as if it had run out of turn (a retry of the first, say)
+        fail(conn, [{"id": step_id}])  # as if it had run out of turn (a retry of the first, say)
         assert status_of(engine, cleanup_id) == "queued"
         assert claim(conn, 10) == []  # the first, queued, is still ahead of both
         conn.execute(
