@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from races import Race, open_transactions
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 from turns_kit import claim, fail, finish, make_queue
@@ -332,3 +333,36 @@ def test_a_tenants_first_job_waits_only_behind_what_was_claimed_before_it_was_du
             b_id = b_job.id
         after = claim(conn, 16, ["tenants"])
     assert after[0]["id"] == b_id  # the first job of the first claim after it was due
+
+
+# -- the races: a cancel, and the handler's return, held open while a claim runs --------------
+
+
+@pytest.mark.parametrize("settings", QUEUES)
+def test_a_claim_beside_an_open_cancel_and_an_open_release_never_takes_the_next_of_the_sequence(
+    engine: Engine, settings: dict[str, Any]
+) -> None:
+    make_queue(engine, "steps", **settings)
+    ids = seq_jobs(engine, "order-1", 2, "steps")
+    with engine.connect() as conn:
+        running = claim(conn, 10, ["steps"])
+
+    def claim_beside() -> list[Any]:
+        with engine.connect() as conn:
+            return claim(conn, 10, ["steps"])
+
+    with Race(engine) as race:
+        cancel = race.hold(lambda conn: admin.cancel_jobs(conn, ids[:1]))
+        assert cancel.value == {ids[0]: "running"}
+        beside = race.beside(claim_beside, "claim beside the open cancel")
+        assert beside.result() == []  # it neither waits for the cancel nor takes the next
+        cancel.commit()
+        assert race.beside(claim_beside, "claim after the cancel").result() == []
+        release = race.hold(
+            lambda conn: conn.execute(queries.free_cancelled_jobs(), batch(running))
+        )
+        assert race.beside(claim_beside, "claim beside the open release").result() == []
+        release.commit()
+        after = race.beside(claim_beside, "claim after the handler returned").result()
+    assert [r["id"] for r in after] == ids[1:]
+    assert open_transactions(engine) == []
