@@ -149,7 +149,7 @@ def sequence_free(table: Any) -> ColumnElement[bool]:
     handler returns). A job that depends on a failed job of its sequence through an
     `on_failure="run"` edge (a clean-up) is held neither by it nor by the jobs behind it.
 
-    The same text as `SEQUENCE_FREE` of migration sqlaq_0014 (`claim_turns`). A job's
+    The same text as `SEQUENCE_FREE` of migration sqlaq_0015 (`claim_turns`). A job's
     earlier jobs are those of lower id: its enqueue order. Two probes, each with an index
     condition on all of `ix_jobs_sequence`'s columns (sequence, status, id), which holds
     exactly the rows that may hold a sequence: the head of a sequence reads no row; and one

@@ -13,24 +13,24 @@
   edge (a clean-up) is not held by it, nor by the jobs waiting behind it: it runs in the
   failed job's place, and the sequence stays held for the rest.
 
-No table changes; `claim_turns`, `job_ended` and the `job_ended_update` trigger are replaced.
+No table changes; `claim_turns` (sqlaq_0013's) and `job_ended` (sqlaq_0014's, amended) and the
+`job_ended_update` trigger are replaced.
 
-Revision ID: sqlaq_0014
-Revises: sqlaq_0013
+Revision ID: sqlaq_0015
+Revises: sqlaq_0014
 Create Date: 2026-12-06
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 from alembic import op
 
-revision: str = "sqlaq_0014"
-down_revision: str | Sequence[str] | None = "sqlaq_0013"
+revision: str = "sqlaq_0015"
+down_revision: str | Sequence[str] | None = "sqlaq_0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -258,25 +258,11 @@ $$
 """
 
 
-JOB_ENDED = f"""
-CREATE OR REPLACE FUNCTION {SCHEMA}.job_ended() RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    job_id bigint;
-    ended text;
-    frontier bigint[];
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        job_id := OLD.id;
-        IF OLD.status IN ('done', 'failed', 'cancelled') THEN
-            RETURN NULL;  -- its outcome was recorded when it ended
-        END IF;
-        -- a running row is deleted by the worker that finished it (retention delete or
-        -- archive); a queued or waiting one by an admin: it will never run
-        ended := CASE WHEN OLD.status = 'running' THEN 'done' ELSE 'cancelled' END;
-    ELSE
-        job_id := NEW.id;
-        IF NEW.status = 'cancelled' AND OLD.status = 'running'
+_ENDED_AT_ONCE = """        IF NEW.status IN ('done', 'failed', 'cancelled')
+           AND OLD.status NOT IN ('done', 'failed', 'cancelled') THEN
+            ended := NEW.status;
+"""
+_ENDED_WHEN_THE_HANDLER_RETURNS = """        IF NEW.status = 'cancelled' AND OLD.status = 'running'
            AND NEW.lease_expires_at IS NOT NULL THEN
             RETURN NULL;  -- cancelled while its handler runs: it ends when the handler returns
         ELSIF NEW.status IN ('done', 'failed', 'cancelled')
@@ -285,61 +271,15 @@ BEGIN
         ELSIF NEW.status = 'cancelled' AND OLD.status = 'cancelled'
            AND OLD.lease_expires_at IS NOT NULL AND NEW.lease_expires_at IS NULL THEN
             ended := 'cancelled';  -- the handler of a job cancelled while it ran returned
-        ELSIF OLD.status IN ('failed', 'cancelled') AND NEW.status IN ('queued', 'waiting') THEN
-            IF pg_trigger_depth() > 1 THEN
-                RETURN NULL;  -- revived below, by the retry that started it
-            END IF;
-            -- retried: its dependents that ended cancelled wait again, level by level;
-            -- a waiting one that counted it (or a revived job) as ended through an
-            -- on_failure = 'run' edge waits for it again (its next end counts once)
-            frontier := ARRAY[job_id];
-            LOOP
-                -- (one that had become due on it goes back to waiting, if not started)
-                UPDATE {SCHEMA}.jobs c
-                SET deps_left = coalesce(c.deps_left, 0) + (
-                    SELECT count(*) FROM {SCHEMA}.job_deps d
-                    WHERE d.child_id = c.id AND d.parent_id = ANY (frontier)
-                      AND d.on_failure = 'run' AND d.parent_status IN ('failed', 'cancelled')),
-                    status = 'waiting'
-                WHERE c.status IN ('waiting', 'queued')
-                  AND c.id IN (SELECT d.child_id FROM {SCHEMA}.job_deps d
-                               WHERE d.parent_id = ANY (frontier) AND d.on_failure = 'run'
-                                 AND d.parent_status IN ('failed', 'cancelled'));
-                UPDATE {SCHEMA}.job_deps SET parent_status = NULL
-                WHERE parent_id = ANY (frontier);
-                WITH revived AS (
-                    UPDATE {SCHEMA}.jobs c
-                    SET status = 'waiting', finished_at = NULL, last_error = NULL,
-                        deps_left = (
-                            SELECT count(*) FROM {SCHEMA}.job_deps d
-                            WHERE d.child_id = c.id AND d.parent_status IS DISTINCT FROM 'done'
-                              AND NOT (d.on_failure = 'run' AND d.parent_status IS NOT NULL))
-                    WHERE c.status = 'cancelled'
-                      AND c.id IN (SELECT d.child_id FROM {SCHEMA}.job_deps d
-                                   WHERE d.parent_id = ANY (frontier))
-                      AND NOT EXISTS (
-                          SELECT 1 FROM {SCHEMA}.job_deps d
-                          WHERE d.child_id = c.id AND d.on_failure = 'cancel'
-                            AND d.parent_status IN ('failed', 'cancelled'))
-                    RETURNING c.id)
-                SELECT array_agg(id) INTO frontier FROM revived;
-                EXIT WHEN frontier IS NULL;
-            END LOOP;
-            RETURN NULL;
-        ELSE
-            RETURN NULL;
-        END IF;
-    END IF;
-
-    -- recorded here, acted on once per statement (jobs_ended), in child id order
-    PERFORM set_config(
-        'sqla_queue.ended',
-        coalesce(current_setting('sqla_queue.ended', true), '') || job_id || ':' || ended || ',',
-        true);
-    RETURN NULL;
-END
-$$
 """
+
+
+def _job_ended(before: str) -> str:
+    """sqlaq_0014's `job_ended` with a job cancelled while its handler runs ending for its
+    dependents when the handler returns (its lease cleared), not when it is cancelled."""
+    if before.count(_ENDED_AT_ONCE) != 1:
+        raise RuntimeError("sqlaq_0014's job_ended is not the text sqlaq_0015 amends")
+    return before.replace(_ENDED_AT_ONCE, _ENDED_WHEN_THE_HANDLER_RETURNS)
 
 
 # also when the lease of a job cancelled while it ran is cleared: its handler returned
@@ -359,20 +299,14 @@ CREATE TRIGGER job_ended_update AFTER UPDATE ON {SCHEMA}.jobs
 """
 
 
-def _revision(name: str) -> ModuleType:
-    """An earlier revision's module of this folder (its functions' texts, for downgrade)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"sqla_queue_revision_{name}", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load revision {name} from {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _revision(name: str) -> Any:
+    """An earlier revision's module (the texts of the functions it created)."""
+    return importlib.import_module(f"sqla_queue.migrations.versions.{name}")
 
 
 def upgrade() -> None:
     op.execute(CLAIM_TURNS)
-    op.execute(JOB_ENDED)
+    op.execute(_job_ended(_revision("sqlaq_0014_workflow_triggers").JOB_ENDED))
     op.execute(JOB_ENDED_TRIGGER)
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 
@@ -380,6 +314,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(f"DROP FUNCTION {SCHEMA}.claim_turns")
     op.execute(_revision("sqlaq_0013_partitions_sequences").CLAIM_TURNS)
-    op.execute(_revision("sqlaq_0009_workflows").JOB_ENDED)
+    op.execute(_revision("sqlaq_0014_workflow_triggers").JOB_ENDED)
     op.execute(OLD_JOB_ENDED_TRIGGER)
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {down_revision}'")
