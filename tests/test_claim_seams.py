@@ -52,6 +52,17 @@ def seq_jobs(engine: Engine, sequence: str, count: int, queue: str, **extra: Any
         return [h.id for h in handles]
 
 
+def running_head(engine: Engine, settings: dict[str, Any]) -> tuple[list[int], list[Any]]:
+    """Queue `steps` made with `settings`, two jobs of sequence order-1 in it, the first
+    claimed: their ids, and the claimed rows."""
+    make_queue(engine, "steps", **settings)
+    ids = seq_jobs(engine, "order-1", 2, "steps")
+    with engine.connect() as conn:
+        running = claim(conn, 10, ["steps"])
+    assert [r["id"] for r in running] == ids[:1]
+    return ids, running
+
+
 # both claim paths: the plain claim (`sequence_free`) and a fair queue's (`claim_turns`)
 QUEUES = [pytest.param({}, id="fifo"), pytest.param({"fair": True}, id="fair")]
 
@@ -93,11 +104,8 @@ def test_partitions_held_behind_failed_sequences_do_not_starve_a_fair_queue(
 def test_a_job_cancelled_while_running_holds_its_sequence_until_its_handler_returns(
     engine: Engine, settings: dict[str, Any]
 ) -> None:
-    make_queue(engine, "steps", **settings)
-    ids = seq_jobs(engine, "order-1", 2, "steps")
+    ids, running = running_head(engine, settings)
     with engine.connect() as conn:
-        running = claim(conn, 10, ["steps"])
-        assert [r["id"] for r in running] == ids[:1]
         cancel_running(conn, running)
         assert claim(conn, 10, ["steps"]) == []  # two of one sequence would run at once
         handlers_returned(conn, running)
@@ -342,10 +350,7 @@ def test_a_tenants_first_job_waits_only_behind_what_was_claimed_before_it_was_du
 def test_a_claim_beside_an_open_cancel_and_an_open_release_never_takes_the_next_of_the_sequence(
     engine: Engine, settings: dict[str, Any]
 ) -> None:
-    make_queue(engine, "steps", **settings)
-    ids = seq_jobs(engine, "order-1", 2, "steps")
-    with engine.connect() as conn:
-        running = claim(conn, 10, ["steps"])
+    ids, running = running_head(engine, settings)
 
     def claim_beside() -> list[Any]:
         with engine.connect() as conn:
