@@ -196,12 +196,19 @@ class Recorder:
         found = [
             f"job {job_id} of sequence {sequence!r} started while job {other} of its sequence "
             f"was {status}" + (" in a queue that holds sequences on failure" * (status == "failed"))
-            for other, status, same_sequence, _, skips in rows
+            for other, status, same_sequence, _, skips, cleans_up_from in rows
             if same_sequence
-            and (status == "running" or (other < job_id and not (status == "failed" and skips)))
+            and (
+                status.startswith("running")
+                or (
+                    other < job_id
+                    and not (status == "failed" and skips)
+                    and not (cleans_up_from is not None and other >= cleans_up_from)
+                )
+            )
             and not (job_id in self.overtaken and other > job_id)
         ]
-        neighbours = sum(1 for r in rows if r.same_partition and r.status == "running")
+        neighbours = sum(1 for r in rows if r.same_partition and r.status.startswith("running"))
         if limit is not None and neighbours + 1 > limit:
             found.append(
                 f"job {job_id} of queue {queue!r} started with {neighbours} other job(s) of its "
@@ -213,19 +220,31 @@ class Recorder:
 TURN_NEIGHBOURS = text(
     """
     WITH me AS (SELECT id, queue, partition, sequence FROM sqla_queue.jobs WHERE id = :id)
-    SELECT j.id, j.status, coalesce(j.sequence = me.sequence, false) AS same_sequence,
+    SELECT j.id,
+        CASE WHEN j.status = 'cancelled' THEN 'running (cancelled)' ELSE j.status END AS status,
+        coalesce(j.sequence = me.sequence, false) AS same_sequence,
         j.queue = me.queue AND j.partition IS NOT DISTINCT FROM me.partition AS same_partition,
-        q.sequence_on_failure = 'skip' AS skips
+        q.sequence_on_failure = 'skip' AS skips,
+        (SELECT min(f.id) FROM sqla_queue.job_deps d JOIN sqla_queue.jobs f ON f.id = d.parent_id
+         WHERE d.child_id = me.id AND d.on_failure = 'run' AND f.status = 'failed'
+           AND f.sequence = me.sequence) AS cleans_up_from
     FROM me
     JOIN sqla_queue.jobs j ON j.id <> me.id AND (
-        (j.sequence = me.sequence AND j.status IN ('queued', 'running', 'waiting', 'failed'))
-        OR (j.queue = me.queue AND j.status = 'running'
+        (j.sequence = me.sequence AND (j.status IN ('queued', 'running', 'waiting', 'failed')
+                                       OR (j.status = 'cancelled'
+                                           AND j.lease_expires_at IS NOT NULL)))
+        OR (j.queue = me.queue AND (j.status = 'running'
+                                    OR (j.status = 'cancelled'
+                                        AND j.lease_expires_at IS NOT NULL))
             AND j.partition IS NOT DISTINCT FROM me.partition))
     JOIN sqla_queue.queues q ON q.name = j.queue
     """
 )
 """The jobs that may forbid job `:id`'s start: those of its sequence that may hold it, and the
-running jobs of its queue's partition (the jobs without a partition are one partition)."""
+running jobs of its queue's partition (the jobs without a partition are one partition); a
+job cancelled while its handler runs holds both as a running one does. `cleans_up_from`: the
+first failed job of its sequence it depends on through an on_failure 'run' edge (a clean-up
+runs in its place, ahead of the jobs behind it)."""
 
 
 def build_registry(recorder: Recorder) -> Registry:

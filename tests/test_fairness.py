@@ -8,38 +8,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from turns_kit import claim, fail, finish, make_queue
 
-from sqla_queue import Job, admin, enqueue, enqueue_many, partitions, queries
+from sqla_queue import Job, admin, enqueue, enqueue_many, partitions
 from sqla_queue.errors import ConfigurationError, InvalidJobError, UnknownQueueError
-
-
-def claim(conn: Connection, limit: int, queues: list[str] | None = None) -> list[Any]:
-    params: dict[str, Any] = {"limit": limit, "worker_id": "w"}
-    if queues is not None:
-        params["queues"] = queues
-    rows = conn.execute(queries.claim_jobs(queues), params).mappings().all()
-    conn.commit()
-    return list(rows)
-
-
-def finish(conn: Connection, rows: list[Any]) -> None:
-    params = {"job_ids": [r["id"] for r in rows], "job_attempts": [r["attempts"] for r in rows]}
-    conn.execute(queries.complete_jobs(), params)
-    conn.commit()
-
-
-def fail(conn: Connection, rows: list[Any]) -> None:
-    ids = [r["id"] for r in rows]
-    conn.execute(
-        text(
-            "UPDATE sqla_queue.jobs SET status = 'failed', finished_at = now(), "
-            "lease_expires_at = NULL WHERE id = ANY(:ids)"
-        ),
-        {"ids": ids},
-    )
-    conn.commit()
 
 
 def partitions_of(engine: Engine, rows: list[Any]) -> list[str | None]:
@@ -51,19 +25,6 @@ def partitions_of(engine: Engine, rows: list[Any]) -> list[str | None]:
             ).all()
         )
     return [found[i] for i in ids]
-
-
-def make_queue(engine: Engine, name: str = "tenants", **settings: Any) -> None:
-    with engine.begin() as conn:
-        admin.create_queue(conn, name)
-        if settings.get("fair"):
-            partitions.set_fair(conn, name, True)
-        if "partition_limit" in settings:
-            partitions.set_partition_limit(conn, name, settings["partition_limit"])
-        if "aging" in settings:
-            partitions.set_aging(conn, name, settings["aging"])
-        if "sequence_on_failure" in settings:
-            partitions.set_sequence_on_failure(conn, name, settings["sequence_on_failure"])
 
 
 def backlog(engine: Engine, counts: dict[str, int], queue: str = "tenants", **extra: Any) -> None:

@@ -488,10 +488,11 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
     # -- workflows ------------------------------------------------------------------------
 
     def _outcome(self, job_id: int) -> str | None:
-        """How the job ended (None: it has not), from the latest observation."""
+        """How the job ended (None: it has not), from the latest observation. A job
+        cancelled while its handler runs ends for its dependents when the handler returns."""
         row = self.seen.get(job_id)
         if row is not None:
-            return row.status if row.status in ENDED else None
+            return row.status if row.status in ENDED and not row.held else None
         return self.jobs[job_id].gone_as
 
     @precondition(lambda self: self.seen)

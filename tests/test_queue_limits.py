@@ -11,6 +11,7 @@ from apps.support import WorkerThread, count_where, enqueue_jobs, wait_for
 from click.testing import CliRunner, Result
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
+from turns_kit import claim
 
 from sqla_queue import Registry, admin, enqueue_many, queries
 from sqla_queue.cli import main
@@ -31,15 +32,6 @@ def make_queue(engine: Engine, name: str, **limits: Any) -> None:
             admin.set_max_running(conn, name, limits["concurrency"])
         if "rate" in limits:
             admin.set_rate(conn, name, limits["rate"])
-
-
-def claim(conn: Connection, limit: int, queues: list[str] | None = None) -> list[Any]:
-    params: dict[str, Any] = {"limit": limit, "worker_id": "w"}
-    if queues is not None:
-        params["queues"] = queues
-    rows = conn.execute(queries.claim_jobs(queues), params).mappings().all()
-    conn.commit()
-    return list(rows)
 
 
 def running(engine: Engine, queue: str) -> int:

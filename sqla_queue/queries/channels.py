@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Select, Text, bindparam, func, select
+from sqlalchemy import Select, Text, bindparam, case, func, select
 
-from sqla_queue.models import NOTIFY_CHANNEL
+from sqla_queue.models import NOTIFY_CHANNEL, JobStatus
 
-from .common import queue_names_param
+from .common import _is, jobs, queue_names_param
 
 RESULTS_CHANNEL = f"{NOTIFY_CHANNEL}_results"
 """The channel on which finishing statements name (by id) the jobs that reached a final
@@ -34,3 +34,20 @@ LISTEN_RESULTS = f'LISTEN "{RESULTS_CHANNEL}"'
 def notify_cancelled() -> Select[Any]:
     """`pg_notify(CANCEL_CHANNEL, :job_ids)`: running jobs that were cancelled, on commit."""
     return select(func.pg_notify(CANCEL_CHANNEL, bindparam("job_ids", type_=Text)))
+
+
+def wake_sequence_successor(sequence: Any, job_id: Any) -> Any:
+    """`pg_notify` on the queue of the next queued job of `sequence` (a column) after job
+    `job_id`, when there is one (else NULL): the end of the job that held a sequence lets
+    the next one start, and no other notification would wake an idle worker for it (it
+    would wait out its poll interval, one job of the sequence per interval). One probe of
+    `ix_jobs_sequence`; none for a job of no sequence."""
+    n = jobs.alias("n")
+    successor = (
+        select(func.pg_notify(NOTIFY_CHANNEL, n.c.queue))
+        .where(n.c.sequence == sequence, _is(JobStatus.queued, n), n.c.id > job_id)
+        .order_by(n.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return case((sequence.is_not(None), successor))

@@ -39,13 +39,16 @@ from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
 from sqla_queue.models import (
     DEFAULT_MAX_ATTEMPTS,
     JobStatus,
+    OnFailure,
     Retention,
 )
 
+from .channels import wake_sequence_successor
 from .common import (
     CLAIMED_COLUMNS,
     _held,
     _is,
+    cancelled_held,
     claimed_columns,
     job_ids_param,
     jobs,
@@ -53,6 +56,7 @@ from .common import (
     queue_starts,
     queues,
 )
+from .workflows import deps as job_deps
 
 # -- claim -----------------------------------------------------------------------------------
 
@@ -140,20 +144,38 @@ def _turns(table: Any = queues) -> ColumnElement[bool]:
 def sequence_free(table: Any) -> ColumnElement[bool]:
     """A job of no sequence, or one no other job of its sequence holds: no earlier one
     queued, running or waiting, nor failed in a queue whose `sequence_on_failure` is
-    `hold`, and no later one running (an earlier job retried while a later one runs waits).
+    `hold`, no later one running (an earlier job retried while a later one runs waits), and
+    none cancelled while its handler runs (`cancelled_held`: it holds its sequence until the
+    handler returns). A job that depends on a failed job of its sequence through an
+    `on_failure="run"` edge (a clean-up) is held neither by it nor by the jobs behind it.
 
-    The same text as `SEQUENCE_FREE` of migration sqlaq_0013 (`claim_turns`). A job's
+    The same text as `SEQUENCE_FREE` of migration sqlaq_0015 (`claim_turns`). A job's
     earlier jobs are those of lower id: its enqueue order. Two probes, each with an index
     condition on all of `ix_jobs_sequence`'s columns (sequence, status, id), which holds
-    exactly the rows that may hold a sequence: the head of a sequence reads no row.
+    exactly the rows that may hold a sequence: the head of a sequence reads no row; and one
+    of `ix_jobs_cancelled_held` (a few rows).
     """
     e, s = _alias("e"), queues.alias("s")
     skips = select(_ONE).where(s.c.name == e.c.queue, s.c.sequence_on_failure == _text("skip"))
+    f = _alias("f")
+    cleans_up_after = (
+        select(_ONE)
+        .select_from(job_deps.join(f, f.c.id == job_deps.c.parent_id))
+        .where(
+            job_deps.c.child_id == table.c.id,
+            job_deps.c.on_failure == _text(OnFailure.run.value),
+            f.c.status == literal_column(f"'{JobStatus.failed.value}'"),
+            f.c.sequence == table.c.sequence,
+            f.c.id <= e.c.id,
+        )
+        .correlate_except(job_deps, f)  # two levels out: `table` and `e`
+    )
     earlier = select(_ONE).where(
         e.c.sequence == table.c.sequence,
         status_in(e.c.status, HOLDS_SEQUENCE),
         e.c.id < table.c.id,
         or_(e.c.status != literal_column(f"'{JobStatus.failed.value}'"), ~exists(skips)),
+        or_(e.c.status == literal_column(f"'{JobStatus.running.value}'"), ~exists(cleans_up_after)),
     )
     r = _alias("sr")  # not "r": the name of claim_turns rows
     later_running = select(_ONE).where(
@@ -161,7 +183,12 @@ def sequence_free(table: Any) -> ColumnElement[bool]:
         r.c.status == literal_column(f"'{JobStatus.running.value}'"),
         r.c.id > table.c.id,
     )
-    return or_(table.c.sequence.is_(None), and_(~exists(earlier), ~exists(later_running)))
+    h = _alias("sh")
+    handler_running = select(_ONE).where(cancelled_held(h), h.c.sequence == table.c.sequence)
+    return or_(
+        table.c.sequence.is_(None),
+        and_(~exists(earlier), ~exists(later_running), ~exists(handler_running)),
+    )
 
 
 def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
@@ -454,7 +481,13 @@ def complete_and_claim(
     keeps_rows = exists().where(
         queues.c.name == d.c.queue, queues.c.retention != _text(Retention.delete.value)
     )
-    removed = delete(d).where(*_held(d), ~keeps_rows).returning(d.c.id).cte("removed")
+    removed = delete(d).where(*_held(d), ~keeps_rows).returning(d.c.id, d.c.sequence).cte("removed")
     finished = select(func.count()).select_from(removed).scalar_subquery().label("finished")
+    # this statement's claim sees the removed jobs still holding their sequences: the
+    # next of each is claimed by a later claim, which this wakes (a one-time filter: it
+    # runs whether or not anything is claimed)
+    woken = select(
+        func.count(wake_sequence_successor(removed.c.sequence, removed.c.id))
+    ).scalar_subquery()
     claim = claim_jobs(queue_names, limits, size, settings)
-    return claim.add_cte(removed).add_columns(finished)
+    return claim.add_cte(removed).add_columns(finished).where(woken >= 0)

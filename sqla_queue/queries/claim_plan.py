@@ -93,11 +93,27 @@ def claim_plan(conn: Connection, queue_names: list[str] | None = None, batch: in
         conn.exec_driver_sql("RESET plan_cache_mode")
 
 
+def _outside_subplans(plan: str) -> str:
+    """The lines of `plan` that are not inside a SubPlan: the probes a filter runs per row
+    (a job's sequence, say) may read any index any way; the scan they filter is the rest."""
+    kept: list[str] = []
+    inside: int | None = None  # the indentation of the SubPlan being skipped
+    for line in plan.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if inside is not None and indent > inside:
+            continue
+        inside = indent if line.strip().startswith("SubPlan") else None
+        if inside is None:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def reads_claim_index_in_order(plan: str) -> bool:
     """Whether the plan's locking scan (the candidates CTE) reads a claim index in order:
-    an index scan of `ix_jobs_claim*` with no sort and no bitmap scan under the lock."""
+    an index scan of `ix_jobs_claim*` with no sort and no bitmap scan under the lock (in
+    the SubPlans its filter runs per row, any index read goes)."""
     candidates = plan.split("CTE candidates")[-1].split("\n  CTE ")[0]
-    locking = candidates.split("LockRows", 1)[-1]
+    locking = _outside_subplans(candidates.split("LockRows", 1)[-1])
     ordered = re.search(r"Index (Only )?Scan using ix_jobs_claim", locking) is not None
     return ordered and "Sort" not in locking and "Bitmap" not in locking
 

@@ -50,7 +50,7 @@ from sqla_queue.models import (
     Retention,
 )
 
-from .channels import RESULTS_CHANNEL
+from .channels import RESULTS_CHANNEL, wake_sequence_successor
 from .claim import (
     _ONE,
     _SECOND,
@@ -142,6 +142,16 @@ def _wake_limited(queue: Any) -> Any:
     return case((_limited_queue(queue), func.pg_notify(NOTIFY_CHANNEL, queue)))
 
 
+def _wake_after(table: Any) -> Any:
+    """The notifications a job of `table` (the jobs, an alias or a CTE of their columns)
+    sends when it ends or lets go of what it held: its limited queue's (`_wake_limited`) and
+    the queue of the next job of its sequence (`wake_sequence_successor`). `num_nulls`
+    evaluates both; its value is of no use."""
+    return func.num_nulls(
+        _wake_limited(table.c.queue), wake_sequence_successor(table.c.sequence, table.c.id)
+    )
+
+
 def _completion_ctes() -> tuple[CTE, ...]:
     """Finish a batch of succeeded jobs as each one's queue's retention says, read now.
 
@@ -204,7 +214,7 @@ def _completion_ctes() -> tuple[CTE, ...]:
             result=stays.c.result.cast(JSONB),
             **{**_ENDED, "started_at": _started(k)},
         )
-        .returning(k.c.id, k.c.queue, stays.c.result.is_not(None).label("told"))
+        .returning(k.c.id, k.c.queue, k.c.sequence, stays.c.result.is_not(None).label("told"))
         .cte("kept")
     )
     return removed, archived, kept
@@ -224,12 +234,12 @@ def complete_jobs() -> Select[Any]:
         + select(func.count()).select_from(kept).scalar_subquery()
     )
     ended = union_all(
-        select(removed.c.id, removed.c.queue, removed.c.told),
-        select(kept.c.id, kept.c.queue, kept.c.told),
+        select(removed.c.id, removed.c.queue, removed.c.sequence, removed.c.told),
+        select(kept.c.id, kept.c.queue, kept.c.sequence, kept.c.told),
     ).subquery("e")
     notified = select(
         func.count(case((ended.c.told, func.pg_notify(RESULTS_CHANNEL, ended.c.id.cast(Text)))))
-        + func.count(_wake_limited(ended.c.queue))
+        + func.count(_wake_after(ended))
     ).scalar_subquery()
     # the WHERE only makes the notifications run (a CTE nobody reads would not)
     return select(finished).where(notified >= 0).add_cte(archived)
@@ -301,7 +311,7 @@ def retry_jobs() -> Update:
             locked_at=None,
             **_ENDED,
         )
-        .returning(_wake_limited(jobs.c.queue))
+        .returning(_wake_after(jobs))
     )
 
 
@@ -330,7 +340,7 @@ def snooze_jobs() -> Update:
             locked_at=None,
             **_ENDED,
         )
-        .returning(_wake_limited(jobs.c.queue))
+        .returning(_wake_after(jobs))
     )
 
 
@@ -382,7 +392,7 @@ def defer_jobs() -> Update:
             locked_at=None,
             **_ENDED,
         )
-        .returning(_wake_limited(jobs.c.queue))
+        .returning(_wake_after(jobs))
     )
 
 
@@ -404,9 +414,7 @@ def fail_jobs() -> Update:
             heartbeat_at=None,
             lease_expires_at=None,
         )
-        .returning(
-            func.pg_notify(RESULTS_CHANNEL, jobs.c.id.cast(Text)), _wake_limited(jobs.c.queue)
-        )
+        .returning(func.pg_notify(RESULTS_CHANNEL, jobs.c.id.cast(Text)), _wake_after(jobs))
     )
 
 
@@ -489,7 +497,7 @@ def free_cancelled_jobs() -> Update:
         update(jobs)
         .where(jobs.c.id == batch.c.id, jobs.c.attempts == batch.c.attempt, cancelled_held())
         .values(heartbeat_at=None, lease_expires_at=None)
-        .returning(_wake_limited(jobs.c.queue))
+        .returning(_wake_after(jobs))
     )
 
 
@@ -515,7 +523,7 @@ def free_unheld_cancelled_jobs() -> Update:
         update(jobs)
         .where(cancelled_held(), or_(jobs.c.lease_expires_at < func.now(), unheld))
         .values(heartbeat_at=None, lease_expires_at=None)
-        .returning(_wake_limited(jobs.c.queue))
+        .returning(_wake_after(jobs))
     )
 
 

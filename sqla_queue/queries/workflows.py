@@ -39,7 +39,7 @@ from sqlalchemy.sql.dml import Insert
 from sqla_queue.job.states import UNFINISHED, JobStatus, sql_literal, status_in, statuses
 from sqla_queue.models import JobDependency
 
-from .common import archive, jobs, of_workflow, queues
+from .common import archive, cancelled_held, jobs, of_workflow, queues
 
 deps = cast(Table, JobDependency.__table__)
 
@@ -56,7 +56,8 @@ def flag_parents() -> Update:
     """Lock the jobs `:parent_ids` (in id order: two linkers never deadlock) and flag them as
     having dependents, so their end fires the workflow triggers; a parent outside any
     workflow joins `:parent_workflows` (its own id as text where that is NULL). Returns
-    each one's id, status, workflow and whether its queue is routed to a broker.
+    each one's id, status (`running` for one cancelled while its handler runs), workflow
+    and whether its queue is routed to a broker.
 
     The lock is what makes linking safe against the parent ending meanwhile: a worker's
     finishing statement waits for this transaction, then sees the flag and the edges."""
@@ -85,7 +86,11 @@ def flag_parents() -> Update:
         )
         .returning(
             jobs.c.id,
-            jobs.c.status,
+            # cancelled while its handler runs: it ends for its dependents when that returns
+            case(
+                (cancelled_held(), literal_column(f"'{JobStatus.running.value}'")),
+                else_=jobs.c.status,
+            ).label("status"),
             jobs.c.workflow_id,
             func.coalesce(routed, False).label("routed"),
         )
