@@ -185,11 +185,14 @@ def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: 
         )
         return
     for key, value in job.as_dict().items():
-        if key in ("args", "meta", "last_error", "errors"):
+        if key in ("args", "meta", "last_error", "errors", "result", "max_attempts"):
             continue
-        click.echo(f"{key}: {'' if value is None else value}")
+        shown = job.attempts_text if key == "attempts" else value
+        click.echo(f"{key}: {'' if shown is None else shown}")
     click.echo(f"args: {json.dumps(job.args)}")
     click.echo(f"meta: {json.dumps(job.meta)}")
+    if job.result is not None:
+        click.echo(f"result: {json.dumps(job.result, ensure_ascii=False)}")
     _echo_links(links)
     _echo_errors(job.errors or [], tracebacks)
     if job.last_error:
