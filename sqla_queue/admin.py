@@ -233,7 +233,7 @@ class JobDetail(JobSummary):
 
     @property
     def attempts_text(self) -> str:
-        """"1 of 5": its attempts and its budget (unknown until a worker that knows its
+        """ "1 of 5": its attempts and its budget (unknown until a worker that knows its
         task claims it: then the task's max_attempts, else 5)."""
         budget = self.max_attempts or "its task's max_attempts (else 5)"
         return f"{self.attempts} of {budget}"

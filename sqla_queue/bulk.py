@@ -20,11 +20,11 @@ from sqlalchemy import Connection, Engine
 
 from . import admin
 from .bounds import MAX_ATTEMPTS, check_count, check_job_id
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidJobError
 from .job.about import check_about
 from .job.states import JobStatus, statuses
 from .queries import bulk as statements
-from .validation import validate_name
+from .validation import encode_json_object, limits, validate_name
 
 MAX_ERROR_TEXT = 1000
 """The longest error text a filter searches for."""
@@ -60,7 +60,32 @@ def args_from_text(path: str, value: str) -> dict[str, Any]:
         parsed: Any = json.loads(value)
     except ValueError:
         parsed = value
+    except RecursionError:
+        raise _bad(
+            f"args value is nested too deeply to read as JSON (no job's args are nested more "
+            f"than {limits.max_args_depth} levels): change the filter"
+        ) from None
     return args_at(path, parsed)
+
+
+def args_problem(args: object) -> str | None:
+    """Why no job's args can contain `args` (not a JSON object, or not what jsonb holds: a
+    NUL, a lone surrogate, NaN, deeper than `limits.max_args_depth`), or None."""
+    if not isinstance(args, Mapping):
+        return (
+            f"args must be a JSON object the job's args contain (e.g. {{'user': 42}}), "
+            f"got {args!r:.80}; use args_at(path, value) for a value under a path"
+        )
+    try:
+        encode_json_object(
+            "args", dict(args), "(filter)", limits.max_args_bytes, "limits.max_args_bytes", "values"
+        )
+    except InvalidJobError as exc:
+        # the detail's first clause names the problem; its fix is for an enqueue, not a filter
+        return f"{exc.context['detail'].split('; ')[0]}: no job's args can, change the filter"
+    except TypeError:
+        return f"args {args!r:.80} is not JSON: use dicts, lists, str, int, float, bool, None"
+    return None
 
 
 def _when(name: str, value: object) -> dt.datetime | None:
@@ -149,15 +174,9 @@ class JobFilter:
 
     @staticmethod
     def _check_args(args: object) -> None:
-        if not isinstance(args, Mapping):
-            raise _bad(
-                f"args must be a JSON object the job's args contain (e.g. {{'user': 42}}), "
-                f"got {args!r:.80}; use args_at(path, value) for a value under a path"
-            )
-        try:
-            json.dumps(args, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise _bad(f"args {args!r:.80} is not JSON: {exc}") from None
+        problem = args_problem(args)
+        if problem is not None:
+            raise _bad(problem)
 
     @property
     def empty(self) -> bool:

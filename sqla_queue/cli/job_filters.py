@@ -12,6 +12,7 @@ import click
 from sqla_queue import bulk
 from sqla_queue.bounds import count
 from sqla_queue.bulk import JobFilter
+from sqla_queue.errors import ConfigurationError
 from sqla_queue.models import JobStatus
 
 from . import base
@@ -105,8 +106,21 @@ def _args(given: dict[str, Any]) -> dict[str, Any] | None:
             raise click.BadParameter(
                 "must be a JSON object, e.g. '{\"user\": 42}'", param_hint="--args"
             )
-        return found
-    return None if path is None else bulk.args_from_text(path, value)
+        option = "--args"
+    elif path is None:
+        return None
+    else:
+        option = "--args-value"
+        try:
+            found = bulk.args_from_text(path, value)
+        except ConfigurationError as exc:
+            detail = exc.context["detail"]
+            hint = "--args-path" if detail.startswith("args path") else option
+            raise click.BadParameter(detail, param_hint=hint) from None
+    problem = bulk.args_problem(found)
+    if problem is not None:  # what no job's args hold (NUL, too deep): not to the database
+        raise click.BadParameter(problem, param_hint=option)
+    return found
 
 
 def filters_given(given: dict[str, Any]) -> bool:

@@ -11,8 +11,10 @@ import click
 
 from sqla_queue import admin, bulk
 from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
+from sqla_queue.errors import InvalidJobError
 from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.models import JobStatus
+from sqla_queue.validation import encode_json_object, limits
 
 from . import base
 from .base import Command, Group
@@ -38,6 +40,14 @@ def enqueue(database_url: str | None, task: str, args_json: str, **options: Any)
     from sqla_queue.enqueue import enqueue as enqueue_job
 
     args = base.json_option(args_json, "--args")
+    try:  # enqueue's own check, as a usage error naming the option
+        encode_json_object(
+            "args", args, task, limits.max_args_bytes, "limits.max_args_bytes", "keyword arguments"
+        )
+    except InvalidJobError as exc:
+        raise click.BadParameter(exc.context["detail"], param_hint="--args") from None
+    except TypeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--args") from None
     job_options = options_from_cli(options)
     with base.transaction(database_url) as conn:
         session = Session(bind=conn)
