@@ -124,7 +124,12 @@ class JobFilter:
     about: str | None = None
     """The row the jobs are about, as `<table>:<key>` text (`sqla_queue.orm`)."""
     error: str | None = None
-    """Text the job's last error contains, in any case (`last_error ILIKE '%text%'`)."""
+    """Text the job's error contains, in any case: its class and message (`KeyError:
+    'order'`; `queries.bulk.error_headline`), or the reason it records ("cancelled: ..."),
+    never its traceback's file paths and function names (see `traceback`)."""
+    traceback: str | None = None
+    """Text the whole of the job's last error contains, in any case: its traceback too
+    (frames, file paths, function names; `last_error ILIKE '%text%'`)."""
     finished_before: dt.datetime | None = None
     finished_after: dt.datetime | None = None
     created_before: dt.datetime | None = None
@@ -151,16 +156,18 @@ class JobFilter:
             admin._workflow_id(self.workflow_id)
         if self.about is not None:
             check_about(self.about, _bad)
-        if self.error is not None and (
-            not isinstance(self.error, str)
-            or not self.error
-            or len(self.error) > MAX_ERROR_TEXT
-            or "\x00" in self.error
-        ):
-            raise _bad(
-                f"error text must be 1 to {MAX_ERROR_TEXT} characters without NUL, got "
-                f"{self.error!r:.80}"
-            )
+        for name in ("error", "traceback"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, str)
+                or not value
+                or len(value) > MAX_ERROR_TEXT
+                or "\x00" in value
+            ):
+                raise _bad(
+                    f"{name} text must be 1 to {MAX_ERROR_TEXT} characters without NUL, got "
+                    f"{value!r:.80}"
+                )
         for name in ("finished", "created"):
             before = _when(f"{name}_before", getattr(self, f"{name}_before"))
             after = _when(f"{name}_after", getattr(self, f"{name}_after"))
@@ -186,7 +193,7 @@ class JobFilter:
     def describe(self) -> str:
         """The conditions as text, for a confirmation ("queue=mail, status=failed")."""
         parts = [f"status={'|'.join(s.value for s in self.statuses)}"] if self.statuses else []
-        for name in ("queue", "task", "workflow_id", "about", "error"):
+        for name in ("queue", "task", "workflow_id", "about", "error", "traceback"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)!r}")
         parts += [f"tag={t!r}" for t in self.tags]
@@ -249,6 +256,28 @@ class BulkResult:
         if other:
             text += f", {other} skipped: changed meanwhile"
         return text
+
+
+@dataclass(frozen=True)
+class MatchedJob:
+    """One job a filter matched, as a confirmation shows it."""
+
+    id: int
+    task: str
+    status: str
+    error: str | None
+    """Its error's class and message (what `JobFilter.error` searches), or its reason."""
+
+
+def sample_matching(
+    bind: Connection, where: JobFilter, action: str, limit: int = 5
+) -> list[MatchedJob]:
+    """The first `limit` jobs (by id) `action` would take of those matching `where`: a
+    sample a confirmation shows beside the count, so a filter wider than meant shows."""
+    check_count("limit", limit, 1, admin.MAX_LIST_LIMIT)
+    chosen = action_statuses(action, where)
+    statement = statements.sample(where, chosen, held=action == "cancel")
+    return [MatchedJob(**row) for row in bind.execute(statement, {"limit": limit}).mappings()]
 
 
 def count_matching(bind: Connection, where: JobFilter, action: str | None = None) -> int:
