@@ -21,6 +21,7 @@ from apps.support import (
     wait_for,
 )
 from sqlalchemy import Engine, create_engine, text
+from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import admin, queries
 from sqla_queue.doctor import DoctorOptions, diagnose, findings
@@ -109,3 +110,26 @@ def test_every_command_a_doctor_fix_prints_runs_as_printed(
         return
     result = invoke_cli(database_url, *words[1:])
     assert result.exit_code == 0, f"{command!r} -> {words}: {result.output}"
+
+
+def test_a_fix_doctor_fills_in_runs_as_printed_whatever_the_queue_name(
+    database_url: str, engine: Engine
+) -> None:
+    failed_id = turns_backlog(engine, held_minutes=20)
+    queue = "it's my queue"
+    with engine.begin() as conn:
+        admin.create_queue(conn, queue)
+        conn.execute(
+            text("UPDATE sqla_queue.jobs SET queue = :queue WHERE sequence = :sequence"),
+            {"queue": queue, "sequence": HELD_SEQUENCE},
+        )
+    (held,) = [f for f in diagnose(engine, DoctorOptions(sample=0)) if f.name == "held_sequences"]
+    commands = COMMAND.findall(held.fix)
+    assert f"sqla-queue jobs retry {failed_id}" in commands
+    # retry, then delete: each runs as printed on the job doctor named
+    for command in commands:
+        result = invoke_cli(database_url, *shlex.split(command)[1:])
+        assert result.exit_code == 0, f"{command!r}: {result.output}"
+    with engine.connect() as conn:
+        (info,) = [q for q in admin.list_queues(conn) if q.name == queue]
+    assert info.sequence_on_failure == "skip"

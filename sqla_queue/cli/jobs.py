@@ -176,9 +176,10 @@ def jobs_list(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: bool) -> None:
-    """Show one job: args, attempts, each failed attempt's error (when, which worker, its
-    class and message), the last error with its traceback, timings, and in a workflow the
-    jobs it depends on (parents) and the jobs that depend on it (children)."""
+    """Show one job: args, attempts ("1 of 5"), its kept result, each failed attempt's error
+    (when, which worker, its class and message), the last error with its traceback, timings,
+    and in a workflow the jobs it depends on (parents) and the jobs that depend on it
+    (children)."""
     with base.transaction(database_url) as conn:
         job = admin.get_job(conn, job_id)
         if job is None:

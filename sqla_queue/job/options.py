@@ -257,6 +257,7 @@ __all__ = [
     "JobOptions",
     "check_fields",
     "check_on_failure",
+    "check_partition",
     "column_values",
     "delay_interval",
     "options_from",
