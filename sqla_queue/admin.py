@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session
 from . import queries
 from .bounds import MAX_ATTEMPTS, check_count, check_duration, check_job_id
 from .errors import ConfigurationError
+from .job.encoding import PENDING_RESULT
 from .job.options import COLUMN_OPTIONS
 from .job.states import FINISHED, JobStatus
 from .partitions import (  # the settings of fair, partition-limited and aging queues
@@ -225,6 +227,16 @@ class JobDetail(JobSummary):
     ({attempt, worker, started_at, finished_at, class, message, traceback}; times as ISO
     8601 text), at most 20, the first and the latest (`sqla_queue.job.history`); None
     until its first error."""
+    result: Any = None
+    """What its handler returned, when its task keeps results (`keep_result=True`); None
+    otherwise (and while a `ctx.session()` commit keeps it pending)."""
+
+    @property
+    def attempts_text(self) -> str:
+        """ "1 of 5": its attempts and its budget (unknown until a worker that knows its
+        task claims it: then the task's max_attempts, else 5)."""
+        budget = self.max_attempts or "its task's max_attempts (else 5)"
+        return f"{self.attempts} of {budget}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -298,6 +310,7 @@ def list_jobs(
 
 _SUMMARY_FIELDS = frozenset(f.name for f in dataclasses.fields(JobSummary))
 _DETAIL_FIELDS = frozenset(f.name for f in dataclasses.fields(JobDetail))
+_PENDING = json.loads(PENDING_RESULT)
 
 
 def get_job(bind: Bind, job_id: int) -> JobDetail | None:
@@ -306,7 +319,10 @@ def get_job(bind: Bind, job_id: int) -> JobDetail | None:
     row = bind.execute(queries.job_detail(), {"job_id": job_id}).mappings().first()
     if row is None:
         return None
-    return JobDetail(**{key: row[key] for key in _DETAIL_FIELDS})
+    detail = JobDetail(**{key: row[key] for key in _DETAIL_FIELDS})
+    if detail.result == _PENDING:
+        detail.result = None
+    return detail
 
 
 @dataclass(frozen=True)

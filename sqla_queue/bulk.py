@@ -20,11 +20,11 @@ from sqlalchemy import Connection, Engine
 
 from . import admin
 from .bounds import MAX_ATTEMPTS, check_count, check_job_id
-from .errors import ConfigurationError
+from .errors import ConfigurationError, InvalidJobError
 from .job.about import check_about
 from .job.states import JobStatus, statuses
 from .queries import bulk as statements
-from .validation import validate_name
+from .validation import encode_json_object, limits, validate_name
 
 MAX_ERROR_TEXT = 1000
 """The longest error text a filter searches for."""
@@ -60,7 +60,32 @@ def args_from_text(path: str, value: str) -> dict[str, Any]:
         parsed: Any = json.loads(value)
     except ValueError:
         parsed = value
+    except RecursionError:
+        raise _bad(
+            f"args value is nested too deeply to read as JSON (no job's args are nested more "
+            f"than {limits.max_args_depth} levels): change the filter"
+        ) from None
     return args_at(path, parsed)
+
+
+def args_problem(args: object) -> str | None:
+    """Why no job's args can contain `args` (not a JSON object, or not what jsonb holds: a
+    NUL, a lone surrogate, NaN, deeper than `limits.max_args_depth`), or None."""
+    if not isinstance(args, Mapping):
+        return (
+            f"args must be a JSON object the job's args contain (e.g. {{'user': 42}}), "
+            f"got {args!r:.80}; use args_at(path, value) for a value under a path"
+        )
+    try:
+        encode_json_object(
+            "args", dict(args), "(filter)", limits.max_args_bytes, "limits.max_args_bytes", "values"
+        )
+    except InvalidJobError as exc:
+        # the detail's first clause names the problem; its fix is for an enqueue, not a filter
+        return f"{exc.context['detail'].split('; ')[0]}: no job's args can, change the filter"
+    except TypeError:
+        return f"args {args!r:.80} is not JSON: use dicts, lists, str, int, float, bool, None"
+    return None
 
 
 def _when(name: str, value: object) -> dt.datetime | None:
@@ -99,7 +124,12 @@ class JobFilter:
     about: str | None = None
     """The row the jobs are about, as `<table>:<key>` text (`sqla_queue.orm`)."""
     error: str | None = None
-    """Text the job's last error contains, in any case (`last_error ILIKE '%text%'`)."""
+    """Text the job's error contains, in any case: its class and message (`KeyError:
+    'order'`; `queries.bulk.error_headline`), or the reason it records ("cancelled: ..."),
+    never its traceback's file paths and function names (see `traceback`)."""
+    traceback: str | None = None
+    """Text the whole of the job's last error contains, in any case: its traceback too
+    (frames, file paths, function names; `last_error ILIKE '%text%'`)."""
     finished_before: dt.datetime | None = None
     finished_after: dt.datetime | None = None
     created_before: dt.datetime | None = None
@@ -126,16 +156,18 @@ class JobFilter:
             admin._workflow_id(self.workflow_id)
         if self.about is not None:
             check_about(self.about, _bad)
-        if self.error is not None and (
-            not isinstance(self.error, str)
-            or not self.error
-            or len(self.error) > MAX_ERROR_TEXT
-            or "\x00" in self.error
-        ):
-            raise _bad(
-                f"error text must be 1 to {MAX_ERROR_TEXT} characters without NUL, got "
-                f"{self.error!r:.80}"
-            )
+        for name in ("error", "traceback"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, str)
+                or not value
+                or len(value) > MAX_ERROR_TEXT
+                or "\x00" in value
+            ):
+                raise _bad(
+                    f"{name} text must be 1 to {MAX_ERROR_TEXT} characters without NUL, got "
+                    f"{value!r:.80}"
+                )
         for name in ("finished", "created"):
             before = _when(f"{name}_before", getattr(self, f"{name}_before"))
             after = _when(f"{name}_after", getattr(self, f"{name}_after"))
@@ -149,15 +181,9 @@ class JobFilter:
 
     @staticmethod
     def _check_args(args: object) -> None:
-        if not isinstance(args, Mapping):
-            raise _bad(
-                f"args must be a JSON object the job's args contain (e.g. {{'user': 42}}), "
-                f"got {args!r:.80}; use args_at(path, value) for a value under a path"
-            )
-        try:
-            json.dumps(args, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise _bad(f"args {args!r:.80} is not JSON: {exc}") from None
+        problem = args_problem(args)
+        if problem is not None:
+            raise _bad(problem)
 
     @property
     def empty(self) -> bool:
@@ -167,7 +193,7 @@ class JobFilter:
     def describe(self) -> str:
         """The conditions as text, for a confirmation ("queue=mail, status=failed")."""
         parts = [f"status={'|'.join(s.value for s in self.statuses)}"] if self.statuses else []
-        for name in ("queue", "task", "workflow_id", "about", "error"):
+        for name in ("queue", "task", "workflow_id", "about", "error", "traceback"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)!r}")
         parts += [f"tag={t!r}" for t in self.tags]
@@ -230,6 +256,28 @@ class BulkResult:
         if other:
             text += f", {other} skipped: changed meanwhile"
         return text
+
+
+@dataclass(frozen=True)
+class MatchedJob:
+    """One job a filter matched, as a confirmation shows it."""
+
+    id: int
+    task: str
+    status: str
+    error: str | None
+    """Its error's class and message (what `JobFilter.error` searches), or its reason."""
+
+
+def sample_matching(
+    bind: Connection, where: JobFilter, action: str, limit: int = 5
+) -> list[MatchedJob]:
+    """The first `limit` jobs (by id) `action` would take of those matching `where`: a
+    sample a confirmation shows beside the count, so a filter wider than meant shows."""
+    check_count("limit", limit, 1, admin.MAX_LIST_LIMIT)
+    chosen = action_statuses(action, where)
+    statement = statements.sample(where, chosen, held=action == "cancel")
+    return [MatchedJob(**row) for row in bind.execute(statement, {"limit": limit}).mappings()]
 
 
 def count_matching(bind: Connection, where: JobFilter, action: str | None = None) -> int:

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from .bounds import check_count, check_duration
 from .errors import ConfigurationError, UnknownQueueError
+from .job.options import check_partition
 from .queries import partitions as queries
 from .validation import validate_name
 
@@ -37,6 +38,10 @@ SEQUENCE_POLICIES = ("hold", "skip")
 """What a failed job of a sequence does: holds the sequence until it is retried or deleted
 (`hold`), or lets the sequence go on (`skip`)."""
 MAX_WEIGHT = 1000.0
+
+
+def _bad(detail: str) -> ConfigurationError:
+    return ConfigurationError(detail=detail)
 
 
 def _set(bind: Bind, statement: Any, name: str, **params: Any) -> None:
@@ -81,8 +86,7 @@ def set_partition_weight(bind: Bind, name: str, partition: str, weight: float | 
     """Give `partition` of fair queue `name` `weight` times the turns of a partition of
     weight 1 (the default; None sets it back). From 0.001 to 1000."""
     validate_name("queue", name, task="(none)")
-    if not isinstance(partition, str) or not partition:
-        raise ConfigurationError(detail=f"partition must be a non-empty str, got {partition!r:.60}")
+    check_partition(partition, _bad)  # the key a job can have: enqueue's check
     params = {"queue_name": name, "partition": partition}
     if weight is None:
         bind.execute(queries.clear_partition_weight(), params)

@@ -349,3 +349,31 @@ def test_jobs_list_piped_prints_every_task_name_whole(database_url: str, engine:
     assert listed.exit_code == 0, listed.output
     (row,) = [line for line in listed.stdout.splitlines() if name in line]
     assert str(job_id) in row
+
+
+def test_jobs_show_shows_a_kept_result_and_the_attempts_the_worker_allows(
+    database_url: str, engine: Engine
+) -> None:
+    """The budget `jobs show` and `jobs list` print is the one the worker logs ("attempt 1
+    of 4"): the task's max_attempts, written when a worker that knows the task claims it."""
+    from sqla_queue import Registry
+    from sqla_queue.testing import run_until_empty
+
+    registry = Registry()
+
+    @registry.task(name="calc", keep_result=True, max_attempts=4)
+    def calc(n: int) -> dict[str, int]:
+        return {"double": 2 * n}
+
+    (job_id,) = enqueue_jobs(engine, "calc", 1, args={"n": 21})
+    run_until_empty(engine, registry)
+    shown = cli(database_url, "jobs", "show", str(job_id))
+    assert shown.exit_code == 0, shown.output
+    assert "attempts: 1 of 4\n" in shown.stdout
+    assert 'result: {"double": 42}\n' in shown.stdout
+    as_json = json.loads(cli(database_url, "jobs", "show", "--json", str(job_id)).stdout)
+    assert (as_json["attempts"], as_json["max_attempts"]) == (1, 4)
+    assert as_json["result"] == {"double": 42}
+    listed = cli(database_url, "jobs", "list", "--task", "calc")
+    assert "1/4" in listed.stdout
+    assert "1/-" not in listed.stdout

@@ -51,9 +51,9 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
     ("args", "exit_code", "message"),
     [
         (["enqueue", "t", "--args", "{not json"], 2, "not valid JSON"),
-        (["enqueue", "t", "--args", "[1, 2]"], 1, "args must be a dict"),
-        (["enqueue", "t", "--args", '{"a": "\\u0000"}'], 1, "NUL character"),
-        (["enqueue", "t", "--args", json.dumps({"blob": "x" * 200})], 1, "the limit is 100"),
+        (["enqueue", "t", "--args", "[1, 2]"], 2, "args must be a dict"),
+        (["enqueue", "t", "--args", '{"a": "\\u0000"}'], 2, "NUL character"),
+        (["enqueue", "t", "--args", json.dumps({"blob": "x" * 200})], 2, "the limit is 100"),
         (["enqueue", "t", "--queue", "nope"], 1, "Queue 'nope' does not exist"),
         (["enqueue", "t", "--priority", "-1"], 2, "must be a whole number from 0 to 32767"),
         (["enqueue", "t", "--priority", "40000"], 2, "must be a whole number from 0 to 32767"),

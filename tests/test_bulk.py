@@ -9,9 +9,11 @@ import pytest
 from apps.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
-from sqla_queue import admin, bulk
+from sqla_queue import Registry, admin, bulk
 from sqla_queue.bulk import JobFilter
 from sqla_queue.errors import ConfigurationError, SqlaQueueError
+from sqla_queue.testing import run_until_empty
+from sqla_queue.worker import WorkerConfig
 
 
 def set_status(engine: Engine, ids: list[int], status: str, error: str = "boom") -> None:
@@ -197,3 +199,44 @@ def test_bad_actions_are_refused_by_name(engine: Engine) -> None:
         bulk.bulk_cancel(engine, JobFilter(), batch=0)
     with engine.connect() as conn, pytest.raises(ConfigurationError, match="takes an Engine"):
         bulk.bulk_delete(conn, JobFilter())  # type: ignore[arg-type]
+
+
+def really_failed(engine: Engine) -> tuple[int, int, int]:
+    """(a KeyError of task `smtp_send`, an SMTP error of task `mail`, a job cancelled with a
+    reason), the first two failed by a real worker: their last_error is the traceback."""
+    registry = Registry()
+
+    @registry.task(name="smtp_send", max_attempts=1)
+    def smtp_send(order: int) -> None:
+        raise KeyError("order")
+
+    @registry.task(name="mail", max_attempts=1)
+    def mail() -> None:
+        raise ConnectionError("SMTP server said 421: try later")
+
+    (key_error,) = enqueue_jobs(engine, "smtp_send", 1, args={"order": 1}, max_attempts=1)
+    (smtp,) = enqueue_jobs(engine, "mail", 1, max_attempts=1)
+    run_until_empty(engine, registry, WorkerConfig(poll_only=True))
+    (reason,) = enqueue_jobs(engine, "report", 1)
+    set_status(engine, [reason], "cancelled", "cancelled: the row it was about was deleted")
+    assert statuses(engine) == {key_error: "failed", smtp: "failed", reason: "cancelled"}
+    return key_error, smtp, reason
+
+
+def test_error_matches_the_class_and_message_and_traceback_the_rest(engine: Engine) -> None:
+    key_error, smtp, reason = really_failed(engine)
+    assert "smtp_send" in jobs_by_id(engine, [key_error])[key_error].last_error  # its frames
+    assert matching(engine, JobFilter(error="smtp")) == {smtp}
+    assert matching(engine, JobFilter(error="keyerror: 'order'")) == {key_error}
+    assert matching(engine, JobFilter(error="ConnectionError")) == {smtp}
+    assert matching(engine, JobFilter(error="test_bulk.py")) == set()  # a file path
+    assert matching(engine, JobFilter(error="row it was about")) == {reason}  # a reason
+    assert matching(engine, JobFilter(traceback="in smtp_send")) == {key_error}
+    assert matching(engine, JobFilter(traceback="test_bulk.py")) == {key_error, smtp}
+    where = JobFilter(status="failed", error="smtp")
+    with engine.connect() as conn:
+        (shown,) = bulk.sample_matching(conn, where, "retry")
+    assert (shown.id, shown.task) == (smtp, "mail")
+    assert shown.error == "ConnectionError: SMTP server said 421: try later"
+    assert bulk.bulk_retry(engine, where).acted == 1
+    assert statuses(engine) == {key_error: "failed", smtp: "queued", reason: "cancelled"}

@@ -8,7 +8,7 @@ import pytest
 from apps.support import enqueue_jobs, jobs_by_id
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine
-from test_bulk import set_status, statuses
+from test_bulk import really_failed, set_status, statuses
 
 from sqla_queue import admin
 from sqla_queue.cli import main
@@ -121,3 +121,19 @@ def test_bad_filter_options_are_refused_in_one_line(
     assert result.exit_code not in (0, None)
     assert "Traceback" not in result.output
     assert fragment in result.stderr, result.stderr
+
+
+def test_retry_by_error_takes_the_error_not_the_traceback_and_shows_a_sample(
+    database_url: str, engine: Engine
+) -> None:
+    key_error, smtp, _ = really_failed(engine)
+    args = ("jobs", "retry", "--status", "failed", "--error", "smtp")
+    asked = cli(database_url, *args, answer="n\n")
+    assert "retry 1 job(s) matching status=failed, error='smtp'?" in asked.output
+    assert f"  {smtp}  mail  failed  ConnectionError: SMTP server said 421" in asked.output
+    assert f"  {key_error}  " not in asked.output
+    by_frame = cli(database_url, "jobs", "list", "--json", "--traceback", "in smtp_send")
+    assert [j["id"] for j in json.loads(by_frame.stdout)] == [key_error]
+    done = cli(database_url, *args, "--yes")
+    assert done.exit_code == 0, done.output
+    assert statuses(engine) == {key_error: "failed", smtp: "queued", _: "cancelled"}

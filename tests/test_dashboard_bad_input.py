@@ -205,3 +205,31 @@ def test_the_dashboards_checks_answer_a_value_or_one_bad_parameter(value: str | 
     else:
         assert kept is None or kept.encode().decode() == text_value
     assert all(problem and "\n" not in problem for problem in problems)
+
+
+ARGS_JSONB_CANNOT_HOLD = [
+    ('"\\u0000"', "NUL"),
+    ('{"a": ["\\u0000"]}', "NUL"),
+    ('"\\ud800"', "lone surrogate"),
+    ("[" * 150 + "]" * 150, "nested more than 100 levels"),
+    ("[" * 5000 + "]" * 5000, "nested too deeply"),
+]
+
+
+@pytest.mark.parametrize(("value", "message"), ARGS_JSONB_CANNOT_HOLD)
+def test_an_args_value_jsonb_cannot_hold_is_a_400_naming_it_and_acts_on_no_job(
+    engine: Engine, value: str, message: str
+) -> None:
+    (queued,) = enqueue_jobs(engine, "t", 1, args={"a": 1})
+    web = client(engine)
+    page = web.get("/jobs", params={"args_path": "a", "args_value": value})
+    assert page.status_code == 400, page.text[:300]
+    assert "bad filter: " in page.text
+    assert message in page.text
+    token = csrf_of(web.get("/jobs").text)
+    form = {"action": "cancel", "args_path": "a", "args_value": value, "csrf_token": token}
+    for confirmed in ("", "yes"):
+        answer = web.post("/jobs/bulk", data={**form, "confirmed": confirmed})
+        assert answer.status_code == 400, answer.text[:300]
+        assert message in answer.text
+    assert statuses(engine, [queued]) == {queued: "queued"}

@@ -8,7 +8,7 @@ import re
 from apps.support import enqueue_jobs
 from dashboard_kit import client, csrf_of, new_queue, statuses
 from sqlalchemy import Engine
-from test_bulk import set_status
+from test_bulk import really_failed, set_status
 
 
 def listed(page: str) -> set[int]:
@@ -103,3 +103,27 @@ def test_read_only_refuses_bulk_actions(engine: Engine) -> None:
     answer = web.post("/jobs/bulk", data={"task": "t", "action": "cancel", "confirmed": "yes"})
     assert answer.status_code == 403
     assert statuses(engine, [job_id]) == {job_id: "queued"}
+
+
+def test_error_contains_matches_the_class_and_message_and_the_confirmation_shows_a_sample(
+    engine: Engine,
+) -> None:
+    key_error, smtp, _ = really_failed(engine)
+    web = client(engine)
+    assert listed(web.get("/jobs?error=smtp").text) == {smtp}
+    assert listed(web.get("/jobs?traceback=smtp_send").text) == {key_error}
+    page = web.get("/jobs?error=smtp").text
+    assert 'name="traceback"' in page
+    assert "ConnectionError: SMTP server said 421: try later" in page  # the error shown
+    token = csrf_of(page)
+    form = {"error": "smtp", "status": "failed", "action": "retry", "csrf_token": token}
+    asked = web.post("/jobs/bulk", data=form)
+    assert asked.status_code == 200, asked.text
+    sample = asked.text.split('id="bulk-sample"', 1)[1].split("</table>", 1)[0]
+    assert f'href="/jobs/{smtp}"' in sample
+    assert "mail" in sample
+    assert "ConnectionError: SMTP server said 421: try later" in sample
+    assert str(key_error) not in re.findall(r'href="/jobs/(\d+)"', sample)
+    assert statuses(engine, [key_error, smtp]) == {key_error: "failed", smtp: "failed"}
+    web.post("/jobs/bulk", data={**form, "confirmed": "yes"})
+    assert statuses(engine, [key_error, smtp]) == {key_error: "failed", smtp: "queued"}

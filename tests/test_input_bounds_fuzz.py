@@ -171,6 +171,7 @@ NAMED = [
     ["prune", "--older-than", "1d", "--status", "{}"],
     ["queues", "set", "{}", "--max-running", "2"],
     ["queues", "resume", "{}"],
+    ["queues", "weight", "default", "{}", "2"],
     ["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only", "-q", "{}"],
 ]
 

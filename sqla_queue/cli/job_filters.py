@@ -12,6 +12,7 @@ import click
 from sqla_queue import bulk
 from sqla_queue.bounds import count
 from sqla_queue.bulk import JobFilter
+from sqla_queue.errors import ConfigurationError
 from sqla_queue.models import JobStatus
 
 from . import base
@@ -27,6 +28,7 @@ FILTER_NAMES = (
     "workflow",
     "about",
     "error",
+    "traceback",
     "finished_before",
     "finished_after",
     "created_before",
@@ -37,6 +39,10 @@ FILTER_NAMES = (
 )
 """The parameters `filter_options` adds (`queue` and `workflow` unless the command has its
 own)."""
+
+
+SAMPLE_SIZE = 5
+"""Jobs a bulk action's question shows of those that matched."""
 
 
 def filter_options(*, queue: bool = True, workflow: bool = True) -> Callable[[F], F]:
@@ -57,7 +63,16 @@ def filter_options(*, queue: bool = True, workflow: bool = True) -> Callable[[F]
             "--about", default=None, help="Only jobs about this row, as TABLE:KEY (orders:42)."
         ),
         click.option(
-            "--error", default=None, help="Only jobs whose last error contains TEXT (any case)."
+            "--error",
+            default=None,
+            help="Only jobs whose error's class and message contain TEXT (any case): "
+            "ValueError, 'order 42'.",
+        ),
+        click.option(
+            "--traceback",
+            default=None,
+            help="Only jobs whose last error's whole text contains TEXT (any case): its "
+            "traceback's file paths and function names too.",
         ),
         click.option("--finished-before", type=when, default=None, help="Finished before TIME."),
         click.option("--finished-after", type=when, default=None, help="Finished at/after TIME."),
@@ -99,14 +114,28 @@ def _args(given: dict[str, Any]) -> dict[str, Any] | None:
         raise click.UsageError("--args-path and --args-value go together")
     if text is not None and path is not None:
         raise click.UsageError("pass --args or --args-path/--args-value, not both")
+    found: dict[str, Any]
     if text is not None:
-        found = base.json_option(text, "--args")
-        if not isinstance(found, dict):
+        parsed = base.json_option(text, "--args")
+        if not isinstance(parsed, dict):
             raise click.BadParameter(
                 "must be a JSON object, e.g. '{\"user\": 42}'", param_hint="--args"
             )
-        return found
-    return None if path is None else bulk.args_from_text(path, value)
+        found, option = parsed, "--args"
+    elif path is None:
+        return None
+    else:
+        option = "--args-value"
+        try:
+            found = bulk.args_from_text(path, value)
+        except ConfigurationError as exc:
+            detail = exc.context["detail"]
+            hint = "--args-path" if detail.startswith("args path") else option
+            raise click.BadParameter(detail, param_hint=hint) from None
+    problem = bulk.args_problem(found)
+    if problem is not None:  # what no job's args hold (NUL, too deep): not to the database
+        raise click.BadParameter(problem, param_hint=option)
+    return found
 
 
 def filters_given(given: dict[str, Any]) -> bool:
@@ -129,6 +158,7 @@ def filter_from_cli(given: dict[str, Any], status: tuple[str, ...] = ()) -> JobF
         workflow_id=values["workflow"],
         about=values["about"],
         error=values["error"],
+        traceback=values["traceback"],
         finished_before=values["finished_before"],
         finished_after=values["finished_after"],
         created_before=values["created_before"],
@@ -168,9 +198,14 @@ def run_bulk(
         if not yes:
             with base.transaction(database_url) as conn:
                 found = bulk.count_matching(conn, where, action)
+                sample = bulk.sample_matching(conn, where, action, SAMPLE_SIZE) if found else []
             if not found:
                 click.echo(f"no job to {action} matches: {where.describe()}")
                 return
+            click.echo(f"the first {len(sample)} (by id):")
+            for job in sample:
+                error = (job.error or "").partition("\n")[0]
+                click.echo(f"  {job.id}  {job.task}  {job.status}  {error[:120]}")
             click.confirm(f"{action} {found} job(s) matching {where.describe()}?", abort=True)
         result = bulk.BULK_ACTIONS[action](engine, where, batch=batch, **extra)
     finally:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sqla_queue.bounds import MAX_ATTEMPTS, count
+from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
 from sqla_queue.durations import DURATION
 from sqla_queue.job.options import JobOptions
 from sqla_queue.models import PRIORITY_MAX
@@ -137,7 +137,7 @@ JOB_OPTIONS: tuple[CliJobOption, ...] = (
         "depends_on",
         ("--after", "depends_on"),
         "The id of a job this one waits for (repeatable): it runs once each has succeeded.",
-        {"multiple": True, "type": click.IntRange(min=1)},
+        {"multiple": True, "type": JOB_ID},
         lambda ids: list(ids) or None,
     ),
     CliJobOption(

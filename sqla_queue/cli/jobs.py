@@ -11,8 +11,10 @@ import click
 
 from sqla_queue import admin, bulk
 from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
+from sqla_queue.errors import InvalidJobError
 from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.models import JobStatus
+from sqla_queue.validation import encode_json_object, limits
 
 from . import base
 from .base import Command, Group
@@ -38,6 +40,14 @@ def enqueue(database_url: str | None, task: str, args_json: str, **options: Any)
     from sqla_queue.enqueue import enqueue as enqueue_job
 
     args = base.json_option(args_json, "--args")
+    try:  # enqueue's own check, as a usage error naming the option
+        encode_json_object(
+            "args", args, task, limits.max_args_bytes, "limits.max_args_bytes", "keyword arguments"
+        )
+    except InvalidJobError as exc:
+        raise click.BadParameter(exc.context["detail"], param_hint="--args") from None
+    except TypeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--args") from None
     job_options = options_from_cli(options)
     with base.transaction(database_url) as conn:
         session = Session(bind=conn)
@@ -166,9 +176,10 @@ def jobs_list(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: bool) -> None:
-    """Show one job: args, attempts, each failed attempt's error (when, which worker, its
-    class and message), the last error with its traceback, timings, and in a workflow the
-    jobs it depends on (parents) and the jobs that depend on it (children)."""
+    """Show one job: args, attempts ("1 of 5"), its kept result, each failed attempt's error
+    (when, which worker, its class and message), the last error with its traceback, timings,
+    and in a workflow the jobs it depends on (parents) and the jobs that depend on it
+    (children)."""
     with base.transaction(database_url) as conn:
         job = admin.get_job(conn, job_id)
         if job is None:
@@ -185,11 +196,14 @@ def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: 
         )
         return
     for key, value in job.as_dict().items():
-        if key in ("args", "meta", "last_error", "errors"):
+        if key in ("args", "meta", "last_error", "errors", "result", "max_attempts"):
             continue
-        click.echo(f"{key}: {'' if value is None else value}")
+        shown = job.attempts_text if key == "attempts" else value
+        click.echo(f"{key}: {'' if shown is None else shown}")
     click.echo(f"args: {json.dumps(job.args)}")
     click.echo(f"meta: {json.dumps(job.meta)}")
+    if job.result is not None:
+        click.echo(f"result: {json.dumps(job.result, ensure_ascii=False)}")
     _echo_links(links)
     _echo_errors(job.errors or [], tracebacks)
     if job.last_error:

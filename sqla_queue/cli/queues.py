@@ -14,6 +14,7 @@ from sqla_queue import admin, partitions, rollup
 from sqla_queue.bounds import count
 from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.durations import DURATION, RATE, describe_age, describe_duration
+from sqla_queue.job.options import check_partition
 from sqla_queue.models import JobStatus, Retention
 
 from . import base
@@ -237,9 +238,19 @@ def queues_list(database_url: str | None) -> None:
             click.echo(f"{info.name}\t{state}\tretention={info.retention}{routed}{limited}")
 
 
+def _partition_key(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """PARTITION as a key a job can have (enqueue's check), else a usage error."""
+
+    def refuse(detail: str) -> click.BadParameter:
+        return click.BadParameter(f"{detail}: no job can have it", ctx, param)
+
+    check_partition(value, refuse)
+    return value
+
+
 @queues.command("weight")
 @click.argument("name")
-@click.argument("partition")
+@click.argument("partition", callback=_partition_key)
 @click.argument("weight", type=click.FloatRange(0.001, partitions.MAX_WEIGHT), required=False)
 @click.option("--clear", is_flag=True, help="Back to weight 1.")
 def queues_weight(

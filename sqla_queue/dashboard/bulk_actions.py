@@ -1,6 +1,6 @@
 """The jobs page's filter (from a query string or a form) and its bulk actions: retry,
-cancel or delete every job matching the filter, after a confirmation showing the count
-(`sqla_queue.bulk`: in batches, each its own transaction)."""
+cancel or delete every job matching the filter, after a confirmation showing the count and
+a sample of the jobs that matched (`sqla_queue.bulk`: in batches, each its own transaction)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ FIELDS = (
     "workflow",
     "about",
     "error",
+    "traceback",
     "args_path",
     "args_value",
     "finished_after",
@@ -77,6 +78,7 @@ def parse_filter(given: Mapping[str, Any]) -> tuple[JobFilter, dict[str, str]]:
             workflow_id=text["workflow"] or None,
             about=text["about"] or None,
             error=text["error"] or None,
+            traceback=text["traceback"] or None,
             finished_after=_time(text["finished_after"] or None, "finished after"),
             finished_before=_time(text["finished_before"] or None, "finished before"),
             args=args,
@@ -110,7 +112,7 @@ async def bulk_action(dash: Dashboard, request: Request) -> Response:
         return dash._back(request, back, "set a filter first: an action on every job is refused")
     try:
         if form.get("confirmed") != "yes":
-            count = await run_in_threadpool(_count, dash, str(action), where)
+            count, sample = await run_in_threadpool(_count, dash, str(action), where)
             if not count:
                 return dash._back(request, back, f"no job to {action} matches this filter")
             return dash._render(
@@ -118,6 +120,7 @@ async def bulk_action(dash: Dashboard, request: Request) -> Response:
                 "jobs_bulk.html",
                 action=str(action),
                 count=count,
+                sample=sample,
                 described=where.describe(),
                 fields=text,
                 back=back,
@@ -128,9 +131,16 @@ async def bulk_action(dash: Dashboard, request: Request) -> Response:
     return dash._back(request, back, notice)
 
 
-def _count(dash: Dashboard, action: str, where: JobFilter) -> int:
+SAMPLE_SIZE = 5
+"""Jobs a bulk confirmation shows of those that matched."""
+
+
+def _count(dash: Dashboard, action: str, where: JobFilter) -> tuple[int, list[bulk.MatchedJob]]:
+    """How many jobs `action` would take, and the first few of them."""
     with dash.engine.connect() as conn:
-        return bulk.count_matching(conn, where, action)
+        count = bulk.count_matching(conn, where, action)
+        sample = bulk.sample_matching(conn, where, action, SAMPLE_SIZE) if count else []
+    return count, sample
 
 
 def _act(dash: Dashboard, action: str, where: JobFilter) -> str:

@@ -24,7 +24,7 @@ from .checks import (
 from .checks import (
     _command as _command,  # tests read it here
 )
-from .findings import Check, DoctorOptions, Finding, Severity, worst
+from .findings import FIX_PERMISSION, Check, DoctorOptions, Finding, Severity, worst
 
 
 def _run_check(conn: Connection, check: Check, options: DoctorOptions) -> Finding:
@@ -37,8 +37,7 @@ def _run_check(conn: Connection, check: Check, options: DoctorOptions) -> Findin
         return check(conn, options)
     except DBAPIError as exc:
         message = str(exc.orig or exc).strip().splitlines()[0]
-        fix = "Run doctor as a role that can read pg_stat_activity (pg_read_all_stats)."
-        return Finding(name, Severity.warn, f"could not check: {message}", fix)
+        return Finding(name, Severity.warn, f"could not check: {message}", FIX_PERMISSION)
 
 
 def diagnose(bind: Engine | Connection, options: DoctorOptions | None = None) -> list[Finding]:

@@ -4,6 +4,7 @@ statements from `sqla_queue.queries`."""
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -597,7 +598,10 @@ def check_held_sequences(conn: Connection, options: DoctorOptions) -> Finding:
     more = f"; and {len(held) - HELD_NAMED} more" if len(held) > HELD_NAMED else ""
     first = held[0]
     fix = (
-        FIX_HELD_SEQUENCE.replace("ID", str(first.job_id)).replace("QUEUE", first.queue)
+        # quoted as a shell needs it: the command must run as printed
+        FIX_HELD_SEQUENCE.replace("ID", str(first.job_id)).replace(
+            "QUEUE", shlex.quote(first.queue)
+        )
         if len(held) == 1
         else FIX_HELD_SEQUENCE
     )

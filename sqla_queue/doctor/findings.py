@@ -114,7 +114,8 @@ FIX_ORPHANS = (
 )
 FIX_TABLE_SIZE = (
     "Keep the table small: delete finished jobs or move them to an archive table (queue "
-    "retention delete or archive, or `sqla-queue prune`), so the partial index and vacuum "
+    "retention delete or archive, or `sqla-queue prune --older-than 7d`), so the partial "
+    "index and vacuum "
     "have little to do."
 )
 FIX_VACUUM = (
@@ -147,8 +148,9 @@ FIX_OVERRUN = (
 )
 FIX_STUCK = (
     "A crashed worker leaves its job stuck in running, so you need a reaper: keep at least "
-    "one `sqla-queue worker` running; it requeues jobs past their own lease deadline and the "
-    "jobs of workers that stopped heartbeating."
+    "one worker running (`sqla-queue worker --app APP`, your registry as pkg.module:name); "
+    "it requeues jobs past their own lease deadline and the jobs of workers that stopped "
+    "heartbeating."
 )
 FIX_WAITING = (
     "A job waits (status waiting) until every job it depends on has ended. One held by a "
@@ -162,8 +164,10 @@ FIX_BACKLOG = (
     "poll less, claim more."
 )
 FIX_FAILED = (
-    "Jobs are rows: read last_error of the failed jobs, fix the handler, then requeue them "
-    "or remove them (`sqla-queue prune --status failed`)."
+    "Jobs are rows: read the failed jobs' errors (`sqla-queue jobs list --status failed`, "
+    "`sqla-queue jobs show ID`), fix the handler, then requeue them (`sqla-queue jobs retry "
+    "--failed`) or remove those that failed a week ago or more (`sqla-queue prune --status "
+    "failed --older-than 7d`)."
 )
 FIX_UNKNOWN = (
     "Workers took these jobs and had no handler for their task (a new release's task on an "
@@ -177,6 +181,7 @@ FIX_HELD_SEQUENCE = (
     "(`sqla-queue jobs delete ID`); or let the queue's sequences go on past a failed job "
     "(`sqla-queue queues set QUEUE --sequence-on-failure skip`)."
 )
+FIX_PERMISSION = "Run doctor as a role that can read pg_stat_activity (pg_read_all_stats)."
 FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
 
 EXPECTED_AUTOVACUUM = {

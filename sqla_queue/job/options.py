@@ -187,11 +187,14 @@ def check_on_failure(value: object, error: ErrorFactory) -> None:
         raise error(f"on_failure must be 'cancel' or 'run', got {value!r:.80}")
 
 
+check_partition = _key_check("partition")
+"""The check of a partition key (a job's, or one `queues weight` names)."""
+
 COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
     "max_attempts": _check_max_attempts,
     "workflow_id": _check_workflow_id,
     "about": check_about,
-    "partition": _key_check("partition"),
+    "partition": check_partition,
     "sequence": _key_check("sequence"),
 }
 """The options written as they are into the jobs column of the same name (NULL when not
@@ -254,6 +257,7 @@ __all__ = [
     "JobOptions",
     "check_fields",
     "check_on_failure",
+    "check_partition",
     "column_values",
     "delay_interval",
     "options_from",

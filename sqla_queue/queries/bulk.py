@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, Integer, Select, bindparam, func, or_, select
+from sqlalchemy import BigInteger, Integer, Select, and_, bindparam, case, func, or_, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -44,6 +44,8 @@ class Filter(Protocol):
     @property
     def error(self) -> str | None: ...
     @property
+    def traceback(self) -> str | None: ...
+    @property
     def finished_before(self) -> dt.datetime | None: ...
     @property
     def finished_after(self) -> dt.datetime | None: ...
@@ -53,6 +55,23 @@ class Filter(Protocol):
     def created_after(self) -> dt.datetime | None: ...
     @property
     def args(self) -> Mapping[str, Any] | None: ...
+
+
+def error_headline(table: Any = jobs) -> ColumnElement[str]:
+    """A job's error as a person reads it: the class and message of its latest error-history
+    entry (`ValueError: bad input`, `sqla_queue.job.history`) when its last_error is that
+    attempt's traceback, else its last_error (a reason: "cancelled: ...", a deferral, or a
+    traceback written before the history was kept). Never a file path or function name."""
+    latest = table.c.errors[-1]
+    error_class = latest["class"].astext
+    message = latest["message"].astext
+    headline = case(
+        (func.coalesce(message, "") == "", error_class),
+        else_=func.concat(error_class, ": ", message),
+    )
+    # the latest entry is the last error only while last_error still holds its message
+    current = and_(error_class.is_not(None), func.strpos(table.c.last_error, message) > 0)
+    return case((current, headline), else_=table.c.last_error)
 
 
 def like_pattern(text: str) -> str:
@@ -83,7 +102,9 @@ def conditions(
     if where.about is not None:
         found.append(table.c.about == where.about)
     if where.error is not None:
-        found.append(table.c.last_error.ilike(like_pattern(where.error), escape=LIKE_ESCAPE))
+        found.append(error_headline(table).ilike(like_pattern(where.error), escape=LIKE_ESCAPE))
+    if where.traceback is not None:
+        found.append(table.c.last_error.ilike(like_pattern(where.traceback), escape=LIKE_ESCAPE))
     for name, column in (("finished", table.c.finished_at), ("created", table.c.created_at)):
         before = getattr(where, f"{name}_before")
         after = getattr(where, f"{name}_after")
@@ -119,6 +140,17 @@ def count(where: Filter, statuses: Sequence[JobStatus], *, held: bool) -> Select
     if not held:
         statement = statement.where(~cancelled_held())
     return statement
+
+
+def sample(where: Filter, statuses: Sequence[JobStatus], *, held: bool) -> Select[Any]:
+    """(id, task, status, error) of the first `:limit` jobs `batch_ids` would go through, by
+    id, unlocked: what a confirmation shows of what matched."""
+    statement = select(
+        jobs.c.id, jobs.c.task, jobs.c.status, error_headline(jobs).label("error")
+    ).where(*conditions(where, jobs, statuses))
+    if not held:
+        statement = statement.where(~cancelled_held())
+    return statement.order_by(jobs.c.id).limit(bindparam("limit", type_=Integer))
 
 
 def search(where: Filter, *, before: bool) -> Select[Any]:

@@ -429,6 +429,10 @@ def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
                 else_=literal_column(f"'{JobStatus.running.value}'"),
             ),
             attempts=j.c.attempts + _ONE,
+            # the budget the worker runs it with, kept for jobs show (the task's, if known)
+            max_attempts=func.coalesce(
+                j.c.max_attempts, _task_number("task_max_attempts", Integer, j, settings)
+            ),
             locked_at=func.now(),
             heartbeat_at=func.now(),
             locked_by=bindparam("worker_id", type_=Text),

@@ -18,7 +18,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from sqla_queue.job.states import FINISHED_SQL
 
-from .bulk import Filter, conditions
+from .bulk import Filter, conditions, error_headline
 from .common import job_ids_param, jobs
 
 _FINISHED = literal_column(FINISHED_SQL, Text)
@@ -79,7 +79,7 @@ LISTED = (
 
 def _newest(before: bool) -> Any:
     """The newest `:window` jobs (older than `:before_id` if `before`), newest first."""
-    columns = [jobs.c[name] for name in (*LISTED, "last_error", "args")]
+    columns = [jobs.c[name] for name in (*LISTED, "last_error", "errors", "args")]
     statement = select(*columns).order_by(jobs.c.id.desc()).limit(bindparam("window"))
     if before:
         statement = statement.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
@@ -100,6 +100,7 @@ def job_page(where: Filter, before: bool) -> Select[Any]:
     return (
         select(
             *(window.c[name] for name in LISTED),
+            func.left(error_headline(window), 300).label("error_head"),
             func.right(func.rtrim(window.c.last_error), 300).label("error_tail"),
         )
         .where(*conditions(where, window))

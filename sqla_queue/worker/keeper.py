@@ -35,7 +35,7 @@ from sqla_queue import queries
 from sqla_queue.errors import SchemaUnknownError
 from sqla_queue.health import Pulse
 from sqla_queue.migrate import head_revision, unknown_revisions
-from sqla_queue.models import JobStatus
+from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_queue.registry import Registry
 from sqla_queue.rollup import RollupWriter
 
@@ -89,10 +89,9 @@ class Keeper:
             lease = registry[name].lease
             if lease is not None:
                 self.task_leases[name] = lease
+        # Every task's budget, the default included: the claim writes it on jobs without one.
         self.task_max_attempts = {
-            name: registry[name].max_attempts
-            for name in registry
-            if registry[name].max_attempts is not None
+            name: registry[name].max_attempts or DEFAULT_MAX_ATTEMPTS for name in registry
         }
         shortest = min([config.lease, *self.task_leases.values()])
         self.beat_jobs_every = max(0.25, shortest / 4)
