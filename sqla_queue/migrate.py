@@ -36,7 +36,7 @@ DROP_SCHEMA_IF_EMPTY = (
     f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
     "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
 )
-SCHEMA_REVISION = "sqlaq_0013"
+SCHEMA_REVISION = "sqlaq_0014"
 """The revision of our schema this version of the code needs (or a later one)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
 """The opt-in branch that drops the jobs -> queues foreign key (`migrate --drop-queue-fk`)."""
