@@ -30,7 +30,9 @@ SCHEMA = "sqla_queue"
 
 def upgrade() -> None:
     op.execute(f"ALTER TABLE {SCHEMA}.jobs SET (vacuum_truncate = false)")
+    op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 
 
 def downgrade() -> None:
     op.execute(f"ALTER TABLE {SCHEMA}.jobs RESET (vacuum_truncate)")
+    op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {down_revision}'")
