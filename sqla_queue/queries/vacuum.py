@@ -103,17 +103,15 @@ def analyze_jobs() -> TextClause:
     return text(f"ANALYZE (SKIP_LOCKED) {SCHEMA}.jobs")
 
 
-def jobs_empty_tail(conn: Connection) -> tuple[int, int]:
-    """(pages, empty pages at the end) of the jobs table: what a truncating VACUUM could
-    give back, at most (rows not yet vacuumed may still sit there). Reads the table from its
-    end by TID ranges, a window growing fourfold, so a full table costs one small scan."""
-    pages = int(
-        conn.execute(
-            text(
-                f"SELECT pg_relation_size('{SCHEMA}.jobs') / current_setting('block_size')::bigint"
-            )
-        ).scalar_one()
-    )
+def jobs_empty_tail(conn: Connection) -> tuple[int, int, int]:
+    """(pages, empty pages at the end, bytes a page) of the jobs table: what a truncating
+    VACUUM could give back, at most (rows not yet vacuumed may still sit there). Reads the
+    table from its end by TID ranges, a window growing fourfold, so a full table costs one
+    small scan."""
+    size, block = conn.execute(
+        text(f"SELECT pg_relation_size('{SCHEMA}.jobs'), current_setting('block_size')::bigint")
+    ).one()
+    pages, block = int(size) // int(block), int(block)
     window = 256
     while True:
         start = max(0, pages - window)
@@ -125,9 +123,9 @@ def jobs_empty_tail(conn: Connection) -> tuple[int, int]:
             {"start": start},
         ).scalar()
         if last is not None:
-            return pages, pages - int(last) - 1
+            return pages, pages - int(last) - 1, block
         if start == 0:
-            return pages, pages
+            return pages, pages, block
         window *= 4
 
 
