@@ -52,6 +52,9 @@ analyzes too) is due; the first look is as the worker starts."""
 
 Upkeep = Literal["vacuum", "analyze"]
 
+SILENCE_VACUUM = ", or set WorkerConfig(vacuum_threshold=None) to silence this"
+"""The end of the refused warning for a VACUUM (statistics are kept even without it)."""
+
 
 def over_threshold(live: int, dead: int, threshold: int) -> bool:
     """Whether `dead` rows are enough to vacuum a table of `live` rows for."""
@@ -162,11 +165,12 @@ class SelfVacuum:
                 return False
             self.refused = str(message)
             log.warning(
-                "this worker may not vacuum or analyze the jobs table (%s): it leaves the "
-                "table to autovacuum. Run the worker as the table's owner (or, from "
-                "PostgreSQL 17, GRANT MAINTAIN ON sqla_queue.jobs TO its role), or set "
-                "WorkerConfig(vacuum_threshold=None) to stop its VACUUMs",
+                "this worker may not %s the jobs table (%s): it leaves the table to "
+                "autovacuum. Run the worker as the table's owner (or, from PostgreSQL 17, "
+                "GRANT MAINTAIN ON sqla_queue.jobs TO its role)%s",
+                upkeep,
                 self.refused,
+                SILENCE_VACUUM if upkeep == "vacuum" else "",
             )
             return False
         if upkeep == "vacuum":
