@@ -357,3 +357,17 @@ def test_a_vacuum_held_table_stalls_no_job_start_while_a_worker_drains(engine: E
         f"{started_while_held} started while the table was held)"
     )
     assert started_while_held >= 1  # the drain and the held lock met
+
+
+def test_the_upkeep_leaves_its_lock_timeout_off_the_pooled_connection(database_url: str) -> None:
+    """The upkeep's session waits at most `UPKEEP_LOCK_TIMEOUT` for a lock; the connection
+    goes back to the pool (which claims and heartbeats share) with the server's setting."""
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    try:
+        make_dead_rows(engine, 1500)
+        vacuum = SelfVacuum(engine, 1000, FailureLog())
+        assert vacuum.run() is True
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "0"
+    finally:
+        engine.dispose()

@@ -127,10 +127,11 @@ class SelfVacuum:
                         return False
                     conn.execute(statements.set_upkeep_lock_timeout())
                     ran = self._upkeep(conn, upkeep)
-                    conn.execute(statements.reset_lock_timeout())
                 finally:
-                    # A lost connection took its session's lock with it (and cannot unlock).
+                    # A lost connection took its session's lock with it (and cannot unlock);
+                    # a pooled one goes back with the server's lock_timeout.
                     if not conn.invalidated:
+                        conn.execute(statements.reset_lock_timeout())
                         conn.execute(statements.vacuum_unlock())
             if self._failures.failing_for:
                 self._failures.recovered()
