@@ -226,3 +226,25 @@ def test_the_fairness_benchmark_runs_at_tiny_sizes(admin_url: str) -> None:
     assert all(run["multixacts"] == 0 for run in modes.values())
     for feature in ("fair", "limited", "sequences"):
         assert report["claim_cost"][feature]["ratio"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_stalls_benchmark_runs_at_tiny_sizes(admin_url: str) -> None:
+    """`python -m benchmarks.stalls` (issue 40: gaps between job starts at a sustained rate,
+    two checkouts side by side) end to end, with this checkout as both trees."""
+    args = ["--database-url", admin_url, "--tree", f"a={ROOT}", "--tree", f"b={ROOT}"]
+    args += ["--rate", "100", "--seconds", "3", "--warmup", "0.5", "--drain-timeout", "30"]
+    command = [sys.executable, "-m", "benchmarks.stalls", *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=290)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    runs = [line for line in lines if "tree" in line]
+    (summary,) = [line["summary"] for line in lines if "summary" in line]
+    assert [run["tree"] for run in runs] == ["a", "b"]
+    for run in runs:
+        assert run["never_started"] == 0, run
+        assert run["started"] > 100, run
+        assert 0 < run["longest_gap_s"] < 3, run
+        assert run["worst_second_ratio"] > 0, run
+    assert [row["tree"] for row in summary] == ["a", "b"]

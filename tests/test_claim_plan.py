@@ -8,12 +8,13 @@ import time
 
 import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, enqueue_many, queries
 from sqla_queue.doctor import Severity, diagnose
 from sqla_queue.worker import Worker, WorkerConfig
+from sqla_queue.worker.connection import FailureLog
+from sqla_queue.worker.vacuum import SelfVacuum
 
 
 def _literal(value: object) -> str:
@@ -94,31 +95,40 @@ def test_claim_of_any_queue_reads_the_claim_index_in_order_on_a_never_analyzed_t
     assert "Sort Key: c.priority" not in plan, plan
 
 
-def test_worker_restores_fresh_statistics_before_its_first_claim(engine: Engine) -> None:
-    """The claim of listed queues still sorts on a never-analyzed table: the worker
-    ANALYZEs it first, once, and its claim then reads the claim index in order."""
+def test_worker_refreshes_the_statistics_of_a_cold_table_on_its_upkeep_thread(
+    engine: Engine,
+) -> None:
+    """The claim of listed queues still sorts on a never-analyzed table: the worker's upkeep
+    ANALYZEs it as the worker starts, once, on a thread of its own (the claim loop never
+    waits for it, issue 40), and the claim then reads the claim index in order."""
     _insert_cold(engine, 100_000)
     with engine.connect() as conn:
         assert not queries.reads_claim_index_in_order(queries.claim_plan(conn, ["default"]))
     registry = Registry()
-    seen: list[float] = []
-    worker: Worker
 
     @registry.task(name="noop")
     def noop(**_: object) -> None:
-        # the first job was claimed by a plan made with what the table's statistics are now
-        seen.append(_reltuples(engine))
-        worker.stop()
+        pass
 
-    config = WorkerConfig(queues=["default"], burst=True, poll_only=True, batch=1, concurrency=1)
+    config = WorkerConfig(queues=["default"], poll_only=True, batch=1, concurrency=1)
     worker = Worker(engine, registry, config)
-    worker.run(install_signal_handlers=False)
-    assert len(seen) == 1, seen
-    assert seen[0] >= 100_000 * 0.9, seen
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while _reltuples(engine) < 90_000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert _reltuples(engine) >= 100_000 * 0.9
+    assert worker.keeper.vacuum.analyses == 1
+    assert worker.stats.claimed >= 1
     with engine.connect() as conn:
         assert queries.reads_claim_index_in_order(queries.claim_plan(conn, ["default"]))
     # fresh now: another worker's look runs no second ANALYZE
-    assert queries.refresh_jobs_statistics(engine) is False
+    assert SelfVacuum(engine, None, FailureLog()).run() is False
 
 
 def test_doctor_warns_when_the_claim_sorts_every_due_job(engine: Engine) -> None:
@@ -127,52 +137,40 @@ def test_doctor_warns_when_the_claim_sorts_every_due_job(engine: Engine) -> None
     assert finding.severity is Severity.warn, finding
     assert "listed queues" in finding.value
     assert "ANALYZE" in finding.fix
-    assert queries.refresh_jobs_statistics(engine) is True
+    assert SelfVacuum(engine, None, FailureLog()).run() is True
     (finding,) = [f for f in diagnose(engine) if f.name == "claim_plan"]
     assert finding.severity is Severity.ok, finding
 
 
-def test_connection_lost_during_the_statistics_refresh_is_a_database_error(
-    engine: Engine,
-) -> None:
-    """A worker whose connection dies while it ANALYZEs the table (a failover, an admin's
-    pg_terminate_backend) gets a DBAPIError, which its producer logs and goes on from: the
-    advisory unlock must not be tried on the dead connection (it raised PendingRollbackError,
-    which no handler caught, and the worker stopped). The lock went with the session."""
+def test_statistics_refresh_skips_a_table_another_session_holds(engine: Engine) -> None:
+    """A VACUUM (or autovacuum, or a user's LOCK) holds the table's SHARE UPDATE EXCLUSIVE
+    lock: the upkeep's ANALYZE (SKIP_LOCKED) skips it at once instead of waiting behind it
+    (it waited, on the claim loop's thread: issue 40), and runs once the lock is gone."""
     _insert_cold(engine, 1_000)
     assert _reltuples(engine) < 0
+    upkeep = SelfVacuum(engine, None, FailureLog())
     outcome: list[BaseException | bool] = []
 
     def refresh() -> None:
         try:
-            outcome.append(queries.refresh_jobs_statistics(engine))
+            outcome.append(upkeep.run())
         except BaseException as exc:  # the test looks at whatever escaped
             outcome.append(exc)
 
     with engine.connect() as holder:
-        # ANALYZE takes SHARE UPDATE EXCLUSIVE: the refresh waits here, inside ANALYZE
+        holder.execute(text("SET lock_timeout = '30s'"))
         holder.execute(text("LOCK TABLE sqla_queue.jobs IN SHARE UPDATE EXCLUSIVE MODE"))
         thread = threading.Thread(target=refresh)
         thread.start()
-        pid = None
-        deadline = time.monotonic() + 30
-        while pid is None and time.monotonic() < deadline:
-            with engine.connect() as probe:
-                pid = probe.execute(
-                    text(
-                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND query ILIKE 'ANALYZE%' AND wait_event_type = 'Lock'"
-                    )
-                ).scalar()
-            time.sleep(0.05)
-        assert pid is not None, "the refresh never waited inside ANALYZE"
-        with engine.connect() as admin:
-            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-        thread.join(30)
+        thread.join(20)  # it never waits for the lock: a thread still alive is the defect
+        alive = thread.is_alive()
         holder.rollback()
-    assert not thread.is_alive()
-    (raised,) = outcome
-    assert isinstance(raised, DBAPIError), repr(raised)
-    # the dead session's lock is gone: the next refresh takes it and analyzes
-    assert queries.refresh_jobs_statistics(engine) is True
+    thread.join(30)
+    assert not alive, "the statistics refresh waited for the table's lock"
+    assert outcome == [False]
+    assert upkeep.analyses == 0
+    assert _reltuples(engine) < 0
+    # the lock is gone: the next look analyzes
+    assert upkeep.run() is True
+    assert upkeep.analyses == 1
     assert _reltuples(engine) >= 900

@@ -47,6 +47,7 @@ EVERY_CHECK = {
     "tables",
     "autovacuum_settings",
     "jobs_vacuum",
+    "jobs_truncatable",
     "claim_plan",
     "stuck_jobs",
     "waiting_jobs",

@@ -1,11 +1,17 @@
 """Workers vacuum the jobs table themselves once its dead rows pass `vacuum_threshold`:
 one worker at a time, outside any transaction, and a role that may not gets one warning.
-`doctor` reports the dead rows and the last vacuum (the jobs_vacuum check)."""
+`doctor` reports the dead rows and the last vacuum (the jobs_vacuum check), and the empty
+pages no VACUUM gives back (jobs_truncatable). The upkeep never stalls the claim (issue 40):
+a worker's VACUUM and statistics check meet a lock another session holds on the table, as
+a VACUUM in progress holds it, while the worker drains, and the jobs keep starting."""
 
 from __future__ import annotations
 
+import datetime as dt
+import itertools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +21,7 @@ from sqlalchemy import Engine, create_engine, pool, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, enqueue_many
+from sqla_queue import Registry, admin, enqueue_many
 from sqla_queue.doctor import Severity, diagnose
 from sqla_queue.queries import vacuum as statements
 from sqla_queue.worker import Worker, WorkerConfig
@@ -60,7 +66,8 @@ def test_dead_rows_past_the_threshold_are_vacuumed(engine: Engine) -> None:
 def test_dead_rows_below_the_threshold_are_left_alone(engine: Engine) -> None:
     make_dead_rows(engine, 500)
     vacuum = SelfVacuum(engine, 1000, FailureLog())
-    assert vacuum.run() is False
+    vacuum.run()  # may ANALYZE (1,000 changes on a table never analyzed), never VACUUM
+    assert vacuum.vacuums == 0
     assert state(engine)["vacuum"] is None
 
 
@@ -115,7 +122,10 @@ def test_no_threshold_leaves_the_table_to_autovacuum(engine: Engine) -> None:
     make_dead_rows(engine, 1500)
     vacuum = SelfVacuum(engine, None, FailureLog())
     with engine.connect() as conn:
-        assert vacuum.check(conn) is False
+        vacuum.check(conn)  # its statistics are still kept: an ANALYZE may start
+    vacuum.stop(30)
+    assert not vacuum.running()
+    assert vacuum.vacuums == 0
     assert state(engine)["vacuum"] is None
 
 
@@ -185,3 +195,179 @@ def test_a_table_vacuumed_by_somebody_else_is_skipped_not_refused(engine: Engine
         assert vacuum.refused is None
         assert vacuum.enabled
     assert vacuum.run() is True
+
+
+def _relation_pages(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(text("SELECT pg_relation_size('sqla_queue.jobs') / 8192")).scalar_one()
+        )
+
+
+def test_the_jobs_table_is_migrated_with_vacuum_truncate_off(engine: Engine) -> None:
+    """No VACUUM, a worker's or autovacuum's, takes the lock that stops every claim to give
+    the table's empty end back (migration sqlaq_0014)."""
+    with engine.connect() as conn:
+        options = conn.execute(
+            text("SELECT reloptions FROM pg_class WHERE oid = 'sqla_queue.jobs'::regclass")
+        ).scalar_one()
+    assert "vacuum_truncate=false" in options
+
+
+def test_the_self_vacuum_gives_no_page_back(engine: Engine) -> None:
+    """The empty pages stay (the queue refills them); truncating them takes an ACCESS
+    EXCLUSIVE lock every claim waits behind, and the VACUUM's attempts at it kept its own
+    lock up to 5 s longer, an ANALYZE waiting behind that (issue 40). Even on a table whose
+    `vacuum_truncate` was reset, the worker's VACUUM says TRUNCATE false itself."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ALTER TABLE sqla_queue.jobs RESET (vacuum_truncate)"))
+    make_dead_rows(engine, 1500)  # every row deleted: the whole table could go
+    pages = _relation_pages(engine)
+    assert pages > 0
+    vacuum = SelfVacuum(engine, 1000, FailureLog())
+    assert vacuum.run() is True
+    assert vacuum.vacuums == 1
+    assert _relation_pages(engine) == pages
+
+
+def test_doctor_names_the_space_a_truncation_gives_back_and_its_fix_runs_as_printed(
+    engine: Engine,
+) -> None:
+    make_dead_rows(engine, 1500)
+    assert SelfVacuum(engine, 1000, FailureLog()).run() is True
+    pages = _relation_pages(engine)
+    finding = {f.name: f for f in diagnose(engine)}["jobs_truncatable"]
+    assert finding.severity is Severity.ok  # a few hundred kB: named, not warned of
+    assert finding.details["pages"] == pages
+    assert finding.details["empty_pages"] == pages  # every row gone: all of it
+    assert finding.details["empty_bytes"] == pages * 8192
+    assert "could be given back" in finding.value
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(finding.fix)  # as doctor prints it
+    assert _relation_pages(engine) == 0
+    after = {f.name: f for f in diagnose(engine)}["jobs_truncatable"]
+    assert after.details["empty_pages"] == 0
+
+
+def test_doctor_counts_only_the_empty_pages_after_the_last_row(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        enqueue_many(session, [{"task": "noop", "args": {}} for _ in range(3000)])
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        last = conn.execute(text("SELECT max(id) FROM sqla_queue.jobs")).scalar_one()
+        # the first jobs stay, the rest go: the pages after the first jobs' are empty
+        conn.execute(text("DELETE FROM sqla_queue.jobs WHERE id > :keep"), {"keep": last - 2900})
+        conn.execute(text("VACUUM (TRUNCATE false) sqla_queue.jobs"))
+        used = conn.execute(
+            text("SELECT max((ctid::text::point)[0])::bigint + 1 FROM sqla_queue.jobs")
+        ).scalar_one()
+    pages = _relation_pages(engine)
+    finding = {f.name: f for f in diagnose(engine)}["jobs_truncatable"]
+    assert 0 < used < pages
+    assert finding.details["empty_pages"] == pages - used
+
+
+STALL_JOBS = 600
+HOLD_UNTIL_STARTED = 200
+"""The other session holds the table's lock until this many jobs have started..."""
+HOLD_AT_MOST = 5.0
+"""...or for this many seconds after the worker registered, whichever comes first (the
+claim's patience is 0.5 s: the longest gap allowed between two job starts)."""
+LONGEST_GAP = dt.timedelta(seconds=0.5)
+
+
+def _started(engine: Engine) -> list[dt.datetime]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT started_at FROM sqla_queue.jobs "
+                    "WHERE task = 'tick' AND started_at IS NOT NULL ORDER BY started_at"
+                )
+            ).scalars()
+        )
+
+
+def _registered_at(engine: Engine, worker_id: str) -> dt.datetime | None:
+    with engine.connect() as conn:
+        started: dt.datetime | None = conn.execute(
+            text("SELECT started_at FROM sqla_queue.workers WHERE id = :id"), {"id": worker_id}
+        ).scalar()
+        return started
+
+
+@pytest.mark.timeout(180)
+def test_a_vacuum_held_table_stalls_no_job_start_while_a_worker_drains(engine: Engine) -> None:
+    registry = Registry()
+
+    @registry.task(name="tick")
+    def tick() -> None:
+        time.sleep(0.005)
+
+    with engine.begin() as conn:
+        admin.set_retention(conn, "default", "keep")  # the started_at of every job stays
+    make_dead_rows(engine, 1500)  # past the threshold: the self-vacuum is due at once
+    with Session(engine) as session, session.begin():
+        enqueue_many(session, [{"task": "tick", "args": {}} for _ in range(STALL_JOBS)])
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))  # and the statistics stale
+    config = WorkerConfig(
+        concurrency=4,
+        batch=10,
+        heartbeat=0.2,
+        dead_after=2.0,
+        poll_interval=0.1,
+        vacuum_threshold=1000,
+    )
+    worker = Worker(engine, registry, config)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    try:
+        with engine.connect() as holder:
+            holder.execute(text("SET lock_timeout = '10s'"))
+            # What a VACUUM in progress holds (through its truncation attempts, up to 5 s):
+            # any ANALYZE or VACUUM of the table waits for it, or skips it.
+            holder.execute(text("LOCK TABLE sqla_queue.jobs IN SHARE UPDATE EXCLUSIVE MODE"))
+            thread.start()
+            registered = None
+            deadline = time.monotonic() + 60
+            while registered is None and time.monotonic() < deadline:
+                registered = _registered_at(engine, config.worker_id)
+                time.sleep(0.02)
+            assert registered is not None, "the worker did not register in 60 s"
+            held_from = time.monotonic()
+            while (
+                len(_started(engine)) < HOLD_UNTIL_STARTED
+                and time.monotonic() - held_from < HOLD_AT_MOST
+            ):
+                time.sleep(0.02)
+            started_while_held = len(_started(engine))
+            holder.rollback()
+        deadline = time.monotonic() + 90
+        while len(_started(engine)) < STALL_JOBS and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop in 30 s"
+    starts = [registered, *_started(engine)]  # from the worker's own start
+    assert len(starts) == STALL_JOBS + 1, f"{len(starts) - 1} of {STALL_JOBS} jobs started"
+    gaps = [(later - earlier, n) for n, (earlier, later) in enumerate(itertools.pairwise(starts))]
+    longest, at = max(gaps)
+    assert longest <= LONGEST_GAP, (
+        f"no job started for {longest.total_seconds():.2f} s (before job {at + 1} of {STALL_JOBS}; "
+        f"{started_while_held} started while the table was held)"
+    )
+    assert started_while_held >= 1  # the drain and the held lock met
+
+
+def test_the_upkeep_leaves_its_lock_timeout_off_the_pooled_connection(database_url: str) -> None:
+    """The upkeep's session waits at most `UPKEEP_LOCK_TIMEOUT` for a lock; the connection
+    goes back to the pool (which claims and heartbeats share) with the server's setting."""
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    try:
+        make_dead_rows(engine, 1500)
+        vacuum = SelfVacuum(engine, 1000, FailureLog())
+        assert vacuum.run() is True
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "0"
+    finally:
+        engine.dispose()

@@ -40,6 +40,7 @@ from .findings import (
     FIX_VACUUM,
     FIX_WAITING,
     MULTIXACT_CRITICAL_AGE,
+    TRUNCATABLE_WARN_BYTES,
     Check,
     DoctorOptions,
     Finding,
@@ -350,6 +351,21 @@ def check_jobs_vacuum(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("jobs_vacuum", severity, value, FIX_VACUUM, details)
 
 
+def check_jobs_truncatable(conn: Connection, options: DoctorOptions) -> Finding:
+    """The empty pages at the jobs table's end, which no VACUUM gives back on its own
+    (`vacuum_truncate = false`, migration sqlaq_0017): the fix is the command that does,
+    run as printed at a quiet moment (it holds an ACCESS EXCLUSIVE lock while it truncates,
+    and every claim waits that long)."""
+    pages, empty, block = vacuum.jobs_empty_tail(conn)
+    details = {"pages": pages, "empty_pages": empty, "empty_bytes": empty * block}
+    value = (
+        f"{format_bytes(empty * block)} of empty pages at the end of the jobs table "
+        f"({empty} of {pages} pages) could be given back"
+    )
+    severity = Severity.warn if empty * block >= TRUNCATABLE_WARN_BYTES else Severity.ok
+    return Finding("jobs_truncatable", severity, value, vacuum.TRUNCATE_JOBS, details)
+
+
 def check_autovacuum_settings(conn: Connection, options: DoctorOptions) -> Finding:
     """The jobs table keeps the autovacuum storage parameters our migration set."""
     reloptions: list[str] = []
@@ -633,6 +649,7 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_tables,
     check_autovacuum_settings,
     check_jobs_vacuum,
+    check_jobs_truncatable,
     check_claim_plan,
     check_stuck_jobs,
     check_waiting_jobs,

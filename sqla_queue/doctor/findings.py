@@ -189,8 +189,14 @@ EXPECTED_AUTOVACUUM = {
     "autovacuum_vacuum_threshold": "1000",
     "autovacuum_vacuum_insert_scale_factor": "0",
     "autovacuum_vacuum_insert_threshold": "1000",
+    "vacuum_truncate": "false",
 }
-"""The storage parameters our migration gives the jobs table, as doctor expects them."""
+"""The storage parameters our migrations give the jobs table, as doctor expects them
+(`vacuum_truncate`: sqlaq_0017, no VACUUM takes the lock that stops every claim)."""
+
+TRUNCATABLE_WARN_BYTES = 256 * 1024 * 1024
+"""Empty pages at the jobs table's end (in bytes) past which doctor suggests giving them
+back; below, it only names them (the queue refills them as it runs)."""
 
 MULTIXACT_CRITICAL_AGE = 1_000_000_000
 """Half of the 2^31 MultiXact ids after which PostgreSQL stops to prevent wraparound."""

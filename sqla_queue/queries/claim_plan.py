@@ -3,9 +3,10 @@
 The worker's claim (`claim.claim_jobs`) is planned once and kept (a prepared statement's
 generic plan). On a table PostgreSQL has never analyzed it expects a few dozen due rows
 whatever the backlog; `claim_jobs` is written so that even then the claim index is read in
-order, and a worker still refreshes statistics it finds missing or far off
-(`statistics_stale`), under one advisory lock, outside any claim. `doctor` EXPLAINs the claim
-and warns when its plan is not the index-ordered one (`reads_claim_index_in_order`).
+order, and a worker's upkeep (`sqla_queue.worker.vacuum`, on a thread of its own, never the
+claim loop's) still refreshes statistics it finds missing or far off (`statistics_stale`).
+`doctor` EXPLAINs the claim and warns when its plan is not the index-ordered one
+(`reads_claim_index_in_order`).
 """
 
 from __future__ import annotations
@@ -13,18 +14,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Engine, Float, Select, cast, func, select
+from sqlalchemy import Connection, Dialect, Float, Select, cast, func, select
 
 from sqla_queue.models import SCHEMA
 
 from .claim import claim_jobs
 from .common import catalog_view, jobs
 
-STATISTICS_LOCK = (1936813153, 1)
-"""The session advisory lock (`'sqla'` as an int4, 1) one worker holds while it ANALYZEs."""
-
 ANALYZE_JOBS = f"ANALYZE {jobs.fullname}"
-"""Not expressible in Core: the ANALYZE a worker runs when `statistics_stale` says so."""
+"""What doctor advises when the claim's plan sorts (a worker runs it with SKIP_LOCKED)."""
 
 STALE_CHANGES = 1_000
 """Rows changed since the last ANALYZE that make statistics stale, at the least; above that,
@@ -116,35 +114,6 @@ def reads_claim_index_in_order(plan: str) -> bool:
     locking = _outside_subplans(candidates.split("LockRows", 1)[-1])
     ordered = re.search(r"Index (Only )?Scan using ix_jobs_claim", locking) is not None
     return ordered and "Sort" not in locking and "Bitmap" not in locking
-
-
-def refresh_jobs_statistics(engine: Engine) -> bool:
-    """ANALYZE the jobs table if its statistics are missing or far off (`statistics_stale`);
-    return whether this call ran it.
-
-    On a connection of its own in autocommit, never inside a claim: one worker at a time
-    holds `STATISTICS_LOCK` and checks again once it has it, so the others, which wait for
-    the lock, find fresh statistics and run nothing. The ANALYZE invalidates the plans the
-    workers keep, so their next claim is planned again.
-    """
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if not _stale(conn):
-            return False
-        conn.execute(select(func.pg_advisory_lock(*STATISTICS_LOCK)))
-        try:
-            if not _stale(conn):
-                return False
-            conn.exec_driver_sql(ANALYZE_JOBS)
-            return True
-        finally:
-            # A lost connection took its session's lock with it (and cannot run the unlock).
-            if not conn.invalidated:
-                conn.execute(select(func.pg_advisory_unlock(*STATISTICS_LOCK)))
-
-
-def _stale(conn: Connection) -> bool:
-    row = conn.execute(jobs_statistics()).first()
-    return row is not None and statistics_stale(float(row[0]), int(row[1]))
 
 
 FIX_CLAIM_PLAN = (

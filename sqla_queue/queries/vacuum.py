@@ -1,5 +1,7 @@
-"""The jobs table's own vacuum: how many dead rows it has, and the lock that lets one
-worker at a time run VACUUM on it (`sqla_queue.worker.vacuum`); `doctor` reads the same."""
+"""The jobs table's upkeep: how many dead rows it has, the lock that lets one worker at a
+time VACUUM or ANALYZE it (`sqla_queue.worker.vacuum`), the statements, which never wait for
+the table's lock, and the empty pages at its end a truncation could give back; `doctor`
+reads the same."""
 
 from __future__ import annotations
 
@@ -27,7 +29,13 @@ from .common import catalog_view, seconds_since
 VACUUM_LOCK_SPACE = 1936813174
 """The advisory lock namespace of the self-vacuum ('sqlv' as an int4)."""
 VACUUM_LOCK_KEY = 1
-"""The key, in that namespace, of the jobs table's vacuum."""
+"""The key, in that namespace, of the jobs table's upkeep (its VACUUM or ANALYZE)."""
+UPKEEP_LOCK_TIMEOUT = "1s"
+"""The upkeep session's `lock_timeout`: SKIP_LOCKED does not wait for the table's lock, and
+no other lock it needs may hold it longer than this."""
+TRUNCATE_JOBS = f"VACUUM (TRUNCATE true) {SCHEMA}.jobs"
+"""What gives the empty pages at the jobs table's end back (its `vacuum_truncate` is false,
+migration sqlaq_0017): an operator's command for a quiet moment, as `doctor` prints it."""
 
 _locks = catalog_view("pg_locks", "locktype", "database", "classid", "objid", "objsubid", "granted")
 
@@ -58,13 +66,23 @@ def jobs_vacuum_state() -> Select[Any]:
 
 
 def try_vacuum_lock() -> Select[Any]:
-    """Take the self-vacuum's session advisory lock if nobody holds it: true if taken."""
+    """Take the upkeep's session advisory lock if nobody holds it: true if taken (never
+    waits: a worker that does not get it leaves the table to the one that has it)."""
     return select(func.pg_try_advisory_lock(VACUUM_LOCK_SPACE, VACUUM_LOCK_KEY))
 
 
 def vacuum_unlock() -> Select[Any]:
-    """Release the self-vacuum's lock taken by `try_vacuum_lock` on this session."""
+    """Release the upkeep's lock taken by `try_vacuum_lock` on this session."""
     return select(func.pg_advisory_unlock(VACUUM_LOCK_SPACE, VACUUM_LOCK_KEY))
+
+
+def set_upkeep_lock_timeout() -> TextClause:
+    """`lock_timeout` for the upkeep's session (`UPKEEP_LOCK_TIMEOUT`)."""
+    return text(f"SET lock_timeout = '{UPKEEP_LOCK_TIMEOUT}'")
+
+
+def reset_lock_timeout() -> TextClause:
+    return text("RESET lock_timeout")
 
 
 def vacuum_jobs() -> TextClause:
@@ -72,9 +90,43 @@ def vacuum_jobs() -> TextClause:
     connection). ANALYZE too: a VACUUM alone sets the table's row estimate to its few live
     rows and leaves its columns unanalysed, and the claim's cached plan then reads every
     queued row of a growing backlog (measured: 0.1x the offered rate until autovacuum's
-    ANALYZE). It skips the table at once, with a warning of SQLSTATE 55P03, while another VACUUM or
-    autovacuum holds it, instead of waiting behind it."""
-    return text(f"VACUUM (ANALYZE, SKIP_LOCKED) {SCHEMA}.jobs")
+    ANALYZE). It skips the table at once, with a warning of SQLSTATE 55P03, while another
+    VACUUM or autovacuum holds it, instead of waiting behind it. TRUNCATE false: giving the
+    empty pages at the end back takes an ACCESS EXCLUSIVE lock that blocks every claim, and
+    its attempts keep the VACUUM's own lock up to 5 s longer (issue 40): `TRUNCATE_JOBS`."""
+    return text(f"VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false) {SCHEMA}.jobs")
+
+
+def analyze_jobs() -> TextClause:
+    """ANALYZE the jobs table, skipped at once (a warning of SQLSTATE 55P03) while a VACUUM,
+    an autovacuum or another ANALYZE holds it."""
+    return text(f"ANALYZE (SKIP_LOCKED) {SCHEMA}.jobs")
+
+
+def jobs_empty_tail(conn: Connection) -> tuple[int, int, int]:
+    """(pages, empty pages at the end, bytes a page) of the jobs table: what a truncating
+    VACUUM could give back, at most (rows not yet vacuumed may still sit there). Reads the
+    table from its end by TID ranges, a window growing fourfold, so a full table costs one
+    small scan."""
+    size, block = conn.execute(
+        text(f"SELECT pg_relation_size('{SCHEMA}.jobs'), current_setting('block_size')::bigint")
+    ).one()
+    pages, block = int(size) // int(block), int(block)
+    window = 256
+    while True:
+        start = max(0, pages - window)
+        last = conn.execute(
+            text(
+                f"SELECT (max(ctid)::text::point)[0]::bigint FROM {SCHEMA}.jobs "
+                "WHERE ctid >= ('(' || CAST(:start AS bigint) || ',0)')::tid"
+            ),
+            {"start": start},
+        ).scalar()
+        if last is not None:
+            return pages, pages - int(last) - 1, block
+        if start == 0:
+            return pages, pages, block
+        window *= 4
 
 
 BEHIND_DEAD_ROWS = 10_000

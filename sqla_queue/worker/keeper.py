@@ -10,7 +10,9 @@ One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it)
   jobs have started (the reaper refunds the attempt of one that had not);
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline,
   then removes those workers' registrations (kept in `stopped_workers` as lost);
-- starts a VACUUM of the jobs table when its dead rows pass `vacuum_threshold` (`vacuum`);
+- looks at the jobs table as it starts and every worker beat, and starts its upkeep on a
+  thread of its own when due: a VACUUM once its dead rows pass `vacuum_threshold`, an
+  ANALYZE when its statistics are missing or stale (`vacuum`, the one place that decides);
 - writes the rollup of the attempts this worker ended (`sqla_queue.job.counts`) about once
   a minute, in one upsert, and prunes it of rows older than a day every few minutes;
 - watches the event loop: an async handler that blocks it is reported (in the log, and in
@@ -147,13 +149,16 @@ class Keeper:
         next_worker_beat = now + self.config.heartbeat
         next_job_beat = now + self.beat_jobs_every
         next_reap = now + random.uniform(0, self.config.heartbeat)
+        next_upkeep = now  # the first claims are planned with the statistics it refreshes
         beat_worker, reap = queries.beat_worker(), queries.reap_stale_jobs()
         notify, expired = queries.notify_queues(), queries.delete_expired_workers()
         pulse = self.pulse
+        wait = 0.0
         while True:
             pulse.idle()
-            if self._stopping.wait(self.tick):
+            if self._stopping.wait(wait):
                 return
+            wait = self.tick
             pulse.busy()
             self._watch_loop()  # needs no database: watched even while it is away
             self._watch_overruns()
@@ -164,7 +169,9 @@ class Keeper:
                         next_worker_beat = now + self.config.heartbeat
                         self.limits = bool(conn.execute(beat_worker, self._registration).scalar())
                         self._check_schema(conn)
-                        self.vacuum.check(conn)
+                    if now >= next_upkeep:
+                        next_upkeep = now + self.config.heartbeat
+                        self.vacuum.check(conn)  # starts its own thread: never waits here
                     jobs = self.board.snapshot()
                     if now >= next_job_beat:
                         next_job_beat = now + self.beat_jobs_every

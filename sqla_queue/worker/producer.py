@@ -39,8 +39,6 @@ log = logging.getLogger("sqla_queue.worker")
 
 BURST_RECHECK = 0.05
 """The shortest wait of a burst worker for a job due soon (it looks again after it)."""
-STATISTICS_CHECK_EVERY = 30.0
-"""Seconds between looks at the jobs table's planner statistics while claims come back full."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +99,6 @@ class Producer:
         self._behind_warned = False
         max_batch = DEFAULT_MAX_BATCH if config.max_batch is None else config.max_batch
         self.sizes = ClaimSize(config.batch, max(config.batch, max_batch))
-        self._statistics_checked = float("-inf")
 
     def on_notify(self) -> None:
         self.notified = True
@@ -114,7 +111,7 @@ class Producer:
         queue_empty = False
         next_poll = 0.0
         flush_after = 0.0
-        self._check_statistics()  # before the first claim: it is planned with them
+        # No maintenance here: the keeper's upkeep (worker.vacuum) ANALYZEs and VACUUMs.
         pulse = self.db.pulse  # busy while a round works, idle while it waits
         try:
             while not self.stopping.is_set():
@@ -150,8 +147,6 @@ class Producer:
                         idle_backoff = min(idle_backoff * 2, cfg.poll_interval)
                     else:
                         idle_backoff = 0.05
-                        if time.monotonic() - self._statistics_checked > STATISTICS_CHECK_EVERY:
-                            self._check_statistics()  # a backlog: a burst may have come
                     continue
                 if board.outcomes and (
                     len(board.outcomes) >= board.flush_size
@@ -202,15 +197,6 @@ class Producer:
         if not count or float(seconds) > cfg.burst_wait:
             return None
         return min(max(float(seconds), BURST_RECHECK), cfg.poll_interval)
-
-    def _check_statistics(self) -> None:
-        """ANALYZE the jobs table if its statistics are missing or far off (one worker does)."""
-        try:
-            if queries.refresh_jobs_statistics(self.db.engine):
-                log.info("analyzed %s: its planner statistics were missing or stale", "jobs")
-        except DBAPIError as exc:
-            log.warning("could not refresh the jobs table's statistics (%s)", describe(exc))
-        self._statistics_checked = time.monotonic()
 
     def _keeper_behind(self) -> bool:
         behind = self.keeper.behind()
