@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import psycopg
-from sqlalchemy import Connection
+import psycopg.errors
+from sqlalchemy import Connection, NestedTransaction
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import (
     Session,
     make_transient_to_detached,
@@ -123,24 +126,66 @@ def _insert_unique(
     return [results[i] for i in range(len(params))]
 
 
+RELEASE_WAIT_MS = 2000
+"""How long a running holder's key release waits, on its own connection, for the row's lock
+before it is done in the caller's transaction instead (see `_release_running`)."""
+
+
 def _replace_holder(connection: Connection, params: dict[str, Any], holder: int, mode: str) -> bool:
     """Debounce or throttle: give `holder` the row's args (and run_at, with `replace`) if
     it has not started; True if it is the job to report (replaced, or in a finished state
     that still blocks). False when the row is to be written again: the holder runs and has
     let its key go, or it ended (and stopped blocking) since it was looked up.
 
-    A running holder lets its key go in a transaction of its own, committed at once, so
-    its row is locked for that one statement, never until the caller commits (its worker's
-    finishing statement would wait for it). Letting go is harmless even if the caller then
-    rolls back: with `replace` a running holder blocks nobody anyway."""
+    The UPDATE runs in a savepoint, rolled back when it changed nothing: an UPDATE that
+    waited for a worker's claim of the row and then found it running keeps the row's lock
+    to the end of its (sub)transaction, and the worker's finish would wait for the caller's
+    commit (and the key release below, on another connection, for ever)."""
     found = {**params, "holder": holder}
-    if connection.execute(_REPLACE[mode], found).first() is not None:
+    with _savepoint(connection) as savepoint:
+        replaced = connection.execute(_REPLACE[mode], found).first() is not None
+        if not replaced and savepoint is not None:
+            savepoint.rollback()
+    if replaced:
         return True
-    with connection.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as own:
-        if own.execute(_RELEASE_RUNNING, found).first() is not None:
-            return False
+    if _release_running(connection, found):
+        return False
     still = connection.execute(_UNIQUE_HOLDERS, {"keys": [params["job_unique_key"]]}).all()
     return any(int(job_id) == holder for _, job_id in still)
+
+
+def _release_running(connection: Connection, found: dict[str, Any]) -> bool:
+    """A running holder lets its key go; True if it did.
+
+    In a transaction of its own, committed at once, so its row is locked for that one
+    statement, never until the caller commits (its worker's finishing statement would wait
+    for it). Letting go is harmless even if the caller then rolls back: with `replace` a
+    running holder blocks nobody anyway. That transaction waits at most `RELEASE_WAIT_MS`
+    for the row: a lock the caller's own transaction holds (it locked the running job
+    itself) would make it wait for ever, unseen by PostgreSQL's deadlock detector. Past
+    that, the caller's transaction lets the key go itself: it waits on no one but others,
+    as any statement of its own does."""
+    with connection.engine.connect() as own:
+        own.exec_driver_sql(f"SET LOCAL lock_timeout = {RELEASE_WAIT_MS}")
+        try:
+            released = own.execute(_RELEASE_RUNNING, found).first() is not None
+        except OperationalError as exc:
+            if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+                raise
+            own.rollback()
+        else:
+            own.commit()
+            return released
+    with _savepoint(connection):
+        return connection.execute(_RELEASE_RUNNING, found).first() is not None
+
+
+def _savepoint(connection: Connection) -> AbstractContextManager[NestedTransaction | None]:
+    """A savepoint of the caller's transaction; none on an autocommit connection (each
+    statement is its own transaction there, and its locks end with it)."""
+    if getattr(connection.connection.dbapi_connection, "autocommit", False):
+        return nullcontext()
+    return connection.begin_nested()
 
 
 def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
