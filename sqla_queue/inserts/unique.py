@@ -38,6 +38,10 @@ _REPLACE = {
     "replace": queries.replace_unique_holder(keep_run_at=False),
     "replace_args": queries.replace_unique_holder(keep_run_at=True),
 }
+_REPLACE_UNLOCKED = {
+    "replace": queries.replace_unique_holder(keep_run_at=False, wait=False),
+    "replace_args": queries.replace_unique_holder(keep_run_at=True, wait=False),
+}
 _RELEASE_RUNNING = queries.release_running_holder()
 _WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
 _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
@@ -137,11 +141,16 @@ def _replace_holder(connection: Connection, params: dict[str, Any], holder: int,
     that still blocks). False when the row is to be written again: the holder runs and has
     let its key go, or it ended (and stopped blocking) since it was looked up.
 
-    The UPDATE runs in a savepoint, rolled back when it changed nothing: an UPDATE that
-    waited for a worker's claim of the row and then found it running keeps the row's lock
-    to the end of its (sub)transaction, and the worker's finish would wait for the caller's
-    commit (and the key release below, on another connection, for ever)."""
+    A row another transaction has locked (a worker claiming it) is first left alone; the
+    UPDATE that then waits for it runs in a savepoint, rolled back when it changed nothing:
+    an UPDATE that waited for a worker's claim of the row and then found it running keeps
+    the row's lock to the end of its (sub)transaction, and the worker's finish would wait
+    for the caller's commit (and the key release below, on another connection, for ever).
+    No savepoint without a wait: a transaction of thousands of subtransactions that wrote
+    slows every snapshot of the server (doctor's subtransactions check)."""
     found = {**params, "holder": holder}
+    if connection.execute(_REPLACE_UNLOCKED[mode], found).first() is not None:
+        return True
     with _savepoint(connection) as savepoint:
         replaced = connection.execute(_REPLACE[mode], found).first() is not None
         if not replaced and savepoint is not None:
