@@ -1,7 +1,7 @@
 """sqla-queue: a retry does not revive a cancelled dependent whose unique key is held.
 
-Retrying a workflow parent revives the dependents its failure cancelled (`job_ended`, from
-sqlaq_0009). A unique dependent whose key another job took meanwhile could not go back to
+Retrying a workflow parent revives the dependents its failure cancelled (`job_ended`, as of
+sqlaq_0014). A unique dependent whose key another job took meanwhile could not go back to
 `waiting` without a second row for its key: the revival hit `ux_jobs_unique_key`, the whole
 retry failed, and every try after it failed the same way (issue 33, defect 5).
 
@@ -12,8 +12,8 @@ goes on from the jobs it did revive). It records `<id>:<holder>,` in the transac
 `sqla_queue.not_revived` setting, which `admin.retry_jobs` reads and reports. A job retried
 by name is not its business: `retry_jobs` leaves such a job alone itself.
 
-Revision ID: sqlaq_0014
-Revises: sqlaq_0013
+Revision ID: sqlaq_0015
+Revises: sqlaq_0014
 Create Date: 2026-12-06
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "sqlaq_0014"
-down_revision: str | Sequence[str] | None = "sqlaq_0013"
+revision: str = "sqlaq_0015"
+down_revision: str | Sequence[str] | None = "sqlaq_0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
