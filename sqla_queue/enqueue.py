@@ -236,7 +236,7 @@ def _enqueue_core(connection: Connection, new: NewJob) -> int:
         job_id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
         duplicate = False
     else:
-        ((job_id, duplicate),) = _insert_unique(connection, [params])
+        ((job_id, duplicate),) = _insert_unique(connection, [params], depends=[depends])
         if not duplicate:
             connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
     if depends is not None and not duplicate:
@@ -270,6 +270,7 @@ def _run_due_hooks(job: Job) -> NewJob | None:
     delay = job.__dict__.pop(DELAY_DUE, None)
     job.__dict__[HOOKS_DUE] = None  # once: a flush that fails later does not run them again
     given_run_at = job.run_at if isinstance(job.run_at, dt.datetime) else None
+    depends_on, on_failure = job.__dict__.get(LINKS_DUE, (None, None))
     if default_registry() is None:
         unique = resolve_unique(raw_unique)
         if unique is None:
@@ -284,10 +285,11 @@ def _run_due_hooks(job: Job) -> NewJob | None:
             tags=job.tags,
             meta=job.meta,
             unique=unique,
+            depends_on=depends_on,  # checked against a holder's (a duplicate's are refused)
+            on_failure=on_failure,
             **column_values(job),
         )
     as_given = {name: getattr(job, name, None) for name in OPTION_NAMES}
-    depends_on, on_failure = job.__dict__.get(LINKS_DUE, (None, None))
     as_given.update(
         run_at=given_run_at,
         delay=delay,

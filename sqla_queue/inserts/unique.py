@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -15,9 +17,10 @@ from sqlalchemy.orm import (
 )
 
 from sqla_queue import queries
-from sqla_queue.errors import SqlaQueueError
+from sqla_queue.errors import DependencyError, SqlaQueueError
 from sqla_queue.hooks import NewJob
 from sqla_queue.inserts.copy import _copy_jobs
+from sqla_queue.inserts.links import Dependency, resolve
 from sqla_queue.inserts.params import _BIND, JOB_FIELDS, ON_CONFLICT, _row_params
 from sqla_queue.inserts.routed import refuse_routed, refused_on_routed
 from sqla_queue.inserts.wake import _notify
@@ -43,6 +46,7 @@ _REPLACE_UNLOCKED = {
     "replace_args": queries.replace_unique_holder(keep_run_at=True, wait=False),
 }
 _RELEASE_RUNNING = queries.release_running_holder()
+_PARENTS_OF = queries.workflows.parents_of()
 _WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
 _SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
 """Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
@@ -60,6 +64,7 @@ def _insert_unique(
     driver: psycopg.Connection[Any] | None = None,
     reserve: bool = True,
     routes_checked: bool = False,
+    depends: Sequence[Sequence[tuple[int, str]] | None] | None = None,
 ) -> list[tuple[int, bool]]:
     """Write unique rows by `INSERT ... ON CONFLICT DO NOTHING`; per row (id, duplicate).
 
@@ -75,8 +80,15 @@ def _insert_unique(
     the holder has not started; a running holder lets its key go and the row is tried
     again, to be written as a new job (`_replace_holder`). Rows for a routed queue are
     refused first (`refuse_routed`), unless the caller did (`routes_checked`).
+
+    `depends`: each row's resolved `depends_on` (parent id, on_failure), or None. A row
+    whose holder does not already depend on each of them is refused (`DependencyError`)
+    before the holder is touched: it would stand for the row (or run the row's args, with
+    `replace`) without those dependencies. With a replacing `on_conflict` a running holder
+    still lets its key go, and the row is written as a new job with its dependencies.
     """
     modes = [p.pop(ON_CONFLICT, None) for p in params]
+    parents = depends or [None] * len(params)
     if not routes_checked:
         refuse_routed(connection, params)
     results: dict[int, tuple[int, bool]] = {}
@@ -113,7 +125,14 @@ def _insert_unique(
         pending = []
         for i in skipped:
             holder = holders.get(params[i]["job_unique_key"])
-            if holder is None or (
+            missing = [] if holder is None else _missing_parents(connection, holder, parents[i])
+            if holder is not None and missing:
+                if modes[i] is None or not _release_running(
+                    connection, {**params[i], "holder": holder}
+                ):
+                    raise _refuse_new_parents(params[i], holder, missing)
+                pending.append(i)  # the running holder let its key go: written anew
+            elif holder is None or (
                 modes[i] is not None
                 and not _replace_holder(connection, params[i], holder, modes[i])
             ):
@@ -128,6 +147,29 @@ def _insert_unique(
             f"job that finished before it could be read, {UNIQUE_ROUNDS} times; enqueue again"
         )
     return [results[i] for i in range(len(params))]
+
+
+def _missing_parents(
+    connection: Connection, holder: int, pairs: Sequence[tuple[int, str]] | None
+) -> list[int]:
+    """The jobs of `pairs` that job `holder` does not depend on."""
+    if not pairs:
+        return []
+    has = {int(row.parent_id) for row in connection.execute(_PARENTS_OF, {"job_id": holder})}
+    return [parent_id for parent_id, _ in pairs if parent_id not in has]
+
+
+def _refuse_new_parents(params: dict[str, Any], holder: int, missing: list[int]) -> DependencyError:
+    shown = [str(job_id) if job_id else "(one not written yet)" for job_id in missing[:5]]
+    named = ", ".join(shown) + (", ..." if len(missing) > 5 else "")
+    return DependencyError(
+        task=params["job_task"],
+        detail=f"job {holder} holds its unique key and does not depend on job {named}: a "
+        "duplicate cannot add dependencies to the job that stands for it (it would run "
+        "without them; with on_conflict='replace' your args would run before them); put "
+        "the dependency in the key (Unique(key=...)) to make it a job of its own, or "
+        "enqueue it without unique",
+    )
 
 
 RELEASE_WAIT_MS = 2000
@@ -197,6 +239,20 @@ def _savepoint(connection: Connection) -> AbstractContextManager[NestedTransacti
     return connection.begin_nested()
 
 
+def _known_parents(new: NewJob) -> list[tuple[int, str]]:
+    """`new.depends_on` as (id, on_failure) pairs; a job of the same flush that has no id
+    yet counts as 0: no holder can depend on it."""
+    written, unwritten = [], False
+    for entry in new.depends_on or ():
+        job = entry.job if isinstance(entry, Dependency) else entry
+        if isinstance(job, Job) and job.id is None:
+            unwritten = True
+        else:
+            written.append(entry)
+    pairs = resolve(new.task, written, new.on_failure)
+    return [*pairs, (0, "cancel")] if unwritten else pairs
+
+
 def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
     """Write `job` (transient, as prepared in `new`) as a unique job, now; returns it.
 
@@ -204,11 +260,12 @@ def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
     use. A duplicate: nothing is written and it leaves the session; its id is the blocking
     job's and `job.duplicate` is True.
     """
-    params = _row_params(new)
+    params = _row_params(replace(new, depends_on=None))  # linked later, by the flush
+    depends = None if new.depends_on is None else _known_parents(new)
     if job in session:
         session.expunge(job)
     connection = session.connection(bind_arguments=_BIND)
-    ((job_id, duplicate),) = _insert_unique(connection, [params])
+    ((job_id, duplicate),) = _insert_unique(connection, [params], depends=[depends])
     job.id = job_id
     job.duplicate = duplicate
     if duplicate:
