@@ -26,6 +26,7 @@ from sqlalchemy.sql import ClauseElement
 from . import queries
 from .bounds import invalid_job
 from .deprecation import renamed_name
+from .errors import InvalidJobError
 from .hooks import NewJob, default_registry, prepare_job
 from .inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from .inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
@@ -255,14 +256,27 @@ def _link_now(connection: Connection, job_id: int, new: NewJob) -> None:
     link_jobs(connection, [Link(job_id, new.task, pairs, new.workflow_id)])
 
 
+MERGED_JOB = (
+    "session.merge(Job(...)) writes a copy of a new job without what Job(...) keeps for "
+    "its flush (unique=, depends_on=, which options were given): it would run without its "
+    "key or before the jobs it depends on; add a new job with session.add(job) or enqueue()"
+)
+"""Why a new Job that came through `session.merge` is refused at flush."""
+
+
 def _run_due_hooks(job: Job) -> NewJob | None:
     """Task defaults and insert hooks for a `Job` constructed by the caller, at flush.
 
-    A pending Job that never passed `Job.__init__` (the copy `session.merge` makes) has no
+    A new Job that never passed `Job.__init__` is the copy `session.merge(Job(...))` makes,
+    which leaves behind what `Job(...)` keeps for its flush (`unique=`, `depends_on=`, the
+    options given): refused (`MERGED_JOB`), else it would run without its key or before
+    the jobs it depends on. One with an id (a loaded job made transient again) has no
     record of what was given: its hooks run with every field taken as given. Returns the
     job as prepared if it is unique (it must then be written by `_write_unique`, not by the
     flush), else None.
     """
+    if HOOKS_DUE not in job.__dict__ and job.id is None:
+        raise InvalidJobError(task=job.task, detail=MERGED_JOB)
     not_given = job.__dict__.get(HOOKS_DUE, frozenset())
     if not_given is None:  # made by enqueue, or already through the hooks
         return None
