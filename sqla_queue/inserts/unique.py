@@ -216,7 +216,8 @@ def _release_running(connection: Connection, found: dict[str, Any]) -> bool:
     itself) would make it wait for ever, unseen by PostgreSQL's deadlock detector. Past
     that, the caller's transaction lets the key go itself: it waits on no one but others,
     as any statement of its own does."""
-    with connection.engine.connect() as own:
+    # a transaction of its own whatever the engine's default: SET LOCAL needs one
+    with connection.engine.connect().execution_options(isolation_level="READ COMMITTED") as own:
         own.exec_driver_sql(f"SET LOCAL lock_timeout = {RELEASE_WAIT_MS}")
         try:
             released = own.execute(_RELEASE_RUNNING, found).first() is not None
