@@ -8,6 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner, Result
+from dashboard_kit import client, csrf_of
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from test_workflows import claim_all, fail, states
@@ -134,3 +135,19 @@ def test_a_revived_dependent_whose_key_is_free_still_waits_again(engine: Engine)
     assert retried.not_revived == {}
     child, grandchild = states(engine, ids["child"], ids["grandchild"])
     assert (child, grandchild) == (("waiting", 1), ("waiting", 1))
+
+
+def test_the_dashboards_retry_says_how_many_dependents_stay_cancelled(engine: Engine) -> None:
+    ids = held_dependent(engine)
+    web = client(engine)
+    token = csrf_of(web.get("/jobs").text)
+    answer = web.post(
+        "/jobs/action",
+        data={"action": "retry", "job_id": [str(ids["parent"])], "csrf_token": token},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303
+    notice = web.get(answer.headers["location"]).text
+    assert "1 job(s) retried" in notice
+    assert "1 cancelled dependent(s) not revived: unique key held" in notice
+    assert states(engine, ids["child"])[0][0] == "cancelled"
