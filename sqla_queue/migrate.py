@@ -37,7 +37,7 @@ DROP_SCHEMA_IF_EMPTY = (
     f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
     "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
 )
-SCHEMA_REVISION = "sqlaq_0015"
+SCHEMA_REVISION = "sqlaq_0016"
 """The revision of our schema this version of the code needs (or a later one it ships: a
 revision it does not know is refused, `check_schema`)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"

@@ -192,7 +192,7 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
 
 
 NOT_REVIVED_SETTING = "sqla_queue.not_revived"
-"""Where the `job_revived_unique` trigger (migration sqlaq_0015) records, for the current
+"""Where the `job_revived_unique` trigger (migration sqlaq_0016) records, for the current
 transaction, each cancelled dependent a retry did not revive because another job holds its
 unique key: `<id>:<holder>,` per job."""
 

@@ -12,8 +12,8 @@ goes on from the jobs it did revive). It records `<id>:<holder>,` in the transac
 `sqla_queue.not_revived` setting, which `admin.retry_jobs` reads and reports. A job retried
 by name is not its business: `retry_jobs` leaves such a job alone itself.
 
-Revision ID: sqlaq_0015
-Revises: sqlaq_0014
+Revision ID: sqlaq_0016
+Revises: sqlaq_0015
 Create Date: 2026-12-06
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "sqlaq_0015"
-down_revision: str | Sequence[str] | None = "sqlaq_0014"
+revision: str = "sqlaq_0016"
+down_revision: str | Sequence[str] | None = "sqlaq_0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
