@@ -341,12 +341,20 @@ class SkippedRetry:
 
 
 class RetriedJobs(dict[int, str]):
-    """What `retry_jobs` did: {id: status it had} of each job put back to queued, and in
-    `skipped` {id: SkippedRetry} each unique job left alone because its key is held."""
+    """What `retry_jobs` did: {id: status it had} of each job put back to queued, in
+    `skipped` {id: SkippedRetry} each unique job left alone because its key is held, and in
+    `not_revived` {id: SkippedRetry} each cancelled dependent of a retried job that stays
+    cancelled because another job holds its unique key (its own dependents stay too)."""
 
-    def __init__(self, retried: dict[int, str], skipped: dict[int, SkippedRetry]) -> None:
+    def __init__(
+        self,
+        retried: dict[int, str],
+        skipped: dict[int, SkippedRetry],
+        not_revived: dict[int, SkippedRetry] | None = None,
+    ) -> None:
         super().__init__(retried)
         self.skipped = skipped
+        self.not_revived = not_revived or {}
 
 
 RETRY_RACES = 5
@@ -372,6 +380,11 @@ def retry_jobs(
     statement, fenced: a job that is queued, running or done (or changes while this runs)
     is left alone and missing from both. A key taken by another transaction while this runs
     makes it run again (in a savepoint, up to RETRY_RACES times), never a database error.
+
+    A retried job's dependents that its failure cancelled wait again (a workflow), except a
+    unique one whose key another job now holds: it stays cancelled, and so do its own
+    dependents; `.not_revived` names each with the job that holds its key (not on an
+    autocommit connection, where the record ends with the statement).
     """
     if (job_ids is None) == (not all_failed):
         raise ConfigurationError(detail="pass job ids or all_failed=True (--failed), not both")
@@ -387,7 +400,9 @@ def retry_jobs(
     for _ in range(RETRY_RACES):
         try:
             with _savepoint(bind):
+                bind.execute(_TAKE_NOT_REVIVED)  # what an earlier retry of ours left there
                 rows = bind.execute(statement, params).all()
+                recorded = bind.execute(_TAKE_NOT_REVIVED).scalar()
         except IntegrityError as exc:
             if not _is_unique_key_violation(exc):
                 raise
@@ -398,11 +413,23 @@ def retry_jobs(
             for job_id, status, held_by in rows
             if held_by is not None
         }
-        return RetriedJobs(retried, skipped)
+        return RetriedJobs(retried, skipped, _not_revived(recorded))
     raise ConfigurationError(
         detail=f"other transactions took the unique keys of jobs being retried {RETRY_RACES} "
         "times in a row; nothing was retried: try again"
     )
+
+
+_TAKE_NOT_REVIVED = queries.take_not_revived()
+
+
+def _not_revived(recorded: str | None) -> dict[int, SkippedRetry]:
+    """The `<id>:<holder>,` pairs the revival trigger recorded, as SkippedRetry."""
+    found: dict[int, SkippedRetry] = {}
+    for pair in filter(None, (recorded or "").split(",")):
+        job_id, held_by = (int(part) for part in pair.split(":"))
+        found[job_id] = SkippedRetry(job_id, JobStatus.cancelled.value, held_by)
+    return found
 
 
 def _savepoint(bind: Bind) -> AbstractContextManager[object]:

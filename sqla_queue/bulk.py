@@ -245,6 +245,9 @@ class BulkResult:
     held: int = 0
     """Of `skipped`: retries left alone because another job holds their unique key."""
     batches: int = 0
+    not_revived: int = 0
+    """Not matched: cancelled dependents of retried jobs that stay cancelled because another
+    job holds their unique key (`admin.RetriedJobs.not_revived`)."""
 
     @property
     def notice(self) -> str:
@@ -255,6 +258,11 @@ class BulkResult:
         other = self.skipped - self.held
         if other:
             text += f", {other} skipped: changed meanwhile"
+        if self.not_revived:
+            text += (
+                f", {self.not_revived} dependent{'s' if self.not_revived != 1 else ''} left "
+                "cancelled: unique key held"
+            )
         return text
 
 
@@ -291,7 +299,9 @@ def count_matching(bind: Connection, where: JobFilter, action: str | None = None
     return int(bind.execute(statements.count(where, chosen, held=held)).scalar_one())
 
 
-Act = Callable[[Connection, list[int]], tuple[int, int]]
+Act = Callable[[Connection, list[int]], tuple[int, int, int]]
+"""A batch's action: (jobs acted on, of the rest those whose unique key is held, dependents
+left cancelled for their unique key)."""
 
 
 def _check_engine(engine: object, batch: object) -> int:
@@ -321,10 +331,11 @@ def _run(
             ids = list(conn.execute(statement, {"after_id": after, "batch": batch}).scalars().all())
             if not ids:
                 return result
-            acted, held = act(conn, ids)
+            acted, held, not_revived = act(conn, ids)
         result.batches += 1
         result.acted += acted
         result.held += held
+        result.not_revived += not_revived
         result.skipped += len(ids) - acted
         after = ids[-1]
         if progress is not None:
@@ -342,14 +353,15 @@ def bulk_retry(
     """Put every failed or cancelled job matching `where` back to queued, `batch` at a
     time, each batch its own transaction (`admin.retry_jobs`: fresh budget of `attempts`,
     fenced). A unique job whose key is held (by a queued or running job, one retried in an
-    earlier batch, or a lower id of the same batch) stays, counted in `skipped` and `held`.
-    `progress` is called with the running totals after each batch."""
+    earlier batch, or a lower id of the same batch) stays, counted in `skipped` and `held`;
+    a retried job's cancelled dependent whose key is held stays cancelled, counted in
+    `not_revived`. `progress` is called with the running totals after each batch."""
     if attempts is not None:
         check_count("attempts", attempts, 1, MAX_ATTEMPTS)
 
-    def act(conn: Connection, ids: list[int]) -> tuple[int, int]:
+    def act(conn: Connection, ids: list[int]) -> tuple[int, int, int]:
         retried = admin.retry_jobs(conn, ids, attempts=attempts)
-        return len(retried), len(retried.skipped)
+        return len(retried), len(retried.skipped), len(retried.not_revived)
 
     return _run(engine, "retry", where, batch, act, progress)
 
@@ -364,8 +376,8 @@ def bulk_cancel(
     """Cancel every queued, waiting or running job matching `where`, `batch` at a time
     (`admin.cancel_jobs`: the workers of running ones are told as each batch commits)."""
 
-    def act(conn: Connection, ids: list[int]) -> tuple[int, int]:
-        return len(admin.cancel_jobs(conn, ids)), 0
+    def act(conn: Connection, ids: list[int]) -> tuple[int, int, int]:
+        return len(admin.cancel_jobs(conn, ids)), 0, 0
 
     return _run(engine, "cancel", where, batch, act, progress)
 
@@ -381,8 +393,8 @@ def bulk_delete(
     handler still running), `batch` at a time (`admin.delete_jobs`). The archive is not
     searched: delete archived jobs by id or prune them."""
 
-    def act(conn: Connection, ids: list[int]) -> tuple[int, int]:
-        return len(admin.delete_jobs(conn, ids)), 0
+    def act(conn: Connection, ids: list[int]) -> tuple[int, int, int]:
+        return len(admin.delete_jobs(conn, ids)), 0, 0
 
     return _run(engine, "delete", where, batch, act, progress)
 

@@ -26,6 +26,7 @@ from sqlalchemy.sql import ClauseElement
 from . import queries
 from .bounds import invalid_job
 from .deprecation import renamed_name
+from .errors import InvalidJobError
 from .hooks import NewJob, default_registry, prepare_job
 from .inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from .inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
@@ -236,7 +237,7 @@ def _enqueue_core(connection: Connection, new: NewJob) -> int:
         job_id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
         duplicate = False
     else:
-        ((job_id, duplicate),) = _insert_unique(connection, [params])
+        ((job_id, duplicate),) = _insert_unique(connection, [params], depends=[depends])
         if not duplicate:
             connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
     if depends is not None and not duplicate:
@@ -255,14 +256,27 @@ def _link_now(connection: Connection, job_id: int, new: NewJob) -> None:
     link_jobs(connection, [Link(job_id, new.task, pairs, new.workflow_id)])
 
 
+MERGED_JOB = (
+    "session.merge(Job(...)) writes a copy of a new job without what Job(...) keeps for "
+    "its flush (unique=, depends_on=, which options were given): it would run without its "
+    "key or before the jobs it depends on; add a new job with session.add(job) or enqueue()"
+)
+"""Why a new Job that came through `session.merge` is refused at flush."""
+
+
 def _run_due_hooks(job: Job) -> NewJob | None:
     """Task defaults and insert hooks for a `Job` constructed by the caller, at flush.
 
-    A pending Job that never passed `Job.__init__` (the copy `session.merge` makes) has no
+    A new Job that never passed `Job.__init__` is the copy `session.merge(Job(...))` makes,
+    which leaves behind what `Job(...)` keeps for its flush (`unique=`, `depends_on=`, the
+    options given): refused (`MERGED_JOB`), else it would run without its key or before
+    the jobs it depends on. One with an id (a loaded job made transient again) has no
     record of what was given: its hooks run with every field taken as given. Returns the
     job as prepared if it is unique (it must then be written by `_write_unique`, not by the
     flush), else None.
     """
+    if HOOKS_DUE not in job.__dict__ and job.id is None:
+        raise InvalidJobError(task=job.task, detail=MERGED_JOB)
     not_given = job.__dict__.get(HOOKS_DUE, frozenset())
     if not_given is None:  # made by enqueue, or already through the hooks
         return None
@@ -270,6 +284,7 @@ def _run_due_hooks(job: Job) -> NewJob | None:
     delay = job.__dict__.pop(DELAY_DUE, None)
     job.__dict__[HOOKS_DUE] = None  # once: a flush that fails later does not run them again
     given_run_at = job.run_at if isinstance(job.run_at, dt.datetime) else None
+    depends_on, on_failure = job.__dict__.get(LINKS_DUE, (None, None))
     if default_registry() is None:
         unique = resolve_unique(raw_unique)
         if unique is None:
@@ -284,10 +299,11 @@ def _run_due_hooks(job: Job) -> NewJob | None:
             tags=job.tags,
             meta=job.meta,
             unique=unique,
+            depends_on=depends_on,  # checked against a holder's (a duplicate's are refused)
+            on_failure=on_failure,
             **column_values(job),
         )
     as_given = {name: getattr(job, name, None) for name in OPTION_NAMES}
-    depends_on, on_failure = job.__dict__.get(LINKS_DUE, (None, None))
     as_given.update(
         run_at=given_run_at,
         delay=delay,

@@ -1,9 +1,11 @@
 """Insert hooks and the default registry: what every job passes on its way into the table.
 
 Every way of writing a job (`enqueue`, `Task.enqueue`, `enqueue_many` by INSERT or COPY,
-`enqueue_many_async`, and `session.add(Job(...))` or `session.merge(Job(...))` at flush)
-calls `prepare_job` once. (`insert(Job)` statements and `bulk_save_objects` skip the ORM's
-flush and these steps with it; the database's CHECK constraints still hold for them.)
+`enqueue_many_async`, and `session.add(Job(...))` at flush) calls `prepare_job` once.
+(`session.merge(Job(...))` of a new job is refused at flush, naming `session.add`: its copy
+would lose the job's `unique=` and `depends_on=`.) (`insert(Job)` statements and
+`bulk_save_objects` skip the ORM's flush and these steps with it; the database's CHECK
+constraints still hold for them.)
 
 1. the registry in force is the one given (a task's `.enqueue` gives its own), else the
    application's default registry (`set_default_registry`), else none;

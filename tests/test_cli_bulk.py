@@ -58,6 +58,7 @@ def test_retry_failed_with_filters_counts_unique_keys_held_and_exits_1(
         "skipped": 1,
         "held": 1,
         "batches": 1,
+        "not_revived": 0,
     }
     now = statuses(engine)
     assert [now[i] for i in twins] == ["queued", "failed"]

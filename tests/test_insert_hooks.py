@@ -18,7 +18,6 @@ from sqla_queue import (
     NewJob,
     Registry,
     UnknownQueueError,
-    UnknownTaskError,
     enqueue,
     enqueue_many,
     enqueue_many_async,
@@ -241,20 +240,25 @@ def strict_default() -> Iterator[Registry]:
     set_default_registry(None)
 
 
-def test_a_merged_job_passes_the_insert_hooks(engine: Engine, strict_default: Registry) -> None:
-    with Session(engine) as session, session.begin():
-        merged = session.merge(Job(task="known", args={"n": 1}))
-        session.flush()
-        assert merged.args == {"n": 1, "stamped": True}
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"unique": True}, {"depends_on": [1]}],
+    ids=["plain", "unique", "depends_on"],
+)
+def test_a_merged_new_job_is_refused_naming_session_add(
+    engine: Engine, strict_default: Registry, options: dict[str, Any]
+) -> None:
+    """Issue 33, defect 7: merge's copy wrote the job without its key or its edge (it ran
+    before its parent); `session.add` of the same Job is right."""
     with Session(engine) as session:
-        session.merge(Job(task="known", args={"refuse": True}))
-        with pytest.raises(InvalidJobError, match="refused by policy"):
+        session.merge(Job(task="known", args={"n": 1}, **options))
+        with pytest.raises(
+            InvalidJobError, match=r"session\.merge\(Job\(\.\.\.\)\) .*session\.add"
+        ):
             session.flush()
-        session.merge(Job(task="knwon", args={}))
-        with pytest.raises(UnknownTaskError, match="did you mean 'known'"):
-            session.flush()
+        session.add(Job(task="known", args={"n": 2}))  # the session goes on without it
         session.commit()
-    assert [job.args for job in jobs_by_id(engine).values()] == [{"n": 1, "stamped": True}]
+    assert [job.args for job in jobs_by_id(engine).values()] == [{"n": 2, "stamped": True}]
 
 
 def test_a_job_whose_flush_failed_is_not_hooked_twice(

@@ -218,6 +218,7 @@ def run_bulk(
                 "skipped": result.skipped,
                 "held": result.held,
                 "batches": result.batches,
+                "not_revived": result.not_revived,
             }
         )
     else:

@@ -324,6 +324,10 @@ def jobs_retry(
         click.echo(f"retried {len(retried)} failed job(s)")
     for job_id, held in sorted(skipped.items()):
         click.echo(f"job {job_id}: not retried, {held.reason} ({held.status})", err=as_json)
+    for job_id, held in sorted(retried.not_revived.items()):
+        click.echo(
+            f"job {job_id}: a dependent not revived, {held.reason} ({held.status})", err=as_json
+        )
     named = tuple(i for i in job_ids if i not in skipped)
     refused = _report_each(
         named,

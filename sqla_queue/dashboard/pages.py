@@ -339,10 +339,11 @@ class Dashboard:
     def _act(self, action: str, ids: list[int]) -> str:
         """Do `action` on the jobs `ids`; the notice that says what was done."""
         held: dict[int, admin.SkippedRetry] = {}
+        kept: dict[int, admin.SkippedRetry] = {}
         with self.engine.begin() as conn:
             if action == "retry":
                 retried = admin.retry_jobs(conn, ids)
-                done, held = len(retried), retried.skipped
+                done, held, kept = len(retried), retried.skipped, retried.not_revived
             elif action == "cancel":
                 done = len(admin.cancel_jobs(conn, ids))
             else:
@@ -357,6 +358,8 @@ class Dashboard:
         others = len(ids) - done - len(held)
         if others:
             parts.append(f"{others} left alone (not in a state that allows it)")
+        if kept:
+            parts.append(f"{len(kept)} cancelled dependent(s) not revived: unique key held")
         return "; ".join(parts)
 
     async def _set_paused(self, request: Request, paused: bool) -> Response:

@@ -177,6 +177,7 @@ def enqueue_many(
             driver if staged else None,
             reserve,
             routes_checked=True,
+            depends=[depends[i] for i in unique],
         )
         for i, (job_id, duplicate) in zip(unique, results, strict=True):
             ids[i], duplicates[i] = job_id, duplicate

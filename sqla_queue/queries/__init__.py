@@ -18,10 +18,12 @@ from __future__ import annotations
 from . import workflows
 from .admin import (
     LISTED_COLUMNS,
+    NOT_REVIVED_SETTING,
     delete_jobs,
     job_detail,
     list_jobs,
     queue_depth,
+    take_not_revived,
 )
 from .admin import (
     retry_jobs as retry_failed_jobs,
@@ -163,6 +165,7 @@ __all__ = [
     "LISTED_COLUMNS",
     "LISTEN",
     "LISTEN_RESULTS",
+    "NOT_REVIVED_SETTING",
     "PENDING_RESULT",
     "RESULTS_CHANNEL",
     "applied_revisions",
@@ -258,6 +261,7 @@ __all__ = [
     "subtransaction_writers",
     "table_health",
     "table_multixact_ages",
+    "take_not_revived",
     "unique_holders",
     "unknown_task_counts",
     "version_table_exists",

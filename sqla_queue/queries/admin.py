@@ -191,6 +191,20 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
     return select(union_all(done, left).subquery())
 
 
+NOT_REVIVED_SETTING = "sqla_queue.not_revived"
+"""Where the `job_revived_unique` trigger (migration sqlaq_0016) records, for the current
+transaction, each cancelled dependent a retry did not revive because another job holds its
+unique key: `<id>:<holder>,` per job."""
+
+
+def take_not_revived() -> Select[Any]:
+    """The dependents the retries of this transaction did not revive (`NOT_REVIVED_SETTING`'s
+    text, or NULL), emptied as it is read (OFFSET 0: read before it is emptied)."""
+    name = literal(NOT_REVIVED_SETTING, Text)
+    recorded = select(func.current_setting(name, True).label("text")).offset(0).subquery("r")
+    return select(recorded.c.text, func.set_config(name, "", True))
+
+
 def delete_jobs() -> Select[Any]:
     """Delete jobs `:job_ids` that are not running, and archived ones of those ids.
 

@@ -117,18 +117,32 @@ def unique_holders() -> Select[Any]:
     )
 
 
-def replace_unique_holder(keep_run_at: bool) -> Update:
+def replace_unique_holder(keep_run_at: bool, wait: bool = True) -> Update:
     """Debounce and throttle (`Unique(on_conflict=...)`): give job `:holder`, which blocks
     key `:job_unique_key`, the new `job_args_json`, and unless `keep_run_at` the new run_at
     (`job_run_at`, or now plus `job_delay`), if it has not started: queued or waiting.
-    Returns its id, or nothing when it had started, finished or lost the key meanwhile."""
+    Returns its id, or nothing when it had started, finished or lost the key meanwhile.
+
+    Without `wait` a row another transaction has locked (a worker's claim of it, another
+    replacing enqueue) is left alone, and nothing is returned: then run it with `wait`, in
+    a savepoint (an UPDATE that waited and found the row started keeps its lock)."""
     values: dict[str, Any] = {"args": _inserted_values()["args"]}
     if not keep_run_at:
         values["run_at"] = _inserted_values()["run_at"]
+    h = jobs.alias("h")
+    fenced = (
+        h.c.id == bindparam("holder", type_=BigInteger),
+        h.c.unique_key == bindparam("job_unique_key", type_=LargeBinary),
+        h.c.status.in_(NOT_STARTED),
+    )
+    found = select(h.c.id).where(*fenced)
+    if not wait:
+        found = found.with_for_update(key_share=True, skip_locked=True)
     return (
         update(jobs)
         .where(
-            jobs.c.id == bindparam("holder", type_=BigInteger),
+            jobs.c.id == found.scalar_subquery(),
+            # checked again on the row as it is once a lock the UPDATE waited for is gone
             jobs.c.unique_key == bindparam("job_unique_key", type_=LargeBinary),
             jobs.c.status.in_(NOT_STARTED),
         )
