@@ -35,6 +35,7 @@ from .findings import (
     FIX_STUCK,
     FIX_SUBTRANSACTIONS,
     FIX_TABLE_SIZE,
+    FIX_TRUNCATE,
     FIX_UNKNOWN,
     FIX_UPGRADE,
     FIX_VACUUM,
@@ -363,7 +364,7 @@ def check_jobs_truncatable(conn: Connection, options: DoctorOptions) -> Finding:
         f"({empty} of {pages} pages) could be given back"
     )
     severity = Severity.warn if empty * block >= TRUNCATABLE_WARN_BYTES else Severity.ok
-    return Finding("jobs_truncatable", severity, value, vacuum.TRUNCATE_JOBS, details)
+    return Finding("jobs_truncatable", severity, value, FIX_TRUNCATE, details)
 
 
 def check_autovacuum_settings(conn: Connection, options: DoctorOptions) -> Finding:

@@ -183,6 +183,10 @@ FIX_HELD_SEQUENCE = (
 )
 FIX_PERMISSION = "Run doctor as a role that can read pg_stat_activity (pg_read_all_stats)."
 FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
+FIX_TRUNCATE = (
+    "At a quiet moment (claims wait while it truncates), run as printed: "
+    "`VACUUM (TRUNCATE true) sqla_queue.jobs`."
+)
 
 EXPECTED_AUTOVACUUM = {
     "autovacuum_vacuum_scale_factor": "0",
