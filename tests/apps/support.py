@@ -133,6 +133,13 @@ def delay_chosen(engine: Engine, job_id: int, before: dt.datetime, after: dt.dat
     return Bounds((run_at - after).total_seconds(), (run_at - before).total_seconds())
 
 
+def age_bounds(seconds: float, before: dt.datetime, after: dt.datetime) -> Bounds:
+    """The age (seconds) the code reads of a time the test wrote `seconds` in the past: at
+    least that, at most that plus the time from `before` the write to `after` the read
+    (`database_clock`), however long the steps between took."""
+    return Bounds(seconds, seconds + (after - before).total_seconds())
+
+
 class Bounds(tuple[float, float]):
     """(low, high) seconds; `x in bounds` allows the microsecond PostgreSQL rounds to."""
 
