@@ -77,6 +77,8 @@ ABOUT = "orders:7"
 SEQUENCE = "s-1"
 KEY = "meet-key"
 TIMEOUT = 0.3
+DEADLINE = 120.0
+"""Seconds after which a wait fails the test instead of hanging it (generous: a loaded machine)."""
 LATER = RetryPolicy(base=600, jitter=0)
 """A retry far enough ahead that the burst worker leaves it: the test makes it due."""
 
@@ -729,7 +731,7 @@ def test_a_handler_cancelled_while_it_runs_cannot_commit_its_session(engine: Eng
     @registry.task(name="writes", pass_context=True)
     def writes(ctx: JobContext) -> None:
         started.set()
-        assert cancelled.wait(10)
+        assert cancelled.wait(DEADLINE)
         try:
             with ctx.session() as session:
                 session.execute(
@@ -745,11 +747,11 @@ def test_a_handler_cancelled_while_it_runs_cannot_commit_its_session(engine: Eng
     with Session(engine) as session, session.begin():
         job_id = enqueue(session, "writes", {}, flush=True).id
     with WorkerThread(engine, registry, concurrency=1):
-        assert started.wait(10)
+        assert started.wait(DEADLINE)
         with engine.begin() as conn:
             assert admin.cancel_jobs(conn, [job_id]) == {job_id: "running"}
         cancelled.set()
-        wait_until(lambda: lost, timeout=10)
+        wait_until(lambda: lost, timeout=DEADLINE)
     assert len(lost) == 1
     assert meet_log(engine) == []  # the writes rolled back with the refused finish
     assert jobs_by_id(engine)[job_id].status == "cancelled"
@@ -842,7 +844,7 @@ def test_a_job_cancelled_while_it_runs_past_its_timeout_stays_cancelled(engine: 
     with Session(engine) as session, session.begin():
         job_id = enqueue(session, "slow", {}, queue=QUEUE, flush=True).id
     with WorkerThread(engine, registry, concurrency=1):  # its stop waits for the handler
-        assert started.wait(10)
+        assert started.wait(DEADLINE)
         with engine.begin() as conn:
             assert admin.cancel_jobs(conn, [job_id]) == {job_id: "running"}
     job = jobs_by_id(engine)[job_id]
