@@ -211,7 +211,7 @@ def test_a_task_the_worker_does_not_know_is_left_for_one_that_does_without_using
     after = database_clock(engine)
 
     assert sorted(ran) == [1, 4]
-    assert (stats.succeeded, stats.failed, stats.deferred) == (2, 0, 2)
+    assert (stats.succeeded, stats.failed) == (2, 0)
     logged = [r.getMessage() for r in caplog.records if "new.task" in r.getMessage()]
     assert len(logged) == 1, logged  # once per task name, not once per job
     assert "unknown task 'new.task'" in logged[0]
@@ -223,10 +223,18 @@ def test_a_task_the_worker_does_not_know_is_left_for_one_that_does_without_using
             ),
             {"ids": new},
         ).all()
+    # a loaded machine may outlast the first delay (1 s): the burst worker then defers the
+    # job again; each deferral is counted in last_error and doubles the delay the worker chose
+    deferrals = 0
     for row in rows:
         assert (row.status, row.attempts, row.max_attempts) == ("queued", 0, 1)
-        assert row.last_error.startswith("deferred 1 time(s): unknown task 'new.task' on worker")
-        assert 1.0 in delay_chosen(engine, row.id, before, after)  # the first deferral's delay
+        times = int(row.last_error.split(" ", 2)[1])
+        deferrals += times
+        assert row.last_error.startswith(
+            f"deferred {times} time(s): unknown task 'new.task' on worker"
+        )
+        assert 2.0 ** (times - 1) in delay_chosen(engine, row.id, before, after)
+    assert stats.deferred == deferrals >= 2
 
     waiting = {f.name: f for f in diagnose(engine, DoctorOptions(sample=0))}["unknown_tasks"]
     assert waiting.severity is Severity.warn
