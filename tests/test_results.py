@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, count_where, enqueue_jobs
+from apps.support import WorkerThread, count_where, database_clock, delay_chosen, enqueue_jobs
 from apps.support import wait_for as support_wait_for
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -408,18 +408,20 @@ def test_a_retry_delay_postgresql_cannot_store_is_replaced_by_the_default_backof
         raise RuntimeError("try again")
 
     (job_id,) = enqueue_jobs(engine, "flaky", 1)
+    before = database_clock(engine)
     run_until_empty(engine, registry)
+    after = database_clock(engine)
     assert calls == [1]
     with engine.connect() as conn:
-        status, attempts, wait = conn.execute(
-            text(
-                "SELECT status, attempts, extract(epoch FROM run_at - now()) "
-                "FROM sqla_queue.jobs WHERE id = :id"
-            ),
-            {"id": job_id},
+        status, attempts = conn.execute(
+            text("SELECT status, attempts FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
         ).one()
     assert (status, attempts) == ("queued", 1)
-    assert 0 < wait < 10  # the default backoff's first delay, not a lost outcome
+    low, high = delay_chosen(engine, job_id, before, after)
+    # the default backoff's first delay, within its jitter, not a lost outcome
+    first, spread = RetryPolicy(jitter=0).delay(1), RetryPolicy().jitter
+    assert low <= first * (1 + spread) + 1e-6
+    assert high >= first * (1 - spread) - 1e-6
 
 
 # -- a zero or small timeout is a poll: the row is read before any LISTEN ------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import subprocess
@@ -125,6 +126,42 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {timeout}s: {condition}")
         time.sleep(interval)
+
+
+def database_clock(engine: Engine) -> dt.datetime:
+    """The database's clock now (`clock_timestamp()`, not a transaction's start)."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+
+
+def delay_chosen(engine: Engine, job_id: int, before: dt.datetime, after: dt.datetime) -> Bounds:
+    """The delay (seconds) the statement that wrote the job's `run_at = now() + delay` chose,
+    as bounds: that statement ran between `before` and `after` (`database_clock` read around
+    the step that wrote it), so the delay is within them however long the step took. A test
+    asserts the delay the code decided with `in`, never a wait measured after the fact."""
+    with engine.connect() as conn:
+        run_at = conn.execute(
+            text("SELECT run_at FROM sqla_queue.jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    return Bounds((run_at - after).total_seconds(), (run_at - before).total_seconds())
+
+
+def age_bounds(seconds: float, before: dt.datetime, after: dt.datetime) -> Bounds:
+    """The age (seconds) the code reads of a time the test wrote `seconds` in the past: at
+    least that, at most that plus the time from `before` the write to `after` the read
+    (`database_clock`), however long the steps between took."""
+    return Bounds(seconds, seconds + (after - before).total_seconds())
+
+
+class Bounds(tuple[float, float]):
+    """(low, high) seconds; `x in bounds` allows the microsecond PostgreSQL rounds to."""
+
+    def __new__(cls, low: float, high: float) -> Bounds:
+        return super().__new__(cls, (low, high))
+
+    def __contains__(self, value: object) -> bool:
+        assert isinstance(value, int | float)
+        return self[0] - 1e-6 <= value <= self[1] + 1e-6
 
 
 def count_where(engine: Engine, condition: str) -> int:
