@@ -377,6 +377,7 @@ class Meeting:
             assert logged == [self.j]
 
 
+@pytest.mark.slow  # 115 cases, each a burst worker: minutes; in .ci/run (tests/run.sh --slow)
 @pytest.mark.parametrize(("kind", "other"), CASES, ids=[f"{a}-{b}" for a, b in CASES])
 def test_each_kind_of_job_keeps_its_rule_through_each_run_feature(
     engine: Engine, kind: str, other: str

@@ -1,6 +1,6 @@
 """The table of feature pairs (tests/pairs.toml) is complete and names only tests that exist:
 every unordered pair of its features has one cell, and each cell names tests (the pair
-together), a refusal and its test, why the pair cannot occur, or the open defect of the pair.
+together), a refusal and its test, or why the pair cannot occur.
 No database: the test files are read with `ast`, not collected."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tomllib
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 TABLE = TESTS_DIR / "pairs.toml"
-KINDS = {"test", "refused", "cannot", "open"}
+KINDS = {"test", "refused", "cannot"}
 MATRIX = (
     "tests/test_features_meet.py::test_each_kind_of_job_keeps_its_rule_through_each_run_feature"
 )
@@ -73,19 +73,16 @@ def cell_problems(pair: str, cell: object) -> list[str]:
     if unknown:
         return [f"{pair}: unknown keys {sorted(unknown)}; a cell has {sorted(KINDS)}"]
     problems = []
-    said = [kind for kind in ("refused", "cannot", "open") if kind in cell]
+    said = [kind for kind in ("refused", "cannot") if kind in cell]
     if len(said) > 1:
         problems.append(f"{pair}: {' and '.join(said)} in one cell")
     for kind in said:
         if not isinstance(cell[kind], str) or not cell[kind].strip():
             problems.append(f"{pair}: {kind} must say why, in words")
-    if "open" in cell and "issue" not in cell["open"]:
-        problems.append(f"{pair}: open must name the issue and defect")
     tests = cell.get("test")
     if "cannot" in cell and tests is not None:
         problems.append(f"{pair}: a pair that cannot occur names no test")
-    elif "cannot" not in cell and (tests is not None or "open" not in cell):
-        # an open defect may name the tests of what holds beside it
+    elif "cannot" not in cell:
         if not isinstance(tests, list) or not tests:
             problems.append(f"{pair}: test must be a list of one or more tests")
         else:
@@ -136,12 +133,14 @@ def test_the_check_finds_a_missing_cell_an_empty_one_and_a_test_that_does_not_ex
     ]
     assert cell_problems("p", {"refused": "x"}) == ["p: test must be a list of one or more tests"]
     assert cell_problems("p", {"cannot": " "}) == ["p: cannot must say why, in words"]
-    assert cell_problems("p", {"open": "defect 3"}) == ["p: open must name the issue and defect"]
+    assert cell_problems("p", {"open": "issue 33 defect 3"}) == [  # a known defect is no cell
+        "p: unknown keys ['open']; a cell has ['cannot', 'refused', 'test']"
+    ]
     assert cell_problems("p", {"cannot": "x", "test": [here]}) == [
         "p: a pair that cannot occur names no test"
     ]
     assert cell_problems("p", {"todo": "later"}) == [
-        "p: unknown keys ['todo']; a cell has ['cannot', 'open', 'refused', 'test']"
+        "p: unknown keys ['todo']; a cell has ['cannot', 'refused', 'test']"
     ]
 
 
