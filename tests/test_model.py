@@ -75,7 +75,7 @@ import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 from hypothesis import settings
@@ -109,7 +109,9 @@ from model_kit import (
     sequence_holders,
     shift_clock,
 )
-from sqlalchemy import text
+from model_liveness import Rules, Stall, leftover_transactions, stalled_claims
+from races import DEADLINE, Race
+from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
@@ -128,6 +130,8 @@ from sqla_queue import (
 )
 from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.testing import TemplateDatabases, run_until_empty
+
+T = TypeVar("T")
 
 QUEUES = {"default": "delete", "keep": "keep", "arch": "archive", "lim": "delete"}
 """The model's queues and their retention ("lim" starts with a concurrency limit of 1)."""
@@ -193,13 +197,17 @@ turn_settings = st.sampled_from(
 )
 FAIR = ("keep",)
 """The queues that start fair (`take_turns` changes any queue's settings)."""
-KNOWN_DEFECTS: frozenset[str] = frozenset()
-"""Defects of the claim the model found and excuses, narrowly, until they are fixed (each
-with a replay in tests/test_model_regressions.py that runs without the excuse). Issue 24's
-three are fixed: "overtaking retry" (a job of a sequence retried while a later one ran was
-claimable), "fair starvation" (a partition with only a delayed job took a fair claim's whole
-share) and "fair truncation" (a claim over several queues cut a fair queue's turns by age);
-their excuses stay, unused, should one come back."""
+KNOWN_DEFECTS: frozenset[str] = frozenset({"held-sequence starvation"})
+"""Defects the model found and excuses, narrowly, until they are fixed (each with a replay
+in tests/test_model_regressions.py that runs without the excuse, a strict xfail while the
+defect lives: when its fix merges, the xfail fails; remove the mark and the name here).
+Open: "held-sequence starvation" (issue 33, defect 2: a fair claim reads the least served
+partitions only, and those whose due jobs all wait behind a failed job of their sequence
+fill it; the progress check finds it). Issue 24's three are fixed: "overtaking retry" (a
+job of a sequence retried while a later one ran was claimable), "fair starvation" (a
+partition with only a delayed job took a fair claim's whole share) and "fair truncation" (a
+claim over several queues cut a fair queue's turns by age); their excuses stay, unused,
+should one come back."""
 
 
 @dataclass
@@ -252,6 +260,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         assert self.pool is not None, "run it with run_model"
         self.url = self.pool.take()
         self.engine = engine_for(self.url)
+        self.race = Race(self.engine)
         self.recorder = Recorder(engine=self.engine)
         self.registry = build_registry(self.recorder)
         self.trouble = TroubleLog()
@@ -287,11 +296,27 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         self.seen: dict[int, Row] = self._observe()
 
     def teardown(self) -> None:
+        self.race.__exit__(None, None, None)
         self.engine.dispose()
         assert self.pool is not None
         self.pool.give_back(self.url)
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _ends(self, what: str, call: Callable[[], T]) -> T:
+        """Run an admin command (or an enqueue) on a thread of its own: it must return
+        within `DEADLINE` seconds, else the test fails naming what each session waits on."""
+        with no_raw_database_error(what):
+            return self.race.beside(call, what).result(DEADLINE)
+
+    def _admin(self, what: str, command: Callable[[Connection], T]) -> T:
+        """`command` in a transaction of its own, committed, under `_ends`'s deadline."""
+
+        def call() -> T:
+            with self.engine.begin() as conn:
+                return command(conn)
+
+        return self._ends(what, call)
 
     def _observe(self) -> dict[int, Row]:
         with no_raw_database_error("observing the jobs"), self.engine.connect() as conn:
@@ -455,8 +480,11 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         args = dict(row["args"])
         before = self._args_of(holder)
         running = holder is not None and self.seen[holder].status == "running"
-        with no_raw_database_error("enqueue_replacing"), self.engine.begin() as conn:
-            job_id = enqueue(conn, row.pop("task"), row.pop("args"), registry=self.registry, **row)
+        task, given = row.pop("task"), row.pop("args")
+        job_id = self._admin(
+            "enqueue_replacing",
+            lambda conn: enqueue(conn, task, given, registry=self.registry, **row),
+        )
         after = self._observe()
         if holder is not None and not running:
             assert job_id == holder, f"a {mode} duplicate of job {holder} returned {job_id}"
@@ -860,8 +888,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
     def cancel(self, indices: list[int]) -> None:
         ids = self._ids(indices)
         before = self.seen
-        with no_raw_database_error("cancel_jobs"), self.engine.begin() as conn:
-            result = admin.cancel_jobs(conn, ids)
+        result = self._admin("cancel_jobs", lambda conn: admin.cancel_jobs(conn, ids))
         after = self._observe()
         expected = {
             i for i in ids if i in before and before[i].status in ("queued", "running", "waiting")
@@ -900,10 +927,12 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 and before[i].status in ("failed", "cancelled")
                 and not before[i].held
             }
-        with no_raw_database_error("retry_jobs"), self.engine.begin() as conn:
-            result = admin.retry_jobs(
+        result = self._admin(
+            "retry_jobs",
+            lambda conn: admin.retry_jobs(
                 conn, ids, all_failed=ids is None, queue=queue, attempts=attempts
-            )
+            ),
+        )
         retried = set(result if isinstance(result, Mapping) else result.retried)
         after = self._observe()
         assert retried <= expected, f"retry_jobs retried {sorted(retried - expected)}"
@@ -939,8 +968,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
     def delete(self, indices: list[int]) -> None:
         ids = self._ids(indices)
         before = self.seen
-        with no_raw_database_error("delete_jobs"), self.engine.begin() as conn:
-            result = admin.delete_jobs(conn, ids)
+        result = self._admin("delete_jobs", lambda conn: admin.delete_jobs(conn, ids))
         expected = {
             i for i in ids if i in before and before[i].status != "running" and not before[i].held
         }
@@ -954,8 +982,9 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
     )
     def prune(self, older_than: float, statuses: set[str], archive: bool) -> None:
         before = self.seen
-        with no_raw_database_error("prune"), self.engine.begin() as conn:
-            count = admin.prune(conn, older_than, sorted(statuses), archive=archive)
+        count = self._admin(
+            "prune", lambda conn: admin.prune(conn, older_than, sorted(statuses), archive=archive)
+        )
         after = self._observe()
 
         def prunable(row: Row) -> bool:
@@ -974,22 +1003,19 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
 
     @rule(queue=queue_names, paused=st.booleans())
     def pause(self, queue: str, paused: bool) -> None:
-        with no_raw_database_error("set_paused"), self.engine.begin() as conn:
-            admin.set_paused(conn, queue, paused)
+        self._admin("set_paused", lambda conn: admin.set_paused(conn, queue, paused))
         (self.paused.add if paused else self.paused.discard)(queue)
 
     @rule(queue=queue_names, limit=st.sampled_from([None, 1, 2]))
     def limit_concurrency(self, queue: str, limit: int | None) -> None:
-        with no_raw_database_error("set_max_running"), self.engine.begin() as conn:
-            admin.set_max_running(conn, queue, limit)
+        self._admin("set_max_running", lambda conn: admin.set_max_running(conn, queue, limit))
         self.concurrency[queue] = limit
 
     @rule(queue=queue_names, setting=turn_settings)
     def take_turns(self, queue: str, setting: tuple[str, Any]) -> None:
         """Fair queues, partition limits, aging, and what a failed job does to its sequence."""
         name, value = setting
-        with no_raw_database_error(f"set_{name}"), self.engine.begin() as conn:
-            TURN_SETTINGS[name](conn, queue, value)
+        self._admin(f"set_{name}", lambda conn: TURN_SETTINGS[name](conn, queue, value))
         if name == "fair":
             (self.fair.add if value else self.fair.discard)(queue)
         elif name == "partition_limit":
@@ -1006,15 +1032,13 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
 
     @rule(queue=queue_names, rate=st.sampled_from([None, "1/s", "2/min"]))
     def limit_rate(self, queue: str, rate: str | None) -> None:
-        with no_raw_database_error("set_rate"), self.engine.begin() as conn:
-            admin.set_rate(conn, queue, rate)
+        self._admin("set_rate", lambda conn: admin.set_rate(conn, queue, rate))
         (self.rated.discard if rate is None else self.rated.add)(queue)
 
     @rule(queue=queue_names, seconds=st.sampled_from([0.0, 5.0, 3600.0, 86400.0, HUGE_TTL]))
     def result_ttl(self, queue: str, seconds: float) -> None:
         try:
-            with no_raw_database_error("set_result_ttl"), self.engine.begin() as conn:
-                admin.set_result_ttl(conn, queue, seconds)
+            self._admin("set_result_ttl", lambda conn: admin.set_result_ttl(conn, queue, seconds))
         except SqlaQueueError:
             assert seconds == HUGE_TTL, f"set_result_ttl refused {seconds} s"
             return  # a clear refusal of what PostgreSQL cannot hold
@@ -1102,6 +1126,38 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 f"jobs {ids} of partition {key[1]!r} of queue {key[0]!r} run: its partition "
                 f"limit is {limit}"
             )
+
+    @invariant()
+    def progresses(self) -> None:
+        """Liveness: no session holds a transaction (row locks) after the call that opened
+        it returned; and a due job no rule blocks (its sequence, its partition's limit, a
+        pause, a dependency, its queue's max-running or rate) is claimable by an idle
+        worker serving its queue within as many claims as the queue has queued jobs
+        (`model_liveness.stalled_claims`, on a scratch transaction rolled back)."""
+        left = leftover_transactions(self.engine)
+        assert not left, f"sessions still hold a transaction after their call returned: {left}"
+        rules = Rules(
+            paused=frozenset(self.paused),
+            rated=frozenset(self.rated),
+            concurrency=dict(self.concurrency),
+            partition_limit=dict(self.partition_limit),
+            skipping=frozenset(self.skipping),
+        )
+        due = sorted({r.queue for r in self.seen.values() if r.status == "queued" and r.due})
+        with no_raw_database_error("a scratch claim"):
+            stalls = stalled_claims(self.engine, self.seen, rules, due, self.task_max_attempts)
+        stalls = [s for s in stalls if not self._excused_stall(s)]
+        assert not stalls, "; ".join(map(str, stalls))
+
+    def _excused_stall(self, stall: Stall) -> bool:
+        """A stall a known defect explains (see `KNOWN_DEFECTS`): "held-sequence
+        starvation" (issue 33, defect 2), a fair queue's claim reads only the least served
+        partitions, and those whose due jobs all wait behind their sequence fill it."""
+        return (
+            "held-sequence starvation" in self.excused
+            and stall.queue in self.fair
+            and bool(stall.held_partitions())
+        )
 
     @invariant()
     def holds(self) -> None:

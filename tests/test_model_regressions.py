@@ -30,10 +30,18 @@ def machine(databases: TemplateDatabases) -> Iterator[QueueMachine]:
 
 def replay(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) -> None:
     """Run each (rule, arguments), then the invariants, as the state machine does."""
-    state.holds()
+    check(state)
     for name, arguments in steps:
         getattr(state, name)(**arguments)
-        state.holds()
+        check(state)
+
+
+def check(state: QueueMachine) -> None:
+    """Every invariant of the state machine, as it runs them after each step."""
+    state.holds()
+    state.workflows_hold()
+    state.turns_hold()
+    state.progresses()
 
 
 def job(task: str, b: str, queue: str = "default", letter: str | None = None, **more: Any) -> Any:
@@ -143,6 +151,9 @@ def test_a_handler_that_overran_its_timeout_is_not_a_success(machine: QueueMachi
 # the replays run with none of the model's excuses.
 
 
+ONCE = {"max_attempts": 1}
+
+
 def enqueue_one(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return ("enqueue", {"spec": spec, "via": "connection"})
 
@@ -188,4 +199,33 @@ def test_a_claim_over_several_queues_keeps_a_fair_queues_turns(machine: QueueMac
         enqueue_one(job("plain", "ok")),
         enqueue_one(job("plain", "ok", queue="keep", partition="p2")),
         ("kill_worker", {"limit": 3, "started": True}),  # takes p1's two, not p2's one
+    )
+
+
+# Defects of issue 33 the model's progress and race checks found, still open: each replay is
+# a strict xfail naming its defect, so it fails the run the day the fix merges (then drop the
+# mark, and the defect's name from `KNOWN_DEFECTS` in tests/test_model.py).
+
+
+def open_defect(number: int, what: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=f"issue 33, defect {number}: {what}")
+
+
+@open_defect(2, "a fair queue's claim starves a partition behind held sequences")
+def test_partitions_held_by_their_sequences_do_not_starve_another_partition(
+    machine: QueueMachine,
+) -> None:
+    """p1 and p2 were served first; their next jobs wait behind the failed jobs of their
+    sequences (the queue holds them). p3 was served last, so it is not among the 2 least
+    served partitions a claim of one reads: a worker serving "keep" claims nothing."""
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "fail", queue="keep", partition="p1", sequence="s1", **ONCE)),
+        enqueue_one(job("plain", "fail", queue="keep", partition="p2", sequence="s2", **ONCE)),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p3")),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p1", sequence="s1")),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p2", sequence="s2")),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p3")),
     )
