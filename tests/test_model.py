@@ -110,6 +110,7 @@ from model_kit import (
     shift_clock,
 )
 from model_liveness import Rules, Stall, leftover_transactions, stalled_claims
+from model_races import BESIDE, HELD, Draw, RaceRules
 from races import DEADLINE, Race
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
@@ -197,13 +198,15 @@ turn_settings = st.sampled_from(
 )
 FAIR = ("keep",)
 """The queues that start fair (`take_turns` changes any queue's settings)."""
-KNOWN_DEFECTS: frozenset[str] = frozenset({"held-sequence starvation"})
+KNOWN_DEFECTS: frozenset[str] = frozenset({"held-sequence starvation", "cancel frees turns"})
 """Defects the model found and excuses, narrowly, until they are fixed (each with a replay
 in tests/test_model_regressions.py that runs without the excuse, a strict xfail while the
 defect lives: when its fix merges, the xfail fails; remove the mark and the name here).
 Open: "held-sequence starvation" (issue 33, defect 2: a fair claim reads the least served
 partitions only, and those whose due jobs all wait behind a failed job of their sequence
-fill it; the progress check finds it). Issue 24's three are fixed: "overtaking retry" (a
+fill it; the progress check finds it) and "cancel frees turns" (defect 3: a job cancelled
+while its handler runs, `Row.held`, no longer holds its sequence or its partition's slot;
+the claim's check finds it). Issue 24's three are fixed: "overtaking retry" (a
 job of a sequence retried while a later one ran was claimable), "fair starvation" (a
 partition with only a delayed job took a fair claim's whole share) and "fair truncation" (a
 claim over several queues cut a fair queue's turns by age); their excuses stay, unused,
@@ -251,7 +254,7 @@ class Orphan:
         return self.reapable_at(time.monotonic())
 
 
-class QueueMachine(BulkRules, RuleBasedStateMachine):
+class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
     pool: ClassVar[ClonePool | Clones | None] = None
     excused: frozenset[str] = KNOWN_DEFECTS
 
@@ -260,7 +263,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         assert self.pool is not None, "run it with run_model"
         self.url = self.pool.take()
         self.engine = engine_for(self.url)
-        self.race = Race(self.engine)
+        self.races = Race(self.engine)
         self.recorder = Recorder(engine=self.engine)
         self.registry = build_registry(self.recorder)
         self.trouble = TroubleLog()
@@ -296,7 +299,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         self.seen: dict[int, Row] = self._observe()
 
     def teardown(self) -> None:
-        self.race.__exit__(None, None, None)
+        self.races.__exit__(None, None, None)
         self.engine.dispose()
         assert self.pool is not None
         self.pool.give_back(self.url)
@@ -307,7 +310,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         """Run an admin command (or an enqueue) on a thread of its own: it must return
         within `DEADLINE` seconds, else the test fails naming what each session waits on."""
         with no_raw_database_error(what):
-            return self.race.beside(call, what).result(DEADLINE)
+            return self.races.beside(call, what).result(DEADLINE)
 
     def _admin(self, what: str, command: Callable[[Connection], T]) -> T:
         """`command` in a transaction of its own, committed, under `_ends`'s deadline."""
@@ -335,6 +338,7 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 and job.task == task
                 and job.queue == queue
                 and row.status in UNIQUE_STATUSES
+                and row.unique_key is not None  # a running holder may have let it go
             ):
                 return job.id
         return None
@@ -773,8 +777,9 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
         job of the claim goes to it only if no partition with a claimable job left had fewer
         than k - 1 running and taken (running counted before the claim; weights are 1)."""
         running: dict[tuple[str, str | None], int] = {}
+        freed = "cancel frees turns" in self.excused
         for row in before.values():
-            if row.status == "running" and not row.archived:
+            if (row.status == "running" or (row.held and not freed)) and not row.archived:
                 key = (row.queue, row.partition)
                 running[key] = running.get(key, 0) + 1
         sequences = [r.sequence for r in taken if r.sequence is not None]
@@ -787,10 +792,13 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                 for r in before.values()
                 if row.sequence
                 and r.sequence == row.sequence
-                and r.status == "running"
+                and (r.status == "running" or (r.held and not freed))
                 and not (row.id in self.overtaken and r.id > row.id)
             ]
-            assert not busy, f"a claim took job {row.id} while {busy} of its sequence ran"
+            assert not busy, (
+                f"a claim took job {row.id} while {busy} of its sequence ran (a job cancelled "
+                "while its handler runs still runs it)"
+            )
         started: dict[tuple[str, str | None], int] = {}
         for row, got in zip(taken, claimed, strict=True):
             key = (row.queue, row.partition)
@@ -831,6 +839,32 @@ class QueueMachine(BulkRules, RuleBasedStateMachine):
                     f"{sorted(p or '(none)' for p in left if level(p) == lowest)} with "
                     f"{lowest} running kept a claimable job"
                 )
+
+    def _take_orphans(self, claimed: list[Any]) -> None:
+        """The running jobs of a claim whose worker never finishes them (it was killed)."""
+        for row in claimed:
+            if row["status"] == "running":
+                self.orphans[row["id"]] = Orphan(row["attempts"])
+
+    @precondition(lambda self: self.jobs)
+    @rule(
+        held=st.sampled_from(HELD),
+        beside=st.sampled_from(BESIDE),
+        spec=job_spec,
+        indices=picks,
+        kinds=edge_kinds,
+        limit=st.integers(1, 3),
+        mode=st.sampled_from(["replace", "replace_args"]),
+        outcome=st.sampled_from(["done", "failed"]),
+        attempts=st.sampled_from([None, 3]),
+        commit=st.booleans(),
+    )
+    def race(self, held: str, beside: str, commit: bool, **draw: Any) -> None:
+        """Two commands at once (tests/model_races.py): `held` runs and waits, its locks
+        held, while `beside` runs; then `held` commits (or rolls back) and `beside` must
+        return within the deadline."""
+        with no_raw_database_error(f"{beside} beside a held {held}"):
+            self._race(held, beside, Draw(**draw), commit)
 
     @rule(seconds=st.sampled_from([1.0, 10.0, 40.0, 4000.0, 200000.0]))
     def time_passes(self, seconds: float) -> None:

@@ -229,3 +229,58 @@ def test_partitions_held_by_their_sequences_do_not_starve_another_partition(
         enqueue_one(job("plain", "ok", queue="keep", partition="p2", sequence="s2")),
         enqueue_one(job("plain", "ok", queue="keep", partition="p3")),
     )
+
+
+def race(held: str, beside: str, spec: dict[str, Any], commit: bool = True, **more: Any) -> Any:
+    draw = {
+        "spec": spec,
+        "indices": more.get("indices", [0]),
+        "kinds": more.get("kinds", ["cancel"] * 3),
+        "limit": more.get("limit", 1),
+        "mode": more.get("mode", "replace"),
+        "outcome": more.get("outcome", "done"),
+        "attempts": more.get("attempts"),
+    }
+    return ("race", {"held": held, "beside": beside, "commit": commit, **draw})
+
+
+def test_a_replacing_enqueue_beside_a_held_claim_of_its_holder_returns(
+    machine: QueueMachine,
+) -> None:
+    """The claim of the holder is held open while a `replace` enqueue of its key runs: the
+    enqueue waits for the claim (its INSERT meets the claim's new row version), then lets
+    the running holder's key go and writes a new job. (Defect 1 of issue 33 needs the claim
+    to land between that INSERT and the enqueue's UPDATE, a point no held transaction
+    reaches; its own test holds the enqueue there.)"""
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", letter="a")),
+        race("claim", "replace", job("plain", "ok", letter="a")),
+    )
+
+
+@open_defect(3, "cancelling a running job frees its sequence while its handler runs")
+def test_a_job_cancelled_while_it_runs_keeps_its_sequence(machine: QueueMachine) -> None:
+    """Job 1 of s1 runs on a (killed) worker and is cancelled: its handler still runs until
+    the worker sees the cancel (or the reaper clears its lease), so job 2 must wait."""
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        ("kill_worker", {"limit": 1, "started": True}),  # job 1 runs
+        ("cancel", {"indices": [0]}),
+        ("kill_worker", {"limit": 1, "started": True}),  # takes job 2
+    )
+
+
+@open_defect(3, "cancelling a running job frees its partition's slot while its handler runs")
+def test_a_job_cancelled_while_it_runs_keeps_its_partition_slot(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        ("take_turns", {"queue": "default", "setting": ("partition_limit", 1)}),
+        enqueue_one(job("plain", "ok", partition="p1")),
+        enqueue_one(job("plain", "ok", partition="p1")),
+        ("kill_worker", {"limit": 1, "started": True}),  # job 1 runs
+        ("cancel", {"indices": [0]}),
+        ("kill_worker", {"limit": 1, "started": True}),  # takes job 2
+    )
