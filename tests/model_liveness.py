@@ -16,6 +16,7 @@ invariants, something must keep moving.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,6 +87,7 @@ def stalled_claims(
     rules: Rules,
     queues: list[str],
     task_max_attempts: dict[str, int],
+    tally: Counter[str] | None = None,
 ) -> list[Stall]:
     """Claim one job at a time for each queue, on one scratch transaction rolled back at the
     end, while the model says a job of the queue is claimable; name every claim that
@@ -118,6 +120,8 @@ def stalled_claims(
                         .mappings()
                         .all()
                     )
+                    if tally is not None:
+                        tally["scratch claims"] += 1
                     if not claimed:
                         stalls.append(Stall(queue, waiting, dict(state), rules))
                         break

@@ -62,6 +62,23 @@ What must hold (checked after each step; a rule checks what its own command prom
   holder's args or run_at. The three defects of the claim it found are fixed
   (`KNOWN_DEFECTS`).
 
+Progress (issue 33), beside safety, after each step (`progresses`, tests/model_liveness.py):
+no session of the test database is left in a transaction (row locks) after the call that
+opened it returned; a due job that no rule blocks (its sequence, its partition's limit, a
+pause, a dependency, its queue's max-running or rate) is claimable by an idle worker
+serving its queue within as many claims (of one job, on a scratch transaction rolled back)
+as the queue has queued jobs; and every admin command and replacing enqueue returns within
+tests/races.py's deadline (`_ends`), else the test fails naming what each session waits on.
+
+Races (issue 33, tests/model_races.py): a rule holds one transaction after its statements
+(a worker's claim, a replacing enqueue, a cancel, a retry, a worker's finish, an enqueue with
+depends_on) while another command (the same kinds, or a delete) runs beside it on the same
+jobs, then commits or rolls back the held one; the other must return within the deadline,
+and the model takes what both did before every invariant runs.
+
+The stress run (tests/test_model_stress.py, slow) checks the same invariants on the final
+state of 4 real worker processes, SIGKILLed and restarted, with every feature at once.
+
 Profiles (tests/conftest.py): "default" (short, in the README's fast test run) and
 "long" (`SQLA_QUEUE_HYPOTHESIS_PROFILE=long`; `test_queue_model_long` runs it under the
 slow marker, in `.ci/run`). Failing examples are kept as tests in
@@ -70,6 +87,7 @@ tests/test_model_regressions.py.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import itertools
 import time
@@ -196,6 +214,9 @@ turn_settings = st.sampled_from(
         ("sequence_on_failure", "hold"),
     ]
 )
+TALLY: collections.Counter[str] = collections.Counter()
+"""What a run of the model did: examples, steps, races, scratch claims, excused stalls
+(printed at its end: `pytest -s`)."""
 FAIR = ("keep",)
 """The queues that start fair (`take_turns` changes any queue's settings)."""
 KNOWN_DEFECTS: frozenset[str] = frozenset({"held-sequence starvation", "cancel frees turns"})
@@ -262,6 +283,7 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         super().__init__()
         assert self.pool is not None, "run it with run_model"
         self.url = self.pool.take()
+        TALLY["examples"] += 1
         self.engine = engine_for(self.url)
         self.races = Race(self.engine)
         self.recorder = Recorder(engine=self.engine)
@@ -863,6 +885,7 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         """Two commands at once (tests/model_races.py): `held` runs and waits, its locks
         held, while `beside` runs; then `held` commits (or rolls back) and `beside` must
         return within the deadline."""
+        TALLY["races"] += 1
         with no_raw_database_error(f"{beside} beside a held {held}"):
             self._race(held, beside, Draw(**draw), commit)
 
@@ -1168,6 +1191,7 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         pause, a dependency, its queue's max-running or rate) is claimable by an idle
         worker serving its queue within as many claims as the queue has queued jobs
         (`model_liveness.stalled_claims`, on a scratch transaction rolled back)."""
+        TALLY["invariant rounds"] += 1
         left = leftover_transactions(self.engine)
         assert not left, f"sessions still hold a transaction after their call returned: {left}"
         rules = Rules(
@@ -1179,7 +1203,9 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         )
         due = sorted({r.queue for r in self.seen.values() if r.status == "queued" and r.due})
         with no_raw_database_error("a scratch claim"):
-            stalls = stalled_claims(self.engine, self.seen, rules, due, self.task_max_attempts)
+            stalls = stalled_claims(
+                self.engine, self.seen, rules, due, self.task_max_attempts, TALLY
+            )
         stalls = [s for s in stalls if not self._excused_stall(s)]
         assert not stalls, "; ".join(map(str, stalls))
 
@@ -1187,11 +1213,13 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         """A stall a known defect explains (see `KNOWN_DEFECTS`): "held-sequence
         starvation" (issue 33, defect 2), a fair queue's claim reads only the least served
         partitions, and those whose due jobs all wait behind their sequence fill it."""
-        return (
+        excused = (
             "held-sequence starvation" in self.excused
             and stall.queue in self.fair
             and bool(stall.held_partitions())
         )
+        TALLY["stalls excused (held-sequence starvation)"] += excused
+        return excused
 
     @invariant()
     def holds(self) -> None:
@@ -1207,11 +1235,13 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
 
 def run_model(databases: TemplateDatabases, profile: settings | None = None) -> None:
     QueueMachine.pool = pool = ClonePool(databases)
+    TALLY.clear()
     try:
         run_state_machine_as_test(QueueMachine, settings=profile)
     finally:
         QueueMachine.pool = None
         pool.close()
+        print(f"the model ran: {dict(TALLY)}")
 
 
 @pytest.mark.timeout(1800)  # SQLA_QUEUE_HYPOTHESIS_PROFILE=long runs it long too

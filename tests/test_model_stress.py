@@ -134,6 +134,7 @@ class Stress:
                 admin.retry_jobs(conn, all_failed=True)
 
 
+@pytest.mark.timeout(600)  # the drain may take minutes on a loaded machine
 def test_every_feature_on_four_killed_workers_keeps_the_models_invariants(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
