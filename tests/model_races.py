@@ -101,7 +101,7 @@ class RaceRules:
             return replace
         if kind == "dependent":
             live = sorted(self.seen)
-            parents = sorted({live[i % len(live)] for i in draw.indices})
+            parents = sorted({live[i % len(live)] for i in draw.indices}) if live else []
             pairs = list(zip(parents, draw.kinds, strict=False))
             row, model = self._new({**draw.spec, "letter": None})
             task, args = row.pop("task"), row.pop("args")
