@@ -15,6 +15,7 @@ ones (no two of a sequence running, partition limits, workflows) and the progres
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,6 +75,7 @@ class RaceRules:
     excused: frozenset[str]
     task_max_attempts: dict[str, int]
     race_deadline: float = DEADLINE
+    tally: Counter[str]
     _observe: Callable[[], dict[int, Row]]
     _settle: Callable[..., None]
     _new: Callable[..., tuple[dict[str, Any], Any]]
@@ -163,7 +165,8 @@ class RaceRules:
                 return command(conn)
 
         running = self.races.beside(other, f"{beside} beside a held {held}")
-        self.races.wait_blocked_by(holding, running, self.race_deadline)
+        blocked = self.races.wait_blocked_by(holding, running, self.race_deadline)
+        self.tally[f"races, {beside} {'blocked by' if blocked else 'not blocked by'} {held}"] += 1
         (holding.commit if commit else holding.rollback)()
         other_done = running.result(self.race_deadline)
         self._take([holding.value, other_done] if commit else [other_done], before)

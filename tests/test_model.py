@@ -284,6 +284,7 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         assert self.pool is not None, "run it with run_model"
         self.url = self.pool.take()
         TALLY["examples"] += 1
+        self.tally = TALLY
         self.engine = engine_for(self.url)
         self.races = Race(self.engine)
         self.recorder = Recorder(engine=self.engine)

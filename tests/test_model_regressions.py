@@ -285,3 +285,39 @@ def test_a_job_cancelled_while_it_runs_keeps_its_partition_slot(machine: QueueMa
         ("cancel", {"indices": [0]}),
         ("kill_worker", {"limit": 1, "started": True}),  # takes job 2
     )
+
+
+# Races of issue 33, section 3 (tests/model_races.py): each holds one command after its
+# statements while another runs on the same job; every invariant runs after.
+
+
+def test_a_cancel_beside_a_held_claim_of_its_job(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        race("claim", "cancel", job("plain", "ok"), indices=[0]),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+    )
+
+
+def test_a_retry_beside_a_held_finish_that_fails_the_job(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", queue="keep")),
+        ("kill_worker", {"limit": 1, "started": True}),
+        race("finish", "retry", job("plain", "ok"), indices=[0], outcome="failed"),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+    )
+
+
+@pytest.mark.parametrize(("held", "beside"), [("dependent", "cancel"), ("cancel", "dependent")])
+def test_an_enqueue_with_depends_on_beside_the_cancel_of_its_parent(
+    machine: QueueMachine, held: str, beside: str
+) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", queue="keep")),
+        race(held, beside, job("plain", "ok", queue="keep"), indices=[0]),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+    )
