@@ -559,11 +559,13 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         pairs = list(zip(parents, kinds, strict=False))
         row, model = self._new({**spec, "letter": None})
         depends = [Dependency(p, on_failure=kind) for p, kind in pairs]
-        with no_raw_database_error("enqueue with depends_on"), self.engine.begin() as conn:
-            job_id = enqueue(
-                conn, row.pop("task"), row.pop("args"), registry=self.registry,
-                depends_on=depends, **row,
-            )  # fmt: skip
+        task, args = row.pop("task"), row.pop("args")
+        job_id = self._admin(
+            "enqueue with depends_on",
+            lambda conn: enqueue(
+                conn, task, args, registry=self.registry, depends_on=depends, **row
+            ),
+        )
         after = self._observe()
         outcomes = [(self._outcome(p), kind) for p, kind in pairs]
         doomed = any(k == "cancel" and o in ("failed", "cancelled") for o, k in outcomes)
