@@ -6,9 +6,8 @@ invariants, something must keep moving.
   its queue's limit, its queue at its max-running); a job cancelled while its handler runs
   (`Row.held`) counts as running here, so the model asks no more than the queue promises;
 - `stalled_claims`: on a scratch transaction that is rolled back, an idle worker serving
-  one queue claims one job at a time, as long as the model says a job of that queue is
-  claimable; a claim that returns nothing while one is, is a stall (a due job that nothing
-  blocks must be claimable within as many claims as the queue has queued jobs);
+  one queue claims one job at a time (up to `CLAIMS_PER_QUEUE`), as long as the model says
+  a job of that queue is claimable; a claim that returns nothing while one is, is a stall;
 - `leftover_transactions`: sessions holding a transaction (and so row locks) after the call
   that opened it returned.
 """
@@ -27,6 +26,10 @@ from sqlalchemy import Engine
 from sqla_queue import queries
 
 SCRATCH_WORKER = "model-liveness"
+CLAIMS_PER_QUEUE = 3
+"""Scratch claims per queue and step: each must return a job while the model says one is
+claimable (a stall shows at the first empty claim; the steps that follow move the state on,
+so a deeper stall shows in a later step), bounded so a step costs milliseconds."""
 SCRATCH_LOCK_TIMEOUT = "5s"
 """A scratch claim that waits on a lock longer than this is a wedge, not a wait."""
 
@@ -100,8 +103,7 @@ def stalled_claims(
             state = dict(seen)
             for queue in queues:
                 statement = queries.claim_jobs([queue])
-                queued = sum(1 for r in state.values() if r.queue == queue and r.status == "queued")
-                for _ in range(queued + 1):
+                for _ in range(CLAIMS_PER_QUEUE):
                     waiting = unblocked(queue, state, rules)
                     if not waiting:
                         break

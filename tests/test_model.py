@@ -66,9 +66,10 @@ Progress (issue 33), beside safety, after each step (`progresses`, tests/model_l
 no session of the test database is left in a transaction (row locks) after the call that
 opened it returned; a due job that no rule blocks (its sequence, its partition's limit, a
 pause, a dependency, its queue's max-running or rate) is claimable by an idle worker
-serving its queue within as many claims (of one job, on a scratch transaction rolled back)
-as the queue has queued jobs; and every admin command and replacing enqueue returns within
-tests/races.py's deadline (`_ends`), else the test fails naming what each session waits on.
+serving its queue: each of up to 3 claims of one job (on a scratch transaction rolled back)
+returns one while the model says one is claimable; and every admin command and replacing
+enqueue returns within tests/races.py's deadline (`_ends`), else the test fails naming what
+each session waits on.
 
 Races (issue 33, tests/model_races.py): a rule holds one transaction after its statements
 (a worker's claim, a replacing enqueue, a cancel, a retry, a worker's finish, an enqueue with
@@ -1192,8 +1193,9 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         """Liveness: no session holds a transaction (row locks) after the call that opened
         it returned; and a due job no rule blocks (its sequence, its partition's limit, a
         pause, a dependency, its queue's max-running or rate) is claimable by an idle
-        worker serving its queue within as many claims as the queue has queued jobs
-        (`model_liveness.stalled_claims`, on a scratch transaction rolled back)."""
+        worker serving its queue: a claim returns a job while the model says one is
+        claimable (`model_liveness.stalled_claims`, on a scratch transaction rolled
+        back)."""
         TALLY["invariant rounds"] += 1
         left = leftover_transactions(self.engine)
         assert not left, f"sessions still hold a transaction after their call returned: {left}"
