@@ -15,6 +15,7 @@ ones (no two of a sequence running, partition limits, workflows) and the progres
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,6 +47,9 @@ class Done:
     deleted: set[int] = dataclasses.field(default_factory=set)
     finished: set[int] = dataclasses.field(default_factory=set)
     refused: str | None = None
+    began: float = 0.0
+    """When (time.monotonic) its transaction began: the database's now() for its claim's
+    lease and its worker's registration."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,12 +161,17 @@ class RaceRules:
         back) the held one: the other must return within the deadline; then the model takes
         what both committed and the invariants run."""
         before = self.seen
+        began = time.monotonic()
         holding = self.races.hold(self._command(held, draw))
+        holding.value.began = began
         command = self._command(beside, draw)
 
         def other() -> Done:
+            began = time.monotonic()
             with self.engine.begin() as conn:
-                return command(conn)
+                done = command(conn)
+            done.began = began
+            return done
 
         running = self.races.beside(other, f"{beside} beside a held {held}")
         blocked = self.races.wait_blocked_by(holding, running, self.race_deadline)
@@ -195,5 +204,5 @@ class RaceRules:
             gone.update(dict.fromkeys(d.deleted, "deleted"))
             gone.update(dict.fromkeys(d.finished, "finished (retention delete)"))
             if d.claimed:
-                self._take_orphans(d.claimed)
+                self._take_orphans(d.claimed, d.began)
         self._settle(after, "a race", gone.get)

@@ -866,11 +866,13 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
                     f"{lowest} running kept a claimable job"
                 )
 
-    def _take_orphans(self, claimed: list[Any]) -> None:
-        """The running jobs of a claim whose worker never finishes them (it was killed)."""
+    def _take_orphans(self, claimed: list[Any], began: float) -> None:
+        """The running jobs of a claim whose worker never finishes them (it was killed);
+        their lease runs from `began`, when the claim's transaction began (a held claim
+        commits long after)."""
         for row in claimed:
             if row["status"] == "running":
-                self.orphans[row["id"]] = Orphan(row["attempts"])
+                self.orphans[row["id"]] = Orphan(row["attempts"], born=began)
 
     @precondition(lambda self: self.jobs)
     @rule(
