@@ -18,7 +18,7 @@ import time
 
 import psycopg
 
-from sqla_queue import JobContext, Registry, RetryPolicy
+from sqla_queue import JobContext, Registry, RetryPolicy, Snooze
 
 registry = Registry()
 
@@ -157,6 +157,40 @@ def cooperative(ctx: JobContext, seconds: float) -> None:
             return
         time.sleep(0.05)
     note(ctx, "finished")
+
+
+STRESS_TIMEOUT = 1.0
+
+
+@registry.task(
+    name="stress",
+    pass_context=True,
+    max_attempts=3,
+    retry=NO_RETRY_WAIT,
+    timeout=STRESS_TIMEOUT,
+    keep_result=True,
+)
+async def stress(ctx: JobContext, n: int, mode: str = "ok", seconds: float = 0.05) -> object:
+    """The stress run's task (tests/test_model_stress.py): notes "start" and, as its run
+    ends however it ends (a timeout cancels it), "end"; so the test rebuilds every run's
+    interval. `mode`: ok (returns {"n": n}, kept), fail, snooze (once, then ok), slow
+    (sleeps `seconds`, past its timeout)."""
+    note(ctx, "start")
+    try:
+        if mode == "fail":
+            raise RuntimeError(f"stress job {n} failed as asked")
+        if mode == "snooze":
+            snoozed = _execute(
+                "SELECT 1 FROM public.fault_runs WHERE job_id = %s AND event = 'snoozed'",
+                (ctx.job_id,),
+            )
+            if not snoozed:
+                note(ctx, "snoozed")
+                raise Snooze(0.2, "once")
+        await asyncio.sleep(seconds)
+        return {"n": n}
+    finally:
+        note(ctx, "end")  # synchronously: before the worker learns how the run ended
 
 
 not_a_registry = {"record": record}

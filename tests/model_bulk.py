@@ -41,6 +41,7 @@ class BulkRules:
     parents: dict[int, list[tuple[int, str]]]
     _observe: Callable[[], dict[int, Row]]
     _settle: Callable[..., None]
+    _ends: Callable[..., Any]
 
     @precondition(lambda self: self.jobs)
     @rule(
@@ -79,8 +80,10 @@ class BulkRules:
                 bulk.BULK_ACTIONS[action](self.engine, where, batch=batch)
             return
         extra = {"attempts": attempts} if action == "retry" else {}
-        with no_raw_database_error(f"bulk_{action}"):
-            result = bulk.BULK_ACTIONS[action](self.engine, where, batch=batch, **extra)
+        result = self._ends(
+            f"bulk_{action}",
+            lambda: bulk.BULK_ACTIONS[action](self.engine, where, batch=batch, **extra),
+        )
         after = self._observe()
         what = f"bulk_{action}({where.describe()}, batch={batch})"
         changed = self._check_each(action, expected, before, after, attempts, what)

@@ -2,7 +2,8 @@
 
 Each replays the shrunk steps Hypothesis printed on a `QueueMachine` of its own database,
 checking the model's invariants after every step, as the state machine does. Each names
-the defect it found (those of issue 20, and of issue 24's claim: all fixed since).
+the defect it found (those of issue 20, and of issue 24's claim: all fixed since; those of
+issue 33 still open are strict xfails, `open_defect`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,18 @@ def machine(databases: TemplateDatabases) -> Iterator[QueueMachine]:
 
 def replay(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) -> None:
     """Run each (rule, arguments), then the invariants, as the state machine does."""
-    state.holds()
+    check(state)
     for name, arguments in steps:
         getattr(state, name)(**arguments)
-        state.holds()
+        check(state)
+
+
+def check(state: QueueMachine) -> None:
+    """Every invariant of the state machine, as it runs them after each step."""
+    state.holds()
+    state.workflows_hold()
+    state.turns_hold()
+    state.progresses()
 
 
 def job(task: str, b: str, queue: str = "default", letter: str | None = None, **more: Any) -> Any:
@@ -143,6 +152,9 @@ def test_a_handler_that_overran_its_timeout_is_not_a_success(machine: QueueMachi
 # the replays run with none of the model's excuses.
 
 
+ONCE = {"max_attempts": 1}
+
+
 def enqueue_one(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return ("enqueue", {"spec": spec, "via": "connection"})
 
@@ -188,4 +200,126 @@ def test_a_claim_over_several_queues_keeps_a_fair_queues_turns(machine: QueueMac
         enqueue_one(job("plain", "ok")),
         enqueue_one(job("plain", "ok", queue="keep", partition="p2")),
         ("kill_worker", {"limit": 3, "started": True}),  # takes p1's two, not p2's one
+    )
+
+
+# Defects of issue 33 the model's progress and race checks found, still open: each replay is
+# a strict xfail naming its defect, so it fails the run the day the fix merges (then drop the
+# mark, and the defect's name from `KNOWN_DEFECTS` in tests/test_model.py).
+
+
+def open_defect(number: int, what: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason=f"issue 33, defect {number}: {what}"
+    )
+
+
+@open_defect(2, "a fair queue's claim starves a partition behind held sequences")
+def test_partitions_held_by_their_sequences_do_not_starve_another_partition(
+    machine: QueueMachine,
+) -> None:
+    """p1 and p2 were served first; their next jobs wait behind the failed jobs of their
+    sequences (the queue holds them). p3 was served last, so it is not among the 2 least
+    served partitions a claim of one reads: a worker serving "keep" claims nothing."""
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "fail", queue="keep", partition="p1", sequence="s1", **ONCE)),
+        enqueue_one(job("plain", "fail", queue="keep", partition="p2", sequence="s2", **ONCE)),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p3")),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p1", sequence="s1")),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p2", sequence="s2")),
+        enqueue_one(job("plain", "ok", queue="keep", partition="p3")),
+    )
+
+
+def race(held: str, beside: str, spec: dict[str, Any], commit: bool = True, **more: Any) -> Any:
+    draw = {
+        "spec": spec,
+        "indices": more.get("indices", [0]),
+        "kinds": more.get("kinds", ["cancel"] * 3),
+        "limit": more.get("limit", 1),
+        "mode": more.get("mode", "replace"),
+        "outcome": more.get("outcome", "done"),
+        "attempts": more.get("attempts"),
+    }
+    return ("race", {"held": held, "beside": beside, "commit": commit, **draw})
+
+
+def test_a_replacing_enqueue_beside_a_held_claim_of_its_holder_returns(
+    machine: QueueMachine,
+) -> None:
+    """The claim of the holder is held open while a `replace` enqueue of its key runs: the
+    enqueue waits for the claim (its INSERT meets the claim's new row version), then lets
+    the running holder's key go and writes a new job. (Defect 1 of issue 33 needs the claim
+    to land between that INSERT and the enqueue's UPDATE, a point no held transaction
+    reaches; its own test holds the enqueue there.)"""
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", letter="a")),
+        race("claim", "replace", job("plain", "ok", letter="a")),
+    )
+
+
+@open_defect(3, "cancelling a running job frees its sequence while its handler runs")
+def test_a_job_cancelled_while_it_runs_keeps_its_sequence(machine: QueueMachine) -> None:
+    """Job 1 of s1 runs on a (killed) worker and is cancelled: its handler still runs until
+    the worker sees the cancel (or the reaper clears its lease), so job 2 must wait."""
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        ("kill_worker", {"limit": 1, "started": True}),  # job 1 runs
+        ("cancel", {"indices": [0]}),
+        ("kill_worker", {"limit": 1, "started": True}),  # takes job 2
+    )
+
+
+@open_defect(3, "cancelling a running job frees its partition's slot while its handler runs")
+def test_a_job_cancelled_while_it_runs_keeps_its_partition_slot(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        ("take_turns", {"queue": "default", "setting": ("partition_limit", 1)}),
+        enqueue_one(job("plain", "ok", partition="p1")),
+        enqueue_one(job("plain", "ok", partition="p1")),
+        ("kill_worker", {"limit": 1, "started": True}),  # job 1 runs
+        ("cancel", {"indices": [0]}),
+        ("kill_worker", {"limit": 1, "started": True}),  # takes job 2
+    )
+
+
+# Races of issue 33, section 3 (tests/model_races.py): each holds one command after its
+# statements while another runs on the same job; every invariant runs after.
+
+
+def test_a_cancel_beside_a_held_claim_of_its_job(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        enqueue_one(job("plain", "ok", sequence="s1")),
+        race("claim", "cancel", job("plain", "ok"), indices=[0]),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+    )
+
+
+def test_a_retry_beside_a_held_finish_that_fails_the_job(machine: QueueMachine) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", queue="keep")),
+        ("kill_worker", {"limit": 1, "started": True}),
+        race("finish", "retry", job("plain", "ok"), indices=[0], outcome="failed"),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
+    )
+
+
+@pytest.mark.parametrize(("held", "beside"), [("dependent", "cancel"), ("cancel", "dependent")])
+def test_an_enqueue_with_depends_on_beside_the_cancel_of_its_parent(
+    machine: QueueMachine, held: str, beside: str
+) -> None:
+    replay_unexcused(
+        machine,
+        enqueue_one(job("plain", "ok", queue="keep")),
+        race(held, beside, job("plain", "ok", queue="keep"), indices=[0]),
+        ("work", {"concurrency": 1, "batch": 1, "served": None}),
     )
