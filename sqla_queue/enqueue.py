@@ -20,6 +20,7 @@ from sqlalchemy.orm import (
     Session,
     UOWTransaction,
     make_transient_to_detached,
+    scoped_session,
 )
 from sqlalchemy.sql import ClauseElement
 
@@ -209,11 +210,11 @@ def enqueue_job(
 def _check_session(session: object, call: str) -> None:
     """Refuse, in one line naming the mistake, a first argument that is not what the job
     is written through (args given first, an Engine, a sessionmaker)."""
-    if isinstance(session, (Session, Connection)):
+    if isinstance(session, (Session, Connection, scoped_session)):
         return
-    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 
-    if isinstance(session, AsyncSession):
+    if isinstance(session, (AsyncSession, async_scoped_session)):
         return
     if isinstance(session, Mapping):
         given = f"a {type(session).__name__}: the args go second"

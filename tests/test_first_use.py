@@ -32,7 +32,7 @@ from apps.support import (
 from click.testing import Result
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sqla_queue import Registry, admin, admin_workers, enqueue, set_default_registry
 from sqla_queue.cli.worker import worker as worker_command
@@ -231,6 +231,13 @@ def test_task_enqueue_without_a_session_names_the_mistake(engine: Engine) -> Non
     for error in (args_first.value, an_engine.value):
         assert "\n" not in str(error)
     assert count_where(engine, "true") == 0
+    scoped = scoped_session(sessionmaker(engine))  # Flask-SQLAlchemy's db.session is one
+    try:
+        receipt.enqueue(scoped, {"order": 1})
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert count_where(engine, "true") == 1
 
 
 # -- trap 5: an --app that raises on import ------------------------------------------------------

@@ -220,16 +220,17 @@ TALLY: collections.Counter[str] = collections.Counter()
 (printed at its end: `pytest -s`)."""
 FAIR = ("keep",)
 """The queues that start fair (`take_turns` changes any queue's settings)."""
-KNOWN_DEFECTS: frozenset[str] = frozenset({"held-sequence starvation", "cancel frees turns"})
+KNOWN_DEFECTS: frozenset[str] = frozenset()
 """Defects the model found and excuses, narrowly, until they are fixed (each with a replay
 in tests/test_model_regressions.py that runs without the excuse, a strict xfail while the
 defect lives: when its fix merges, the xfail fails; remove the mark and the name here).
-Open: "held-sequence starvation" (issue 33, defect 2: a fair claim reads the least served
-partitions only, and those whose due jobs all wait behind a failed job of their sequence
-fill it; the progress check finds it) and "cancel frees turns" (defect 3: a job cancelled
-while its handler runs, `Row.held`, no longer holds its sequence or its partition's slot;
-the claim's check finds it). Issue 24's three are fixed: "overtaking retry" (a
-job of a sequence retried while a later one ran was claimable), "fair starvation" (a
+None is open. Issue 33's two are fixed: "held-sequence starvation" (defect 2: a fair claim
+read the least served partitions only, and those whose due jobs all waited behind a failed
+job of their sequence filled it; the progress check found it) and "cancel frees turns"
+(defect 3: a job cancelled while its handler ran, `Row.held`, no longer held its sequence
+or its partition's slot; the claim's check found it). Issue 24's three are fixed:
+"overtaking retry" (a job of a sequence retried while a later one ran was claimable),
+"fair starvation" (a
 partition with only a delayed job took a fair claim's whole share) and "fair truncation" (a
 claim over several queues cut a fair queue's turns by age); their excuses stay, unused,
 should one come back."""

@@ -2,8 +2,7 @@
 
 Each replays the shrunk steps Hypothesis printed on a `QueueMachine` of its own database,
 checking the model's invariants after every step, as the state machine does. Each names
-the defect it found (those of issue 20, and of issue 24's claim: all fixed since; those of
-issue 33 still open are strict xfails, `open_defect`).
+the defect it found (those of issue 20, of issue 24's claim and of issue 33: all fixed since).
 """
 
 from __future__ import annotations
@@ -203,18 +202,10 @@ def test_a_claim_over_several_queues_keeps_a_fair_queues_turns(machine: QueueMac
     )
 
 
-# Defects of issue 33 the model's progress and race checks found, still open: each replay is
-# a strict xfail naming its defect, so it fails the run the day the fix merges (then drop the
-# mark, and the defect's name from `KNOWN_DEFECTS` in tests/test_model.py).
+# Defects of issue 33 the model's progress and race checks found (defects 2 and 3), fixed:
+# their replays run without the excuses.
 
 
-def open_defect(number: int, what: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(
-        strict=True, raises=AssertionError, reason=f"issue 33, defect {number}: {what}"
-    )
-
-
-@open_defect(2, "a fair queue's claim starves a partition behind held sequences")
 def test_partitions_held_by_their_sequences_do_not_starve_another_partition(
     machine: QueueMachine,
 ) -> None:
@@ -262,7 +253,6 @@ def test_a_replacing_enqueue_beside_a_held_claim_of_its_holder_returns(
     )
 
 
-@open_defect(3, "cancelling a running job frees its sequence while its handler runs")
 def test_a_job_cancelled_while_it_runs_keeps_its_sequence(machine: QueueMachine) -> None:
     """Job 1 of s1 runs on a (killed) worker and is cancelled: its handler still runs until
     the worker sees the cancel (or the reaper clears its lease), so job 2 must wait."""
@@ -276,7 +266,6 @@ def test_a_job_cancelled_while_it_runs_keeps_its_sequence(machine: QueueMachine)
     )
 
 
-@open_defect(3, "cancelling a running job frees its partition's slot while its handler runs")
 def test_a_job_cancelled_while_it_runs_keeps_its_partition_slot(machine: QueueMachine) -> None:
     replay_unexcused(
         machine,

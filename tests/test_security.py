@@ -171,6 +171,7 @@ WORKER_GRANTS = [
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.stopped_workers TO {role}",
     "GRANT SELECT ON sqla_queue.partition_weights TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.partition_turns TO {role}",
+    "GRANT SELECT, UPDATE ON sqla_queue.job_deps TO {role}",
 ]
 """Exactly what docs/production.md ("Security") lists for the worker's role."""
 

@@ -123,9 +123,17 @@ def _insert_unique(
             for key, job_id in connection.execute(_UNIQUE_HOLDERS, {"keys": keys})
         }
         pending = []
+        # a holder this call wrote gets its edges after this step: its own row's are its
+        ours = {job_id: parents[j] for j, (job_id, duplicate) in results.items() if not duplicate}
         for i in skipped:
             holder = holders.get(params[i]["job_unique_key"])
-            missing = [] if holder is None else _missing_parents(connection, holder, parents[i])
+            if holder is None:
+                missing = []
+            elif holder in ours:
+                has = {parent_id for parent_id, _ in ours[holder] or ()}
+                missing = [parent_id for parent_id, _ in parents[i] or () if parent_id not in has]
+            else:
+                missing = _missing_parents(connection, holder, parents[i])
             if holder is not None and missing:
                 if modes[i] is None or not _release_running(
                     connection, {**params[i], "holder": holder}
