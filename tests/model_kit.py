@@ -356,9 +356,10 @@ HOLDS_SEQUENCE = ("queued", "running", "waiting", "failed")
 
 
 def sequence_holders(row: Row, seen: Mapping[int, Row], skipping: set[str]) -> list[int]:
-    """The jobs of `row`'s sequence that hold it: any other running, and the earlier ones
-    queued, waiting, or failed in a queue not in `skipping` (those whose
-    `sequence_on_failure` is 'skip')."""
+    """The jobs of `row`'s sequence that hold it: any other running (or cancelled while
+    its handler runs, `Row.held`: issue 33, defect 3), and the earlier ones queued,
+    waiting, or failed in a queue not in `skipping` (those whose `sequence_on_failure` is
+    'skip')."""
     if row.sequence is None:
         return []
     return [
@@ -366,10 +367,15 @@ def sequence_holders(row: Row, seen: Mapping[int, Row], skipping: set[str]) -> l
         for other in seen.values()
         if other.sequence == row.sequence
         and other.id != row.id
-        and (other.id < row.id or other.status == "running")
         and not other.archived
-        and other.status in HOLDS_SEQUENCE
-        and not (other.status == "failed" and other.queue in skipping)
+        and (
+            other.held
+            or (
+                (other.id < row.id or other.status == "running")
+                and other.status in HOLDS_SEQUENCE
+                and not (other.status == "failed" and other.queue in skipping)
+            )
+        )
     ]
 
 

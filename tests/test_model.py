@@ -677,8 +677,14 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
                 and row.id not in ran
             ):
                 now = after.get(row.id)
-                if now is not None and sequence_holders(now, after, self.skipping):
-                    continue  # an earlier job of its sequence holds it
+                if now is not None and (
+                    sequence_holders(now, after, self.skipping)
+                    or sequence_holders(row, before, self.skipping)
+                ):
+                    # an earlier job of its sequence holds it, or held it when the step began
+                    # (a job cancelled while held by a claim is reaped when its lease ends,
+                    # which under load may fall after the burst worker's last claim)
+                    continue
                 if self._starved(row, after):
                     continue
                 ok = now is not None and now.status == "failed"
