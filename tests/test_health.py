@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from apps.support import WorkerThread, invoke_cli, wait_for
-from fault_kit import TESTS_DIR, PrivateCluster, WorkerProcess, cli_env, free_port
+from fault_kit import TESTS_DIR, PrivateCluster, WorkerProcess, cli_env, free_port, free_port_run
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import ConfigurationError, Registry
@@ -283,9 +283,7 @@ def test_a_health_port_in_use_is_a_configuration_error(engine: Engine) -> None:
 
 @pytest.mark.slow
 def test_the_parent_of_processes_answers_for_its_children(database_url: str) -> None:
-    port = free_port()
-    while not all(port_is_free(p) for p in (port + 1, port + 2)):
-        port = free_port()
+    port = free_port_run(3)  # the parent's and its two children's
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "sqla_queue", "worker", "--app", "fault_app:registry"),

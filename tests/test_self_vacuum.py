@@ -8,7 +8,6 @@ a VACUUM in progress holds it, while the worker drains, and the jobs keep starti
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import logging
 import threading
 import time
@@ -269,10 +268,9 @@ def test_doctor_counts_only_the_empty_pages_after_the_last_row(engine: Engine) -
 STALL_JOBS = 600
 HOLD_UNTIL_STARTED = 200
 """The other session holds the table's lock until this many jobs have started..."""
-HOLD_AT_MOST = 5.0
-"""...or for this many seconds after the worker registered, whichever comes first (the
-claim's patience is 0.5 s: the longest gap allowed between two job starts)."""
-LONGEST_GAP = dt.timedelta(seconds=0.5)
+HOLD_AT_MOST = 60.0
+"""...or for this many seconds after the worker registered: a deadline that fails the test
+(a claim loop that waits behind the lock starts none), never one that measures speed."""
 
 
 def _started(engine: Engine) -> list[dt.datetime]:
@@ -348,15 +346,14 @@ def test_a_vacuum_held_table_stalls_no_job_start_while_a_worker_drains(engine: E
         worker.stop()
         thread.join(30)
     assert not thread.is_alive(), "the worker did not stop in 30 s"
-    starts = [registered, *_started(engine)]  # from the worker's own start
-    assert len(starts) == STALL_JOBS + 1, f"{len(starts) - 1} of {STALL_JOBS} jobs started"
-    gaps = [(later - earlier, n) for n, (earlier, later) in enumerate(itertools.pairwise(starts))]
-    longest, at = max(gaps)
-    assert longest <= LONGEST_GAP, (
-        f"no job started for {longest.total_seconds():.2f} s (before job {at + 1} of {STALL_JOBS}; "
-        f"{started_while_held} started while the table was held)"
+    assert len(_started(engine)) == STALL_JOBS, "the worker did not drain after the release"
+    # Counts, not gaps between start times: the claim loop kept starting jobs for as long as
+    # another session held what a VACUUM holds; on ab8d9f7 its own ANALYZE waited there and
+    # not one job started until the lock went.
+    assert started_while_held >= HOLD_UNTIL_STARTED, (
+        f"{started_while_held} of {STALL_JOBS} jobs started in {HOLD_AT_MOST:.0f} s while "
+        "another session held the table's SHARE UPDATE EXCLUSIVE lock: the claim waits on it"
     )
-    assert started_while_held >= 1  # the drain and the held lock met
 
 
 def test_the_upkeep_leaves_its_lock_timeout_off_the_pooled_connection(database_url: str) -> None:
