@@ -1,5 +1,5 @@
 """This repository's Alembic environment: the same revisions `sqla-queue migrate` applies."""
 
-from sqla_queue.migrate import run_alembic_env
+from sqla_queue.db.migrate import run_alembic_env
 
 run_alembic_env()

@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, pool, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, enqueue, enqueue_many
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.migrate import upgrade
 from sqla_queue.worker import Worker, WorkerConfig
 
 parser = argparse.ArgumentParser()

@@ -17,7 +17,7 @@ import time
 
 from sqlalchemy import create_engine, text
 
-from sqla_queue import queries
+from sqla_queue.db import queries
 
 label, out, url, form = sys.argv[1:5]
 engine = create_engine(url)

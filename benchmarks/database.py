@@ -10,8 +10,8 @@ import psycopg
 from sqlalchemy import Engine, create_engine, pool, text
 from sqlalchemy.engine import make_url
 
-from sqla_queue.database import normalize_url
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.migrate import upgrade
 
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 JOBS = "sqla_queue.jobs"

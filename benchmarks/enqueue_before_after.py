@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, pool, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import enqueue, enqueue_many
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.migrate import upgrade
 
 label, out = sys.argv[1], sys.argv[2]
 admin_url = (

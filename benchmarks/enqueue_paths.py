@@ -54,7 +54,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import enqueue, enqueue_many, normalize_url
-from sqla_queue.migrate import drop_queue_fk, restore_queue_fk, upgrade
+from sqla_queue.db.migrate import drop_queue_fk, restore_queue_fk, upgrade
 
 PARTS = ("business", "core", "bulk")
 BUSINESS_SIDES = {"without": "", "with": "enqueue", "with_sql_insert": "sql"}

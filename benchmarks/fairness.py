@@ -37,8 +37,9 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, Worker, WorkerConfig, admin, enqueue_many, partitions
-from sqla_queue.migrate import drop_queue_fk
+from sqla_queue import Registry, Worker, WorkerConfig, admin, enqueue_many
+from sqla_queue.admin import partitions
+from sqla_queue.db.migrate import drop_queue_fk
 
 from .cluster import PrivateCluster
 from .database import BenchDatabase

@@ -32,8 +32,8 @@ from sqlalchemy import Engine, create_engine, pool, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import Registry, enqueue
-from sqla_queue.migrate import upgrade
-from sqla_queue.on_change import remove_rules
+from sqla_queue.db.migrate import upgrade
+from sqla_queue.orm.on_change import remove_rules
 
 from .cluster import PrivateCluster
 

@@ -25,7 +25,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue_many, queries, wait_for
+from sqla_queue import enqueue_many, wait_for
+from sqla_queue.db import queries
 
 from .database import LOCAL_URL, BenchDatabase
 from .stats import latency_summary

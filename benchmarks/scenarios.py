@@ -21,7 +21,8 @@ import psycopg
 from sqlalchemy import create_engine, pool
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue, enqueue_many, queries
+from sqla_queue import enqueue, enqueue_many
+from sqla_queue.db import queries
 from sqla_queue.worker import Worker, WorkerConfig
 
 from . import peers, tasks

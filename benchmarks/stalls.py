@@ -39,7 +39,7 @@ from .sustained import TICK
 from .tasks import MARKS_ENV
 
 MIGRATE = (
-    "import sys; from sqlalchemy import create_engine; from sqla_queue.migrate import upgrade; "
+    "import sys; from sqlalchemy import create_engine; from sqla_queue.db.migrate import upgrade; "
     "upgrade(create_engine(sys.argv[1]))"
 )
 """Run in a tree's own interpreter path: its migrations, not this checkout's."""

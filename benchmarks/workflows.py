@@ -46,7 +46,7 @@ import psycopg
 from sqlalchemy.orm import Session
 
 from sqla_queue import enqueue_many
-from sqla_queue.inserts.links import Link, link_jobs
+from sqla_queue.enqueue.inserts.links import Link, link_jobs
 
 from . import tasks
 from .database import LOCAL_URL, BenchDatabase

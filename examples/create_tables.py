@@ -9,7 +9,7 @@ import os
 
 from sqlalchemy import create_engine
 
-from sqla_queue.database import URL_ENV_VAR, normalize_url
+from sqla_queue.db.database import URL_ENV_VAR, normalize_url
 
 from .fastapi_app.models import Base as FastAPIBase
 from .flask_app.app import Base as FlaskBase

@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from sqla_queue.database import URL_ENV_VAR
+from sqla_queue.db.database import URL_ENV_VAR
 from sqla_queue.testing import assert_enqueued
 
 from .fastapi_app.app import create_app as create_fastapi_app

@@ -23,8 +23,8 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import JobContext, Registry, WorkflowHandle, chain, chord, group, wait_for
-from sqla_queue.database import normalize_url
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.migrate import upgrade
 from sqla_queue.worker import Worker, WorkerConfig
 
 LINES = [("tea", 2, 4.5), ("cups", 6, 3.0), ("teapot", 1, 28.0)]

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .database import normalize_url
-from .deprecation import renamed_name
-from .enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
-from .errors import (
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.models import RENAMED as _RENAMED
+from sqla_queue.db.models import ArchivedJob, Job, Queue, QueueBase, Retention
+from sqla_queue.deprecation import renamed_name
+from sqla_queue.enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from sqla_queue.enqueue.hooks import default_registry, set_default_registry
+from sqla_queue.enqueue.inserts.links import Dependency
+from sqla_queue.enqueue.results import wait_for, wait_for_async
+from sqla_queue.enqueue.workflows import Signature, WorkflowHandle, chain, chord, group, signature
+from sqla_queue.errors import (
     AppLoadError,
     ConfigurationError,
     DatabaseUnavailableError,
@@ -34,21 +40,16 @@ from .errors import (
     UnknownQueueError,
     UnknownTaskError,
 )
-from .errors import TaskNotFoundError as TaskNotFoundError  # UnknownTaskError's old name
-from .hooks import InsertHook, NewJob, default_registry, set_default_registry
-from .inserts.links import Dependency
-from .job.options import JobOptions
-from .job.states import JobStatus
-from .middleware import Middleware
-from .models import RENAMED as _RENAMED
-from .models import ArchivedJob, Job, Queue, QueueBase, Retention
-from .registry import JobContext, Registry, Task, load_registry
-from .results import wait_for, wait_for_async
-from .retry import RetryPolicy
-from .unique import Unique
-from .validation import limits
-from .worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
-from .workflows import Signature, WorkflowHandle, chain, chord, group, signature
+from sqla_queue.errors import TaskNotFoundError as TaskNotFoundError  # UnknownTaskError's old name
+from sqla_queue.job.middleware import Middleware
+from sqla_queue.job.new_job import InsertHook, NewJob
+from sqla_queue.job.options import JobOptions
+from sqla_queue.job.retry import RetryPolicy
+from sqla_queue.job.states import JobStatus
+from sqla_queue.job.unique import Unique
+from sqla_queue.job.validation import limits
+from sqla_queue.registry import JobContext, Registry, Task, load_registry
+from sqla_queue.worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """`python -m sqla_queue`: the `sqla-queue` command line."""
 
-from .cli import main
+from sqla_queue.cli import main
 
 main(prog_name="sqla-queue")

@@ -33,7 +33,7 @@ class SchemaElsewhereError(SqlaQueueError):
 
 
 class UnknownQueueError(SqlaQueueError):
-    """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.admin.create_queue(session, {queue!r})`."""  # noqa: E501
+    """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.admin.jobs.create_queue(session, {queue!r})`."""  # noqa: E501
 
 
 class OrphanJobsError(SqlaQueueError):

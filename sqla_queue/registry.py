@@ -15,14 +15,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from .bounds import check_duration, invalid_job
-from .errors import (
+from sqla_queue.db.models import validate_tags_and_meta
+from sqla_queue.enqueue.workflows import Signature
+from sqla_queue.errors import (
     AppLoadError,
     ConfigurationError,
     InvalidJobError,
 )
-from .job.context import JobContext as JobContext  # old import path, kept
-from .job.options import (
+from sqla_queue.job.bounds import check_duration, invalid_job
+from sqla_queue.job.context import JobContext as JobContext  # old import path, kept
+from sqla_queue.job.lifecycle import LifecycleHooks
+from sqla_queue.job.middleware import Middleware
+from sqla_queue.job.options import (
     NO_OPTIONS,
     JobOptionFields,
     JobOptions,
@@ -31,15 +35,10 @@ from .job.options import (
     delay_interval,
     options_from,
 )
-from .lifecycle import LifecycleHooks
-from .middleware import Middleware
-from .models import validate_tags_and_meta
-from .on_change import MISSING, add_rule, check_default_args, check_rule
-from .periodic import Schedule
-from .periodic import install as install_scheduler
-from .retry import DEFAULT_RETRY, RetryPolicy
-from .unique import Unique, resolve_unique
-from .workflows import Signature
+from sqla_queue.job.retry import DEFAULT_RETRY, RetryPolicy
+from sqla_queue.job.schedule import Schedule
+from sqla_queue.job.unique import Unique, resolve_unique
+from sqla_queue.orm.on_change import MISSING, add_rule, check_default_args, check_rule
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
@@ -51,8 +50,8 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from typing_extensions import Unpack
 
-    from .hooks import InsertHook
-    from .models import Job
+    from sqla_queue.db.models import Job
+    from sqla_queue.job.new_job import InsertHook
 
 
 class _HandlerSignature:
@@ -223,7 +222,7 @@ class Task:
         apply unless given here, as keywords or `options=`; its registry's insert hooks run.
         As with `enqueue`, `job.id` is None until a flush (`flush=True`).
         """
-        from .enqueue import enqueue_job
+        from sqla_queue.enqueue import enqueue_job
 
         call = options_from("Task.enqueue()", options, fields, invalid_job(self.name))
         job = enqueue_job(session, self.name, args, call, flush, self.registry, self.options)
@@ -242,7 +241,7 @@ class Task:
         defaults (`unique=` among them, written at once as with a sync `Session`) and its
         registry's insert hooks; run in the session's sync session, as `enqueue_async`.
         `flush=True` flushes at once, so `job.id` is set."""
-        from .enqueue import check_async_session, enqueue_job
+        from sqla_queue.enqueue import check_async_session, enqueue_job
 
         call = options_from("Task.enqueue_async()", options, fields, invalid_job(self.name))
         check_async_session(session, "Task.enqueue_async()")
@@ -257,7 +256,7 @@ class Task:
 
     def s(self, **args: Any) -> Signature:
         """A signature of this task with these args (its handler's keyword arguments), for
-        `chain`, `group` and `chord` (`sqla_queue.workflows`); `.set(queue=..., ...)` gives
+        `chain`, `group` and `chord` (`sqla_queue.enqueue.workflows`); `.set(queue=..., ...)` gives
         it options. Args the handler does not take are refused here."""
         return Signature(self, args)
 
@@ -272,9 +271,9 @@ class Registry:
 
     `insert_hooks` (or `@registry.on_insert`) run on every job written through this
     registry's tasks, or through any enqueue path while it is the default registry
-    (`sqla_queue.set_default_registry`); see `sqla_queue.hooks`.
+    (`sqla_queue.set_default_registry`); see `sqla_queue.enqueue.hooks`.
 
-    `middleware` wraps every job's execution (see `sqla_queue.middleware`); `resources`
+    `middleware` wraps every job's execution (see `sqla_queue.job.middleware`); `resources`
     are handed to every job through `JobContext.resources`; lifecycle hooks are added with
     `@registry.on_job_claimed`, `on_job_finished`, `on_worker_started`, `on_worker_stopping`.
 
@@ -431,7 +430,7 @@ class Registry:
 
         `cron` (read by cronsim, in `timezone`) or `every` (seconds or a timedelta, aligned to
         the epoch) says when; `args` are the jobs' arguments. Every worker of this registry
-        enqueues each due slot and the database keeps one (`sqla_queue.periodic`); of the
+        enqueues each due slot and the database keeps one (`sqla_queue.worker.periodic`); of the
         slots missed while no worker ran, `catch_up` are enqueued when one starts (a count,
         newest first: 1, the default, is the last missed slot only; 0 none; a timedelta:
         those within that long).
@@ -458,8 +457,6 @@ class Registry:
                 task.check_args(plan.args)
             except InvalidJobError as exc:
                 raise ConfigurationError(detail=f"periodic task {task.name!r}: {exc}") from exc
-            if not self.schedules:
-                install_scheduler(self)
             self.schedules[task.name] = plan
             return task
 
@@ -480,7 +477,7 @@ class Registry:
         `when`, for which `when(obj)` is true) enqueues one job about that object, at
         commit, in that transaction. Its args: the object's primary key by attribute name
         (`{"id": 42}`), or `args(obj)`. ORM events only: `session.execute(update(...))`
-        enqueues nothing. See `sqla_queue.on_change`.
+        enqueues nothing. See `sqla_queue.orm.on_change`.
 
             @registry.on_change(Order.status, to="paid")
             def send_receipt(id: int) -> None: ...

@@ -14,10 +14,10 @@ from hypothesis.stateful import precondition, rule
 from model_kit import TASKS, Row, key_holders, no_raw_database_error
 from sqlalchemy import Engine
 
-from sqla_queue import bulk
-from sqla_queue.bulk import JobFilter
+from sqla_queue.admin import filters as bulk
+from sqla_queue.admin.filters import JobFilter
+from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
 
 TAKES = {"retry": ("failed", "cancelled"), "cancel": ("queued", "running", "waiting")}
 STATUSES = ("queued", "running", "done", "failed", "cancelled", "waiting")

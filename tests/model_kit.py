@@ -37,8 +37,9 @@ import psycopg
 from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
-from sqla_queue import JobContext, Registry, RetryPolicy, Snooze, queries
-from sqla_queue.queries.common import archive, jobs, queue_starts, workers
+from sqla_queue import JobContext, Registry, RetryPolicy, Snooze
+from sqla_queue.db import queries
+from sqla_queue.db.queries.common import archive, jobs, queue_starts, workers
 
 TASK_MAX_ATTEMPTS = 2
 """The model's tasks' own max_attempts: small, so jobs run out of attempts in a few steps."""

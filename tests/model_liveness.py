@@ -23,7 +23,7 @@ from model_kit import Row, sequence_holders
 from races import open_transactions
 from sqlalchemy import Engine
 
-from sqla_queue import queries
+from sqla_queue.db import queries
 
 SCRATCH_WORKER = "model-liveness"
 CLAIMS_PER_QUEUE = 3

@@ -24,8 +24,9 @@ from model_kit import Row, kill_claim
 from races import DEADLINE, Race
 from sqlalchemy import Connection, Engine
 
-from sqla_queue import Dependency, Registry, SqlaQueueError, Unique, admin, enqueue, queries
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
+from sqla_queue import Dependency, Registry, SqlaQueueError, Unique, admin, enqueue
+from sqla_queue.db import queries
+from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
 
 HELD = ("claim", "replace", "cancel", "retry", "finish", "dependent")
 """What the held transaction does before it waits."""

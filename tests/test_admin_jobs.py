@@ -10,10 +10,11 @@ from apps.support import enqueue_jobs, jobs_by_id
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 
-from sqla_queue import admin, queries
-from sqla_queue.bounds import MAX_ATTEMPTS
+from sqla_queue import admin
 from sqla_queue.cli import main
+from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
+from sqla_queue.job.bounds import MAX_ATTEMPTS
 
 
 def cli(url: str, *args: str) -> Result:

@@ -6,13 +6,9 @@ from apps.support import invoke_cli
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import (
-    Job,
-    JobStatus,
-    Queue,
-    queries,
-)
+from sqla_queue import Job, JobStatus, Queue
 from sqla_queue.admin import create_queue, delete_queue
+from sqla_queue.db import queries
 
 
 def test_deleting_a_queue_without_force_only_deletes_finished_jobs(engine: Engine) -> None:

@@ -20,8 +20,9 @@ from apps.support import SQLA_QUEUE_BIN, subprocess_env
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue, migrate, normalize_url
-from sqla_queue.models import SCHEMA
+from sqla_queue import enqueue, normalize_url
+from sqla_queue.db import migrate
+from sqla_queue.db.models import SCHEMA
 
 ALEMBIC_BIN = str(Path(sys.executable).with_name("alembic"))
 OUR_VERSIONS = f"{SCHEMA}.{migrate.VERSION_TABLE}"
@@ -36,7 +37,7 @@ Table("widgets", metadata, Column("id", Integer, primary_key=True))
 # Runs `alembic ...` or `sqla-queue ...` with the test-only later revision added to ours.
 WITH_LATER_RELEASE = """
 import os, sys
-import sqla_queue.migrate as m
+import sqla_queue.db.migrate as m
 shipped = m.versions_folder
 m.versions_folder = lambda: shipped() + os.pathsep + os.environ["LATER_VERSIONS"]
 if sys.argv[1] == "alembic":
@@ -139,7 +140,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path, empty_database_url: str)
         ).replace(
             "from alembic import context",
             "from alembic import context\n"
-            "from sqla_queue.alembic_ext import include_name, include_object",
+            "from sqla_queue.db.alembic_ext import include_name, include_object",
         )
     env_py.write_text(source)
     return application

@@ -26,11 +26,12 @@ from broker_kit import (
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import JobContext, Registry, Snooze, admin, enqueue, enqueue_many, metrics
+from sqla_queue import JobContext, Registry, Snooze, admin, enqueue, enqueue_many
 from sqla_queue.brokers.worker import BrokerWorker, BrokerWorkerConfig
+from sqla_queue.contrib import metrics
+from sqla_queue.contrib.logs import log_jobs
+from sqla_queue.enqueue.results import wait_for
 from sqla_queue.errors import ResultMissingError
-from sqla_queue.logs import log_jobs
-from sqla_queue.results import wait_for
 
 BROKERS = ["nats", "amqp"]
 

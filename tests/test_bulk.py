@@ -1,4 +1,4 @@
-"""`sqla_queue.bulk`: acting on every job a filter matches, in batches, and searching by it
+"""`sqla_queue.admin.filters`: acting on every job a filter matches, in batches, and searching by it
 (issue 26)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 from apps.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
-from sqla_queue import Registry, admin, bulk
-from sqla_queue.bulk import JobFilter
+from sqla_queue import Registry, admin
+from sqla_queue.admin import filters as bulk
+from sqla_queue.admin.filters import JobFilter
 from sqla_queue.errors import ConfigurationError, SqlaQueueError
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig

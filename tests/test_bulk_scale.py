@@ -11,8 +11,8 @@ from apps.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, create_engine, text
 from test_bulk import set_status
 
-from sqla_queue import bulk
-from sqla_queue.bulk import JobFilter
+from sqla_queue.admin import filters as bulk
+from sqla_queue.admin.filters import JobFilter
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The canvas (`sqla_queue.workflows`): signatures, chain, group and chord, enqueued in one
+"""The canvas (`sqla_queue.enqueue.workflows`): signatures, chain, group and chord, enqueued in one
 `enqueue_many` and one `link_jobs`, run by real workers in the order their edges say, and a
 chord's callback reading its group's results with `ctx.parent_results()`."""
 

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, enqueue_many, queries
+from sqla_queue import Registry, enqueue_many
+from sqla_queue.db import queries
 from sqla_queue.doctor import Severity, diagnose
 from sqla_queue.worker import Worker, WorkerConfig
 from sqla_queue.worker.connection import FailureLog

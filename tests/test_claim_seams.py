@@ -13,8 +13,10 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 from turns_kit import claim, fail, finish, make_queue
 
-from sqla_queue import Dependency, admin, enqueue, enqueue_many, partitions, queries
-from sqla_queue.models import NOTIFY_CHANNEL
+from sqla_queue import Dependency, admin, enqueue, enqueue_many
+from sqla_queue.admin import partitions
+from sqla_queue.db import queries
+from sqla_queue.db.models import NOTIFY_CHANNEL
 
 
 def batch(rows: list[Any]) -> dict[str, list[int]]:

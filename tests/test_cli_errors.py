@@ -6,7 +6,8 @@ import pytest
 from apps.support import enqueue_jobs, invoke_cli, jobs_by_id
 from sqlalchemy import Engine, text
 
-from sqla_queue import admin, partitions
+from sqla_queue import admin
+from sqla_queue.admin import partitions
 
 
 @pytest.mark.parametrize(

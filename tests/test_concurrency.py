@@ -20,7 +20,8 @@ from apps.support import (
 )
 from sqlalchemy import Connection, Engine, text
 
-from sqla_queue import JobContext, Registry, admin, queries
+from sqla_queue import JobContext, Registry, admin
+from sqla_queue.db import queries
 
 JOBS = 10_000
 WORKERS = 8

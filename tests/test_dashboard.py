@@ -19,10 +19,11 @@ from dashboard_kit import client, csrf_of, make_failed, new_queue, statuses
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from sqla_queue import admin, queries
+from sqla_queue import admin
 from sqla_queue.cli import main
 from sqla_queue.dashboard import create_app, reads, wsgi_app
 from sqla_queue.dashboard.pages import Dashboard, DashboardOptions
+from sqla_queue.db import queries
 
 SCRIPT = "<script>alert('owned')</script>"
 

@@ -238,7 +238,8 @@ def test_pause_a_queue_from_the_page_and_the_worker_stops_claiming_from_it(
 def test_a_workflows_page_draws_its_tree_and_links_each_job(engine: Engine, page: Any) -> None:
     from sqlalchemy.orm import Session
 
-    from sqla_queue import Dependency, enqueue, queries
+    from sqla_queue import Dependency, enqueue
+    from sqla_queue.db import queries
 
     expect = playwright_api.expect
     with engine.begin() as conn:
@@ -285,7 +286,7 @@ def test_a_workflows_page_draws_its_tree_and_links_each_job(engine: Engine, page
 def test_the_workers_page_shows_running_jobs_and_a_stopped_worker(
     engine: Engine, page: Any
 ) -> None:
-    from sqla_queue import queries
+    from sqla_queue.db import queries
 
     expect = playwright_api.expect
     (job_id,) = enqueue_jobs(engine, "report", 1)

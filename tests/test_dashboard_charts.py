@@ -11,8 +11,8 @@ from apps.support import enqueue_jobs
 from dashboard_kit import client, make_failed, new_queue
 from sqlalchemy import Engine, text
 
-from sqla_queue import rollup
 from sqla_queue.dashboard import reads
+from sqla_queue.db import rollup
 
 # mail: 1 + m % 4 jobs ended at each of the minutes m = 0, 5, ..., 55 ago (12 bars), one
 # failed every 10 minutes; a `fetch` task of mail 3 hours ago (the day's chart only).

@@ -11,7 +11,8 @@ from dashboard_kit import client, new_queue
 from sqlalchemy import Engine, text
 from turns_kit import HELD_SEQUENCE, turns_backlog
 
-from sqla_queue import admin, partitions
+from sqla_queue import admin
+from sqla_queue.admin import partitions
 
 SCRIPT = "<script>alert('owned')</script>"
 

@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 from starlette.testclient import TestClient
 
-from sqla_queue import rollup
 from sqla_queue.dashboard import create_app, reads
 from sqla_queue.dashboard.pages import Dashboard
-from sqla_queue.models import JobStatus
-from sqla_queue.queries import dashboard as statements
+from sqla_queue.db import rollup
+from sqla_queue.db.models import JobStatus
+from sqla_queue.db.queries import dashboard as statements
 
 pytestmark = pytest.mark.slow
 

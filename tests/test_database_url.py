@@ -10,7 +10,7 @@ from sqla_queue import (
     ConfigurationError,
 )
 from sqla_queue.cli import main
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 
 
 def test_a_password_with_an_unencoded_at_sign_is_named_as_the_likely_cause() -> None:

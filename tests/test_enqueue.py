@@ -25,8 +25,8 @@ from sqla_queue import (
     enqueue_many,
     enqueue_many_async,
 )
-from sqla_queue.database import normalize_url
-from sqla_queue.models import NOTIFY_CHANNEL
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.models import NOTIFY_CHANNEL
 
 
 def job_count(engine: Engine) -> int:

@@ -14,16 +14,9 @@ from enqueue_paths import PATHS
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from sqla_queue import (
-    ConfigurationError,
-    InvalidJobError,
-    Job,
-    Queue,
-    enqueue,
-    limits,
-    migrate,
-)
-from sqla_queue.models import MAX_INT_DIGITS, validate_job
+from sqla_queue import ConfigurationError, InvalidJobError, Job, Queue, enqueue, limits
+from sqla_queue.db import migrate
+from sqla_queue.db.models import MAX_INT_DIGITS, validate_job
 
 
 def nested(depth: int) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from typing import Any
 from apps.support import WorkerThread, enqueue_jobs, invoke_cli, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
-from sqla_queue import JobContext, Registry, RetryPolicy, Snooze, admin, queries
+from sqla_queue import JobContext, Registry, RetryPolicy, Snooze, admin
+from sqla_queue.db import queries
 from sqla_queue.job.history import MAX_ENTRIES, MAX_TRACEBACK_CHARS
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig

@@ -12,7 +12,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from turns_kit import claim, fail, finish, make_queue
 
-from sqla_queue import Job, admin, enqueue, enqueue_many, partitions
+from sqla_queue import Job, admin, enqueue, enqueue_many
+from sqla_queue.admin import partitions
 from sqla_queue.errors import ConfigurationError, InvalidJobError, UnknownQueueError
 
 

@@ -28,8 +28,9 @@ from multixact_support import admin_engine, count_multixacts
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, Unique, enqueue, enqueue_many, partitions
+from sqla_queue import Registry, Unique, enqueue, enqueue_many
 from sqla_queue.admin import create_queue as create_queue_api
+from sqla_queue.admin import partitions
 
 StartWorker = Callable[..., WorkerProcess]
 

@@ -29,7 +29,7 @@ from sqlalchemy import create_engine
 
 from sqla_queue import admin
 from sqla_queue.cli import WORKER_APPLICATION_NAME
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.migrate import upgrade
 
 pytestmark = pytest.mark.slow
 

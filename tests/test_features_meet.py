@@ -45,15 +45,15 @@ from sqla_queue import (
     WorkerConfig,
     admin,
     enqueue,
-    partitions,
     wait_for,
 )
+from sqla_queue.admin import partitions
+from sqla_queue.admin.filters import JobFilter, bulk_cancel, bulk_delete, bulk_retry, search_jobs
 from sqla_queue.brokers.worker import _no_session
-from sqla_queue.bulk import JobFilter, bulk_cancel, bulk_delete, bulk_retry, search_jobs
 from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.orm import cancel_jobs_about
-from sqla_queue.periodic import Scheduler
 from sqla_queue.testing import run_until_empty
+from sqla_queue.worker.periodic import Scheduler
 
 RUNS = ("timeouts", "retry", "snooze", "results", "ctx_session", "cancel", "bulk")
 """What happens to J once a worker has it."""

@@ -34,13 +34,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from sqla_queue import Registry, admin, admin_workers, enqueue, set_default_registry
+from sqla_queue import Registry, admin, enqueue, set_default_registry
+from sqla_queue.admin import workers as admin_workers
 from sqla_queue.cli.worker import worker as worker_command
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.enqueue import enqueue_async
-from sqla_queue.supervisor import _option_arguments
 from sqla_queue.worker import Worker, WorkerConfig
+from sqla_queue.worker.supervisor import _option_arguments
 
 T = TypeVar("T")
 
@@ -260,7 +261,7 @@ def test_an_app_that_raises_on_import_says_where(database_url: str) -> None:
 def test_the_text_log_off_a_terminal_is_one_line_per_record() -> None:
     message = "job 7 (shop.emails.send_receipt) failed: " + "x" * 300
     code = (
-        "import logging; from sqla_queue.logs import configure_logging; "
+        "import logging; from sqla_queue.contrib.logs import configure_logging; "
         "configure_logging('info', 'text'); "
         f"logging.getLogger('sqla_queue.worker').error({message!r})"
     )

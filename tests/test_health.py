@@ -23,7 +23,7 @@ from fault_kit import TESTS_DIR, PrivateCluster, WorkerProcess, cli_env, free_po
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import ConfigurationError, Registry
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.migrate import upgrade
 from sqla_queue.worker import Worker, WorkerConfig
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from turns_kit import turns_backlog
 
 from sqla_queue import Registry, enqueue
-from sqla_queue.metrics import QueueMetrics, instrument
+from sqla_queue.contrib.metrics import QueueMetrics, instrument
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -15,9 +15,10 @@ from apps.support import REPO_ROOT, SQLA_QUEUE_BIN, subprocess_env
 from sqlalchemy import Engine, MetaData, create_engine, inspect, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import QueueBase, SchemaMissingError, enqueue, migrate
-from sqla_queue.alembic_ext import include_name, include_object
-from sqla_queue.models import SCHEMA
+from sqla_queue import QueueBase, SchemaMissingError, enqueue
+from sqla_queue.db import migrate
+from sqla_queue.db.alembic_ext import include_name, include_object
+from sqla_queue.db.models import SCHEMA
 
 
 @pytest.fixture

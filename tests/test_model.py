@@ -145,10 +145,10 @@ from sqla_queue import (
     admin,
     enqueue,
     enqueue_many,
-    partitions,
     wait_for,
 )
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS
+from sqla_queue.admin import partitions
+from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.testing import TemplateDatabases, run_until_empty
 
 T = TypeVar("T")

@@ -43,7 +43,8 @@ from fault_app import registry as fault_registry
 from fault_kit import FaultDatabase, WorkerProcess, wait_until
 from sqlalchemy import Engine, create_engine
 
-from sqla_queue import Dependency, Unique, admin, enqueue, partitions
+from sqla_queue import Dependency, Unique, admin, enqueue
+from sqla_queue.admin import partitions
 
 pytestmark = pytest.mark.slow
 

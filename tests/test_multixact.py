@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import ArchivedJob, Job, JobContext, Registry, RetryPolicy
 from sqla_queue.admin import create_queue
-from sqla_queue.migrate import drop_queue_fk
+from sqla_queue.db.migrate import drop_queue_fk
 from sqla_queue.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.slow

@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import ConfigurationError, Job, Registry
-from sqla_queue.database import normalize_url
-from sqla_queue.migrate import drop_queue_fk
-from sqla_queue.on_change import remove_rules
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.migrate import drop_queue_fk
 from sqla_queue.orm import jobs_of
+from sqla_queue.orm.on_change import remove_rules
 from sqla_queue.testing import drain
 
 

@@ -14,10 +14,10 @@ from sqlalchemy import Engine, ForeignKeyConstraint, create_engine, delete, sele
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import ConfigurationError, InvalidJobError, Job, Unique, enqueue, enqueue_many
-from sqla_queue.database import normalize_url
-from sqla_queue.migrate import drop_queue_fk
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.migrate import drop_queue_fk
 from sqla_queue.orm import HasJobs, about_key, cancel_jobs_about, jobs_of
-from sqla_queue.orm_triggers import cancel_on_delete, enqueue_on_update
+from sqla_queue.orm.triggers import cancel_on_delete, enqueue_on_update
 
 
 class Shop(DeclarativeBase):

@@ -25,8 +25,8 @@ from sqlalchemy import Engine, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import Job, Registry
-from sqla_queue.on_change import remove_rules
 from sqla_queue.orm import HasJobs
+from sqla_queue.orm.on_change import remove_rules
 
 STATUSES = ["new", "paid", "shipped"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from sqla_queue.migrate import SCHEMA_REVISION
+from sqla_queue.db.migrate import SCHEMA_REVISION
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,10 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from sqla_queue import ConfigurationError, Registry, admin, periodic
+from sqla_queue import ConfigurationError, Registry, admin
 from sqla_queue.cli import main
-from sqla_queue.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Schedule, Scheduler
-from sqla_queue.worker import Worker, WorkerConfig
+from sqla_queue.worker import Worker, WorkerConfig, periodic
+from sqla_queue.job.schedule import Schedule
+from sqla_queue.worker.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Scheduler
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)

@@ -9,10 +9,11 @@ from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session, selectinload
 
 from alembic import command
-from sqla_queue import Job, OrphanJobsError, Queue, enqueue, queries
+from sqla_queue import Job, OrphanJobsError, Queue, enqueue
 from sqla_queue.admin import create_queue
 from sqla_queue.cli import main
-from sqla_queue.migrate import (
+from sqla_queue.db import queries
+from sqla_queue.db.migrate import (
     SCHEMA_REVISION,
     alembic_config,
     downgrade,

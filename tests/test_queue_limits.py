@@ -13,10 +13,11 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 from turns_kit import claim
 
-from sqla_queue import Registry, admin, enqueue_many, queries
+from sqla_queue import Registry, admin, enqueue_many
 from sqla_queue.cli import main
-from sqla_queue.durations import describe_rate, parse_rate
+from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
+from sqla_queue.job.durations import describe_rate, parse_rate
 
 
 def cli(*args: str, url: str | None = None) -> Result:

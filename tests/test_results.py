@@ -25,11 +25,11 @@ from sqla_queue import (
     ResultTimeoutError,
     RetryPolicy,
     admin,
-    queries,
     wait_for,
     wait_for_async,
 )
-from sqla_queue.database import normalize_url
+from sqla_queue.db import queries
+from sqla_queue.db.database import normalize_url
 from sqla_queue.testing import drain, run_until_empty
 from sqla_queue.worker import WorkerConfig
 

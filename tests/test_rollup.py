@@ -12,12 +12,12 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, enqueue
-from sqla_queue import rollup as series
+from sqla_queue.db import rollup as series
+from sqla_queue.db.rollup import RollupWriter
 from sqla_queue.doctor import DoctorOptions, Severity
 from sqla_queue.doctor.checks import check_failed_jobs
 from sqla_queue.job.counts import MAX_KEYS, JobCounts
-from sqla_queue.retry import RetryPolicy
-from sqla_queue.rollup import RollupWriter
+from sqla_queue.job.retry import RetryPolicy
 from sqla_queue.testing import run_until_empty
 
 COUNTS = "SELECT queue, task, sum(succeeded), sum(failed), sum(retried) FROM sqla_queue.job_counts GROUP BY queue, task ORDER BY queue, task"  # noqa: E501

@@ -26,12 +26,12 @@ from sqla_queue import (
     enqueue,
     enqueue_async,
     enqueue_many,
-    queries,
 )
 from sqla_queue.brokers.routes import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.worker import BrokerWorkerConfig
 from sqla_queue.cli import main
-from sqla_queue.database import normalize_url
+from sqla_queue.db import queries
+from sqla_queue.db.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 
 

@@ -15,7 +15,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from test_health import answers, get
 
-from sqla_queue import Registry, SchemaUnknownError, enqueue, migrate
+from sqla_queue import Registry, SchemaUnknownError, enqueue
+from sqla_queue.db import migrate
 
 UNKNOWN = "sqlaq_9999"
 VERSIONS = f"{migrate.VERSION_TABLE_SCHEMA}.{migrate.VERSION_TABLE}"

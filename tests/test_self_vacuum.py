@@ -21,8 +21,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, admin, enqueue_many
+from sqla_queue.db.queries import vacuum as statements
 from sqla_queue.doctor import Severity, diagnose
-from sqla_queue.queries import vacuum as statements
 from sqla_queue.worker import Worker, WorkerConfig
 from sqla_queue.worker.connection import FailureLog
 from sqla_queue.worker.vacuum import SelfVacuum, over_threshold

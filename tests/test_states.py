@@ -12,10 +12,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import sqla_queue
-from sqla_queue import Unique, enqueue, errors, validation
-from sqla_queue.job import states
+from sqla_queue import Unique, enqueue, errors
+from sqla_queue.job import states, validation
 from sqla_queue.job.states import FINISHED, STATES, UNIQUE_BITS, JobStatus
-from sqla_queue.unique import DEFAULT_STATES, EVERY_STATE, STATE_BITS
+from sqla_queue.job.unique import DEFAULT_STATES, EVERY_STATE, STATE_BITS
 
 MIGRATED_UNIQUE_BITS = {"queued": 1, "running": 2, "done": 4, "failed": 8, "cancelled": 16}
 """The bits migration sqlaq_0005 wrote into ux_jobs_unique_key's predicate and rows keep."""
@@ -57,7 +57,7 @@ def test_the_unique_index_spells_the_tables_bits_which_the_migrations_stored(
     assert stored == UNIQUE_BITS
     # a state added later takes a new bit; the bits rows already hold never change
     assert {name: UNIQUE_BITS[name] for name in MIGRATED_UNIQUE_BITS} == MIGRATED_UNIQUE_BITS
-    assert STATE_BITS is UNIQUE_BITS  # sqla_queue.unique's old name for them
+    assert STATE_BITS is UNIQUE_BITS  # sqla_queue.job.unique's old name for them
 
 
 def test_the_finished_index_holds_exactly_the_finished_states(engine: Engine) -> None:
@@ -124,7 +124,7 @@ def test_the_declarative_base_is_queue_base_and_base_still_imports_with_a_warnin
         old = sqla_queue.Base  # type: ignore[attr-defined]
     assert old is sqla_queue.QueueBase
     with pytest.warns(DeprecationWarning, match=r"sqla_queue\.QueueBase"):
-        from sqla_queue.models import Base
+        from sqla_queue.db.models import Base
     assert Base is sqla_queue.QueueBase
     assert "Base" not in sqla_queue.__all__
 
@@ -161,7 +161,7 @@ def test_the_top_level_names_are_few_sorted_and_each_documented() -> None:
 
 
 def test_validation_lives_in_its_own_module_and_the_old_paths_still_work() -> None:
-    from sqla_queue import models
+    from sqla_queue.db import models
 
     assert models.validate_job is validation.validate_job
     assert models.validate_tags_and_meta is validation.validate_tags_and_meta

@@ -19,7 +19,9 @@ from dashboard_kit import client
 from fault_kit import FaultDatabase, WorkerProcess, wait_until
 from sqlalchemy import Connection, Engine, text
 
-from sqla_queue import Registry, admin_workers, queries
+from sqla_queue import Registry
+from sqla_queue.admin import workers as admin_workers
+from sqla_queue.db import queries
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
 

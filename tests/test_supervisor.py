@@ -23,8 +23,8 @@ from fault_kit import (
 )
 
 from sqla_queue.cli import main
-from sqla_queue.retry import RetryPolicy
-from sqla_queue.supervisor import EXIT_CONFIG, EXIT_USAGE, RestartPolicy, Supervisor
+from sqla_queue.job.retry import RetryPolicy
+from sqla_queue.worker.supervisor import EXIT_CONFIG, EXIT_USAGE, RestartPolicy, Supervisor
 
 REPO = Path(__file__).resolve().parent.parent
 

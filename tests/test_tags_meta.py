@@ -23,12 +23,12 @@ from sqla_queue import (
     enqueue,
     enqueue_many,
     enqueue_many_async,
-    queries,
 )
 from sqla_queue.cli import main
-from sqla_queue.database import normalize_url
+from sqla_queue.db import queries
+from sqla_queue.db.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
-from sqla_queue.hooks import NewJob
+from sqla_queue.job.new_job import NewJob
 from sqla_queue.testing import drain, run_until_empty
 
 

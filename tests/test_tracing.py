@@ -13,7 +13,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, enqueue, tracing
+from sqla_queue import Registry, enqueue
+from sqla_queue.contrib import tracing
 from sqla_queue.testing import drain, run_until_empty
 from sqla_queue.worker import WorkerConfig
 

@@ -29,12 +29,12 @@ from sqla_queue import (
     ResultTimeoutError,
     admin,
     enqueue,
-    queries,
-    results,
 )
+from sqla_queue.db import queries
+from sqla_queue.enqueue import results
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.testing import run_until_empty
-from sqla_queue.transactional import job_session
+from sqla_queue.worker.transactional import job_session
 
 
 @pytest.fixture

@@ -29,9 +29,9 @@ from sqla_queue import (
     enqueue_many,
     set_default_registry,
 )
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
-from sqla_queue.unique import EVERY_STATE
+from sqla_queue.job.unique import EVERY_STATE
 
 
 @pytest.fixture(autouse=True)

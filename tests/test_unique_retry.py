@@ -13,7 +13,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from test_workflows import claim_all, fail, states
 
-from sqla_queue import Unique, admin, bulk, enqueue
+from sqla_queue import Unique, admin, enqueue
+from sqla_queue.admin import filters as bulk
 from sqla_queue.cli import main
 
 PER_ACCOUNT = Unique(args=["account"])

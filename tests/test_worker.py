@@ -30,8 +30,8 @@ from sqla_queue import (
     SchemaMissingError,
     admin,
     enqueue,
-    queries,
 )
+from sqla_queue.db import queries
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig

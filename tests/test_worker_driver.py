@@ -14,7 +14,7 @@ from apps.support import enqueue_jobs
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from sqla_queue import queries
+from sqla_queue.db import queries
 from sqla_queue.worker.connection import (
     JOB_ARRAYS,
     DatabaseLink,

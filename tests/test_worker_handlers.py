@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
 from sqla_queue import Registry, RetryPolicy, admin
+from sqla_queue.contrib.metrics import instrument
 from sqla_queue.doctor import DoctorOptions, Finding, Severity, diagnose
-from sqla_queue.metrics import instrument
 from sqla_queue.testing import run_until_empty
 
 

@@ -8,7 +8,8 @@ import time
 from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
-from sqla_queue import JobContext, Registry, RetryPolicy, admin, queries
+from sqla_queue import JobContext, Registry, RetryPolicy, admin
+from sqla_queue.db import queries
 
 NO_WAIT = RetryPolicy(base=0, jitter=0)
 

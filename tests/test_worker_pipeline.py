@@ -289,7 +289,7 @@ def test_a_bad_retry_policy_is_a_configuration_error() -> None:
 
 
 def test_doctor_calls_stuck_exactly_what_the_reaper_requeues(engine: Engine) -> None:
-    from sqla_queue import queries
+    from sqla_queue.db import queries
     from sqla_queue.doctor import DoctorOptions, check_stuck_jobs
 
     enqueue_jobs(engine, "t", 4)

@@ -23,7 +23,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import admin, enqueue_many
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.migrate import upgrade
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import pytest
 from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
-from sqla_queue import JobContext, Registry, RetryPolicy, WorkerConfig, admin, queries
+from sqla_queue import JobContext, Registry, RetryPolicy, WorkerConfig, admin
+from sqla_queue.db import queries
 from sqla_queue.testing import run_until_empty
 
 

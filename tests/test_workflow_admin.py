@@ -13,8 +13,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import Dependency, admin, enqueue, queries
+from sqla_queue import Dependency, admin, enqueue
 from sqla_queue.cli import main
+from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
 
 

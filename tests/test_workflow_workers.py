@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from workflow_app import create_ledger
 
 from sqla_queue import Dependency, Queue, admin, enqueue, enqueue_many
-from sqla_queue.migrate import drop_queue_fk
+from sqla_queue.db.migrate import drop_queue_fk
 
 StartWorker = Callable[..., WorkerProcess]
 APP = "workflow_app:registry"

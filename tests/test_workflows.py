@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Dependency, DependencyError, Job, admin, enqueue, enqueue_many, queries
-from sqla_queue.inserts.links import Link, link_jobs
+from sqla_queue import Dependency, DependencyError, Job, admin, enqueue, enqueue_many
+from sqla_queue.db import queries
+from sqla_queue.enqueue.inserts.links import Link, link_jobs
 from sqla_queue.orm import cancel_jobs_about
 
 

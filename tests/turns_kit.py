@@ -10,7 +10,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import admin, enqueue, enqueue_many, partitions, queries
+from sqla_queue import admin, enqueue, enqueue_many
+from sqla_queue.admin import partitions
+from sqla_queue.db import queries
 
 HELD_SEQUENCE = "order-<b>[42]</b>"
 """The sequence the failed job holds: markup of HTML and of rich, to be shown as text."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from sqla_queue import enqueue
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 
 from .models import Order
 from .tasks import send_receipt

@@ -11,7 +11,7 @@ from sqlalchemy import pool, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from sqla_queue import Registry
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 
 from .models import Order
 

@@ -15,7 +15,7 @@ from sqlalchemy import Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sqla_queue import enqueue
-from sqla_queue.database import normalize_url
+from sqla_queue.db.database import normalize_url
 
 
 class Base(DeclarativeBase):

@@ -16,8 +16,8 @@ from sqlalchemy import Engine, Text, create_engine, insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import Registry, enqueue_many
-from sqla_queue.database import normalize_url
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.migrate import upgrade
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
 REGIONS = ("north", "south", "east", "west")

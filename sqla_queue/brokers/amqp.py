@@ -18,11 +18,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from sqla_queue.brokers.messages import CONTENT_TYPE, JobMessage
+from sqla_queue.brokers.routes import Route, redact
+from sqla_queue.brokers.transport import BrokerUnavailableError, Delivery, PublishOutcome
 from sqla_queue.errors import ConfigurationError
-
-from .messages import CONTENT_TYPE, JobMessage
-from .routes import Route, redact
-from .transport import BrokerUnavailableError, Delivery, PublishOutcome
 
 log = logging.getLogger("sqla_queue.brokers.amqp")
 

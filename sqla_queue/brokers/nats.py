@@ -15,11 +15,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sqla_queue.brokers.messages import JobMessage
+from sqla_queue.brokers.routes import NATS_CONSUMER, Route, redact
+from sqla_queue.brokers.transport import BrokerUnavailableError, Delivery, PublishOutcome
 from sqla_queue.errors import ConfigurationError
-
-from .messages import JobMessage
-from .routes import NATS_CONSUMER, Route, redact
-from .transport import BrokerUnavailableError, Delivery, PublishOutcome
 
 log = logging.getLogger("sqla_queue.brokers.nats")
 

@@ -20,15 +20,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, RootTransaction
 
+from sqla_queue.brokers.loop import BrokerLoop
+from sqla_queue.brokers.messages import JobMessage
+from sqla_queue.brokers.routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
+from sqla_queue.brokers.transport import Publisher
+from sqla_queue.db.migrate import check_schema
+from sqla_queue.db.queries import brokers as queries
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.migrate import check_schema
-from sqla_queue.notify import Listener
-from sqla_queue.queries import brokers as queries
-
-from .loop import BrokerLoop
-from .messages import JobMessage
-from .routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
-from .transport import Publisher
+from sqla_queue.runtime.listener import Listener
 
 log = logging.getLogger("sqla_queue.brokers.relay")
 # Built once: constructing a Core statement costs more than a small round trip.

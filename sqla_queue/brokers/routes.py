@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from sqla_queue.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .transport import Publisher, Source
+    from sqla_queue.brokers.transport import Publisher, Source
 
 KindName = Literal["nats", "amqp"]
 NATS: Literal["nats"] = "nats"
@@ -107,25 +107,25 @@ def _amqp_route(value: str, rest: str) -> Route:
 
 
 def _nats_publisher(url: str, duplicate_window: float) -> Publisher:
-    from .nats import NatsPublisher
+    from sqla_queue.brokers.nats import NatsPublisher
 
     return NatsPublisher(url, duplicate_window)
 
 
 def _amqp_publisher(url: str, duplicate_window: float) -> Publisher:
-    from .amqp import AmqpPublisher
+    from sqla_queue.brokers.amqp import AmqpPublisher
 
     return AmqpPublisher(url)
 
 
 def _nats_source(url: str, route: Route, ack_wait: float, prefetch: int) -> Source:
-    from .nats import NatsSource
+    from sqla_queue.brokers.nats import NatsSource
 
     return NatsSource(url, route, ack_wait=ack_wait)
 
 
 def _amqp_source(url: str, route: Route, ack_wait: float, prefetch: int) -> Source:
-    from .amqp import AmqpSource
+    from sqla_queue.brokers.amqp import AmqpSource
 
     return AmqpSource(url, route, prefetch=prefetch)
 

@@ -6,10 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sqla_queue.brokers.messages import JobMessage
+from sqla_queue.brokers.routes import Route
 from sqla_queue.errors import SqlaQueueError
-
-from .messages import JobMessage
-from .routes import Route
 
 
 class BrokerUnavailableError(SqlaQueueError):

@@ -31,19 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from sqla_queue.brokers.loop import BrokerLoop
+from sqla_queue.brokers.messages import JobMessage
+from sqla_queue.brokers.routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
+from sqla_queue.brokers.transport import Delivery, Source
+from sqla_queue.db.migrate import check_schema
+from sqla_queue.db.queries import brokers as queries
+from sqla_queue.db.rollup import RollupWriter
 from sqla_queue.deprecation import renamed_argument
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind
 from sqla_queue.job.run import JobRunner, max_attempts_of, resources_of
-from sqla_queue.migrate import check_schema
-from sqla_queue.queries import brokers as queries
-from sqla_queue.rollup import RollupWriter
-
-from .loop import BrokerLoop
-from .messages import JobMessage
-from .routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
-from .transport import Delivery, Source
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import click
 
-from sqla_queue.database import URL_ENV_VAR
-
-from . import base
-from .base import Group
-from .brokers import relay
-from .dashboard import dashboard
-from .doctor import doctor
-from .embedded import embedded
-from .jobs import enqueue, jobs
-from .migrate import alembic_group, migrate
-from .periodic import periodic
-from .queues import prune, queues, stats
-from .worker import WORKER_APPLICATION_NAME, worker
-from .workers import workers
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Group
+from sqla_queue.cli.brokers import relay
+from sqla_queue.cli.dashboard import dashboard
+from sqla_queue.cli.doctor import doctor
+from sqla_queue.cli.embedded import embedded
+from sqla_queue.cli.jobs import enqueue, jobs
+from sqla_queue.cli.migrate import alembic_group, migrate
+from sqla_queue.cli.periodic import periodic
+from sqla_queue.cli.queues import prune, queues, stats
+from sqla_queue.cli.worker import WORKER_APPLICATION_NAME, worker
+from sqla_queue.cli.workers import workers
+from sqla_queue.db.database import URL_ENV_VAR
 
 __all__ = ["WORKER_APPLICATION_NAME", "main"]
 

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from sqla_queue.database import URL_ENV_VAR, create_queue_engine, resolve_url
+from sqla_queue.db.database import URL_ENV_VAR, create_queue_engine, resolve_url
 from sqla_queue.errors import SqlaQueueError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -167,7 +167,7 @@ def engine(database_url: str | None, application_name: str | None = None, **kwar
 def resolved_url(database_url: str | None) -> str:
     url, source = resolve_url(database_url)
     if source == "embedded":
-        from sqla_queue.database import embedded_url
+        from sqla_queue.db.database import embedded_url
 
         click.echo(
             f"using the embedded PostgreSQL at {embedded_url()} "
@@ -183,7 +183,7 @@ def transaction(database_url: str | None, check: bool = True) -> Iterator[Connec
     try:
         with queue_engine.begin() as conn:
             if check:
-                from sqla_queue.migrate import check_schema
+                from sqla_queue.db.migrate import check_schema
 
                 check_schema(conn)
             yield conn
@@ -192,7 +192,7 @@ def transaction(database_url: str | None, check: bool = True) -> Iterator[Connec
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:
-    from sqla_queue.logs import configure_logging as configure
+    from sqla_queue.contrib.logs import configure_logging as configure
 
     configure(level, log_format)
 

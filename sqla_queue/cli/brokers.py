@@ -7,13 +7,12 @@ from typing import Any, TypeVar
 
 import click
 
-from sqla_queue.bounds import MAX_BATCH, count
 from sqla_queue.brokers.relay import RelayConfig
 from sqla_queue.brokers.routes import BROKER_KINDS
-from sqla_queue.durations import DURATION
-
-from . import base
-from .base import Command
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command
+from sqla_queue.job.bounds import MAX_BATCH, count
+from sqla_queue.job.durations import DURATION
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,7 +72,7 @@ def relay(
     **broker_urls: str | None,
 ) -> None:
     """Move committed jobs of routed queues to their broker (--nats URL or --amqp URL)."""
-    from .broker_runs import run_relay
+    from sqla_queue.cli.broker_runs import run_relay
 
     given = [url for url in broker_urls.values() if url is not None]
     if len(given) != 1:

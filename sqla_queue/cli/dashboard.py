@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
-from sqla_queue.bounds import PORT
-
-from . import base
-from .base import Command
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command
+from sqla_queue.job.bounds import PORT
 
 
 @click.command(cls=Command)
@@ -37,7 +36,7 @@ def dashboard(
     credentials = Auth.parse(auth) if auth is not None else None
     check_exposure(host, credentials)
     engine = base.engine(database_url, application_name="sqla-queue dashboard")
-    from sqla_queue.migrate import check_schema
+    from sqla_queue.db.migrate import check_schema
 
     check_schema(engine)
     app = create_app(engine, read_only=read_only, auth=credentials)

@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from sqla_queue.durations import DURATION
-
-from . import base
-from .base import Command
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command
+from sqla_queue.job.durations import DURATION
 
 if TYPE_CHECKING:
     from sqla_queue.doctor import Finding

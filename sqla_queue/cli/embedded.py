@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .base import Group
+from sqla_queue.cli.base import Group
 
 
 @click.group(cls=Group)
@@ -24,7 +24,7 @@ _EMBEDDED_DIR = click.option(
 @_EMBEDDED_DIR
 def embedded_url_command(data_dir: str | None) -> None:
     """Start the embedded server unless it runs, and print its URL (it keeps running)."""
-    from sqla_queue.database import embedded_url
+    from sqla_queue.db.database import embedded_url
 
     click.echo(embedded_url(data_dir))
 
@@ -33,6 +33,6 @@ def embedded_url_command(data_dir: str | None) -> None:
 @_EMBEDDED_DIR
 def embedded_stop(data_dir: str | None) -> None:
     """Stop the embedded server (it keeps running between commands)."""
-    from sqla_queue.database import stop_embedded
+    from sqla_queue.db.database import stop_embedded
 
     click.echo("stopped" if stop_embedded(data_dir) else "no embedded server runs there")

@@ -1,5 +1,5 @@
 """The filter options of `sqla-queue jobs list|retry|cancel|delete` (a `JobFilter`), and
-the bulk action they start: count, confirm, act in batches (`sqla_queue.bulk`)."""
+the bulk action they start: count, confirm, act in batches (`sqla_queue.admin.filters`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from typing import Any, TypeVar
 
 import click
 
-from sqla_queue import bulk
-from sqla_queue.bounds import count
-from sqla_queue.bulk import JobFilter
+from sqla_queue.admin import filters as bulk
+from sqla_queue.admin.filters import JobFilter
+from sqla_queue.cli import base
+from sqla_queue.cli.job_options import AwareDateTime
+from sqla_queue.db.models import JobStatus
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.models import JobStatus
-
-from . import base
-from .job_options import AwareDateTime
+from sqla_queue.job.bounds import count
 
 F = TypeVar("F", bound=Callable[..., Any])
 

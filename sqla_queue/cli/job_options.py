@@ -16,12 +16,11 @@ from typing import Any, TypeVar
 
 import click
 
-from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
-from sqla_queue.durations import DURATION
+from sqla_queue.cli import base
+from sqla_queue.db.models import PRIORITY_MAX
+from sqla_queue.job.bounds import JOB_ID, MAX_ATTEMPTS, count
+from sqla_queue.job.durations import DURATION
 from sqla_queue.job.options import JobOptions
-from sqla_queue.models import PRIORITY_MAX
-
-from . import base
 
 __all__ = ["JOB_OPTIONS", "AwareDateTime", "CliJobOption", "job_options", "options_from_cli"]
 

@@ -9,23 +9,23 @@ from typing import Any
 
 import click
 
-from sqla_queue import admin, bulk
-from sqla_queue.bounds import JOB_ID, MAX_ATTEMPTS, count
-from sqla_queue.errors import InvalidJobError
-from sqla_queue.job.history import MAX_ENTRIES
-from sqla_queue.models import JobStatus
-from sqla_queue.validation import encode_json_object, limits
-
-from . import base
-from .base import Command, Group
-from .job_filters import (
+from sqla_queue import admin
+from sqla_queue.admin import filters as bulk
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command, Group
+from sqla_queue.cli.job_filters import (
     bulk_options,
     filter_from_cli,
     filter_options,
     filters_given,
     run_bulk,
 )
-from .job_options import job_options, options_from_cli
+from sqla_queue.cli.job_options import job_options, options_from_cli
+from sqla_queue.db.models import JobStatus
+from sqla_queue.errors import InvalidJobError
+from sqla_queue.job.bounds import JOB_ID, MAX_ATTEMPTS, count
+from sqla_queue.job.history import MAX_ENTRIES
+from sqla_queue.job.validation import encode_json_object, limits
 
 
 @click.command(cls=Command)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 from alembic.util import CommandError as AlembicCommandError
 
-from . import base
-from .base import Command, Group
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command, Group
 
 
 @click.command(cls=Command)
@@ -37,7 +37,7 @@ def migrate(
     stamp: bool,
 ) -> None:
     """Create or upgrade the sqla_queue schema (the package's own Alembic revisions)."""
-    from sqla_queue import migrate as migrations
+    from sqla_queue.db import migrate as migrations
 
     if drop_queue_fk and restore_queue_fk:
         raise click.UsageError("pass --drop-queue-fk or --restore-queue-fk, not both")
@@ -88,7 +88,7 @@ def alembic_revision(config_file: str, message: str | None, target: str | None) 
     """Write a revision into your history that applies (or upgrades) sqla-queue's schema.
 
     Your history stays linear: run it again after upgrading sqla-queue."""
-    from sqla_queue.alembic_ext import write_revision
+    from sqla_queue.db.alembic_ext import write_revision
 
     try:
         written = write_revision(config_file, message, target)
@@ -105,6 +105,6 @@ def alembic_revision(config_file: str, message: str | None, target: str | None) 
 def alembic_version_locations(config_file: str) -> None:
     """Print the version_locations line that adds sqla-queue's revisions as a branch of yours
     (the other way: `sqla-queue alembic revision` keeps one linear history)."""
-    from sqla_queue.alembic_ext import version_locations_line
+    from sqla_queue.db.alembic_ext import version_locations_line
 
     click.echo(version_locations_line(config_file))

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from . import base
-from .base import Group
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Group
 
 
 @click.group(cls=Group)
@@ -21,7 +21,7 @@ def periodic() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 def periodic_list(database_url: str | None, app_path: str, as_json: bool) -> None:
     """Each periodic task of the registry: its schedule, next run, and last run (by anyone)."""
-    from sqla_queue.periodic import schedule_states
+    from sqla_queue.worker.periodic import schedule_states
 
     registry = base.app_registry(app_path)  # as `worker --app` finds the app
     with base.transaction(database_url) as conn:

@@ -10,15 +10,16 @@ import click
 from rich.markup import escape
 from sqlalchemy import Connection
 
-from sqla_queue import admin, partitions, rollup
-from sqla_queue.bounds import count
+from sqla_queue import admin
+from sqla_queue.admin import partitions
 from sqla_queue.brokers.routes import BROKER_KINDS
-from sqla_queue.durations import DURATION, RATE, describe_age, describe_duration
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command, Group
+from sqla_queue.db import rollup
+from sqla_queue.db.models import JobStatus, Retention
+from sqla_queue.job.bounds import count
+from sqla_queue.job.durations import DURATION, RATE, describe_age, describe_duration
 from sqla_queue.job.options import check_partition
-from sqla_queue.models import JobStatus, Retention
-
-from . import base
-from .base import Command, Group
 
 
 @click.group(cls=Group)

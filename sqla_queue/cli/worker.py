@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from sqla_queue.bounds import MAX_BATCH, MAX_PROCESSES, MAX_WORKER_CONCURRENCY, PORT, count
 from sqla_queue.brokers.routes import BROKER_KINDS
-from sqla_queue.database import URL_ENV_VAR
-from sqla_queue.durations import DURATION
-from sqla_queue.supervisor import exit_past_stuck_handlers
-
-from . import base
-from .base import Command
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Command
+from sqla_queue.db.database import URL_ENV_VAR
+from sqla_queue.job.bounds import MAX_BATCH, MAX_PROCESSES, MAX_WORKER_CONCURRENCY, PORT, count
+from sqla_queue.job.durations import DURATION
+from sqla_queue.worker.supervisor import exit_past_stuck_handlers
 
 if TYPE_CHECKING:
     from sqla_queue.worker import WorkerStats
@@ -64,7 +63,7 @@ def _supervised_child_exits(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("supervised_slot") is None:
             return func(*args, **kwargs)
-        from sqla_queue.supervisor import CONFIGURATION_ERRORS, exit_for_configuration_error
+        from sqla_queue.worker.supervisor import CONFIGURATION_ERRORS, exit_for_configuration_error
 
         try:
             return func(*args, **kwargs)
@@ -245,27 +244,27 @@ def worker(
             param_hint="'--health-port'",
         )
     if processes > 1:
-        from sqla_queue.supervisor import supervise_worker_command
+        from sqla_queue.worker.supervisor import supervise_worker_command
 
         env = {URL_ENV_VAR: base.resolved_url(database_url)}
         sys.exit(supervise_worker_command(ctx, processes, log_format, env))
     if supervised_slot is not None:
-        from sqla_queue.supervisor import child_name, watch_parent
+        from sqla_queue.worker.supervisor import child_name, watch_parent
 
         watch_parent()
         config.worker_id = f"{config.worker_id}:{child_name(supervised_slot)}"
     registry = base.app_registry(app_path)
     if log_format == "json":
-        from sqla_queue.logs import log_jobs
+        from sqla_queue.contrib.logs import log_jobs
 
         log_jobs(registry)
     if metrics_port is not None:
-        from sqla_queue import metrics
+        from sqla_queue.contrib import metrics
 
         metrics.instrument(registry)
         metrics.serve(metrics_port)
     if broker_url is not None:
-        from .broker_runs import broker_worker_config, run_broker_worker
+        from sqla_queue.cli.broker_runs import broker_worker_config, run_broker_worker
 
         ack_wait = _ack_wait(ctx, ack_wait, lease)
         broker_config = broker_worker_config(broker_url, config, ack_wait=ack_wait, dedup=dedup)

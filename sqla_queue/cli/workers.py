@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
-from sqla_queue import admin_workers
-from sqla_queue.bounds import count
-
-from . import base
-from .base import Group
+from sqla_queue.admin import workers as admin_workers
+from sqla_queue.cli import base
+from sqla_queue.cli.base import Group
+from sqla_queue.job.bounds import count
 
 
 @click.group(cls=Group)

@@ -19,8 +19,8 @@ try:  # every module of the package needs the extra: say so once, before any of 
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the dashboard needs its extra: pip install 'sqla-queue[dashboard]'") from exc
 
-from .app import create_app, wsgi_app
-from .pages import Dashboard
-from .security import Auth, check_exposure, is_loopback
+from sqla_queue.dashboard.app import create_app, wsgi_app
+from sqla_queue.dashboard.pages import Dashboard
+from sqla_queue.dashboard.security import Auth, check_exposure, is_loopback
 
 __all__ = ["Auth", "Dashboard", "check_exposure", "create_app", "is_loopback", "wsgi_app"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine
 from starlette.applications import Starlette
 
-from .pages import Dashboard, DashboardOptions
+from sqla_queue.dashboard.pages import Dashboard, DashboardOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -18,7 +18,7 @@ def create_app(engine: Engine | str, **options: Unpack[DashboardOptions]) -> Sta
     """The dashboard as an ASGI app over `engine` (or a database URL); `options` are those of
     `Dashboard` (`read_only`, `auth`, `poll_seconds`)."""
     if isinstance(engine, str):
-        from sqla_queue.database import create_queue_engine
+        from sqla_queue.db.database import create_queue_engine
 
         engine = create_queue_engine(engine, pool_size=4, max_overflow=4)
     return Dashboard(engine, **options).app

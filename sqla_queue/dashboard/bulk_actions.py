@@ -1,6 +1,7 @@
 """The jobs page's filter (from a query string or a form) and its bulk actions: retry,
 cancel or delete every job matching the filter, after a confirmation showing the count and
-a sample of the jobs that matched (`sqla_queue.bulk`: in batches, each its own transaction)."""
+a sample of the jobs that matched (`sqla_queue.admin.filters`: in batches, each its own
+transaction)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from sqla_queue import bulk
-from sqla_queue.bulk import JobFilter
+from sqla_queue.admin import filters as bulk
+from sqla_queue.admin.filters import JobFilter
+from sqla_queue.dashboard import params as checks
+from sqla_queue.db.models import JobStatus
 from sqla_queue.errors import SqlaQueueError
-from sqla_queue.models import JobStatus
-
-from . import params as checks
 
 if TYPE_CHECKING:
-    from .pages import Dashboard
+    from sqla_queue.dashboard.pages import Dashboard
 
 FIELDS = (
     "queue",

@@ -21,14 +21,11 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sqla_queue import admin, admin_workers, rollup
-from sqla_queue.doctor import DoctorOptions, Severity, diagnose
-from sqla_queue.errors import SqlaQueueError
-from sqla_queue.models import JobStatus
-
-from . import bulk_actions, reads, rendering
-from . import params as checks
-from .security import (
+from sqla_queue import admin
+from sqla_queue.admin import workers as admin_workers
+from sqla_queue.dashboard import bulk_actions, reads, rendering
+from sqla_queue.dashboard import params as checks
+from sqla_queue.dashboard.security import (
     CSRF_COOKIE,
     CSRF_FIELD,
     Auth,
@@ -36,6 +33,10 @@ from .security import (
     csrf_matches,
     notice_proof,
 )
+from sqla_queue.db import rollup
+from sqla_queue.db.models import JobStatus
+from sqla_queue.doctor import DoctorOptions, Severity, diagnose
+from sqla_queue.errors import SqlaQueueError
 
 JOB_ACTIONS = ("retry", "cancel", "delete")
 NOTICE_FIELD = "notice"

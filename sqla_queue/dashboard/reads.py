@@ -1,6 +1,6 @@
 """What the dashboard reads and does, as calls on a `Connection` (no HTTP here).
 
-One job, retry, delete and cancel are `sqla_queue.admin`'s. The job list is the dashboard's
+One job, retry, delete and cancel are `sqla_queue.admin.jobs`'s. The job list is the dashboard's
 own: unlike `admin.list_jobs`, a page searches a bounded window of jobs, so a filter that
 matches few jobs or none still answers in milliseconds on a table of millions.
 """
@@ -14,10 +14,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import admin, partitions, rollup
-from sqla_queue.bulk import JobFilter as JobFilter
-from sqla_queue.models import JobStatus
-from sqla_queue.queries import dashboard as statements
+from sqla_queue import admin
+from sqla_queue.admin import partitions
+from sqla_queue.admin.filters import JobFilter as JobFilter
+from sqla_queue.db import rollup
+from sqla_queue.db.models import JobStatus
+from sqla_queue.db.queries import dashboard as statements
 
 PAGE_SIZE = 50
 

@@ -6,7 +6,7 @@ severity (ok, warn, critical), the figure the check saw, and the fix in one sent
     findings = diagnose(engine)                  # or a Connection
     if any(f.severity is Severity.critical for f in findings): ...
 
-Every statement is read-only and comes from `sqla_queue.queries`. With an engine, doctor
+Every statement is read-only and comes from `sqla_queue.db.queries`. With an engine, doctor
 runs in autocommit mode so it never holds the snapshot whose age it reports.
 """
 
@@ -15,16 +15,23 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .checks import (
+from sqla_queue.doctor.checks import (
     QUEUE_CHECKS,
     SERVER_CHECKS,
     check_schema,
     check_stuck_jobs,
 )
-from .checks import (
+from sqla_queue.doctor.checks import (
     _command as _command,  # tests read it here
 )
-from .findings import FIX_PERMISSION, Check, DoctorOptions, Finding, Severity, worst
+from sqla_queue.doctor.findings import (
+    FIX_PERMISSION,
+    Check,
+    DoctorOptions,
+    Finding,
+    Severity,
+    worst,
+)
 
 
 def _run_check(conn: Connection, check: Check, options: DoctorOptions) -> Finding:

@@ -1,5 +1,5 @@
 """Doctor's checks: each a function `(connection, options) -> Finding`, read-only, its
-statements from `sqla_queue.queries`."""
+statements from `sqla_queue.db.queries`."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from sqla_queue import partitions, queries, rollup
-from sqla_queue.durations import describe_age
-from sqla_queue.migrate import schema_revision
-from sqla_queue.queries import vacuum
-
-from .findings import (
+from sqla_queue.admin import partitions
+from sqla_queue.db import queries, rollup
+from sqla_queue.db.migrate import schema_revision
+from sqla_queue.db.queries import vacuum
+from sqla_queue.doctor.findings import (
     EXPECTED_AUTOVACUUM,
     FIX_AUTOVACUUM,
     FIX_AUTOVACUUM_OFF,
@@ -51,6 +50,7 @@ from .findings import (
     format_bytes,
     seconds_of,
 )
+from sqla_queue.job.durations import describe_age
 
 
 def _settings(conn: Connection) -> dict[str, str]:

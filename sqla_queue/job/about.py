@@ -19,7 +19,7 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper
 
-from sqla_queue.bounds import ErrorFactory
+from sqla_queue.job.bounds import ErrorFactory
 
 MAX_ABOUT_LENGTH = 500
 """The longest `about` text (a table name and a primary key)."""

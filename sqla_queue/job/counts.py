@@ -2,7 +2,7 @@
 succeeded, failed (ended the job failed), were retried, and the handlers' run seconds.
 
 Counted in memory as each attempt ends (`JobRunner.finished`: no statement per job), until
-`sqla_queue.rollup` writes them. Counts that could not be written are put back, up to
+`sqla_queue.db.rollup` writes them. Counts that could not be written are put back, up to
 `MAX_KEYS` keys (the oldest minutes are dropped beyond, and the drop is logged).
 """
 
@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from .outcome import Outcome, OutcomeKind
+from sqla_queue.job.outcome import Outcome, OutcomeKind
 
 log = logging.getLogger("sqla_queue.worker")
 

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .outcome import Outcome
+    from sqla_queue.job.outcome import Outcome
 
 log = logging.getLogger("sqla_queue.worker")
 

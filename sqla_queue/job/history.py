@@ -12,7 +12,7 @@ starts at the user's code: a middleware, else the handler), at most `MAX_TRACEBA
 (its head and its tail). A job keeps at most `MAX_ENTRIES` entries: its first one and the
 latest `MAX_ENTRIES - 1` (the first failure often says what went wrong; the latest say what
 goes wrong now). The statements that retry and fail jobs build and trim the array in the
-same UPDATE (`sqla_queue.queries.jobs`); this module computes what the worker sends.
+same UPDATE (`sqla_queue.db.queries.jobs`); this module computes what the worker sends.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .outcome import storable
+from sqla_queue.job.outcome import storable
 
 if TYPE_CHECKING:
-    from .outcome import Outcome
+    from sqla_queue.job.outcome import Outcome
 
 __all__ = [
     "LOST_CLASS",

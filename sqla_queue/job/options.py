@@ -24,14 +24,20 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from sqlalchemy.sql import ClauseElement
 
-from sqla_queue.bounds import MAX_ATTEMPTS, PRIORITY_MAX, ErrorFactory, check_count, check_duration
 from sqla_queue.job.about import about_text, check_about
+from sqla_queue.job.bounds import (
+    MAX_ATTEMPTS,
+    PRIORITY_MAX,
+    ErrorFactory,
+    check_count,
+    check_duration,
+)
 
 DEFAULT_MAX_ATTEMPTS = 5
 """How many times a job runs at most when neither it nor its task says (first run included)."""
 
 if TYPE_CHECKING:
-    from sqla_queue.unique import UniqueOption
+    from sqla_queue.job.unique import UniqueOption
 
 ON_FAILURE = ("cancel", "run")
 """What a job does when one it depends on ends failed or cancelled (`models.OnFailure`)."""
@@ -51,7 +57,7 @@ class JobOptions:
     `sqla_queue.Unique`) says whether a duplicate is written. `depends_on` (jobs or ids,
     or `sqla_queue.Dependency`) makes the job wait until each has ended; `on_failure`
     ("cancel", the default, or "run") says what the end of one as failed or cancelled does
-    to it; `workflow_id` names the workflow it belongs to (see `sqla_queue.workflows`).
+    to it; `workflow_id` names the workflow it belongs to (see `sqla_queue.enqueue.workflows`).
     `about` (a mapped instance, or its `'<table>:<key>'` text) names the row the job is
     about (see `sqla_queue.orm`). `partition` (a tenant's name, say) is what a fair queue
     takes turns between and a partition limit caps; jobs of one `sequence` run one at a
@@ -216,7 +222,7 @@ def check_fields(
     (a delayed `Job`'s `func.now() + interval`), which the database computes.
 
     The names, args, tags and meta are checked with the JSON they are written as
-    (`sqla_queue.models.validate_job`, `validate_tags_and_meta`). `columns`: the values of
+    (`sqla_queue.db.models.validate_job`, `validate_tags_and_meta`). `columns`: the values of
     `COLUMN_OPTIONS` (a missing or None value is not given, so not checked).
     """
     if not isinstance(priority, int) or isinstance(priority, bool):

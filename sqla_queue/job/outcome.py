@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from .context import JobContext
+from sqla_queue.job.context import JobContext
 
 __all__ = ["WRITES_NOTHING", "JobAttempt", "Outcome", "OutcomeKind", "error_text", "storable"]
 

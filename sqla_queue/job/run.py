@@ -24,15 +24,14 @@ from concurrent.futures import CancelledError as FutureCancelledError
 from typing import TYPE_CHECKING, Any
 
 from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, TaskNotFoundError
-from sqla_queue.middleware import compose
-from sqla_queue.retry import DEFAULT_RETRY
-
-from .context import JobContext
-from .counts import JobCounts
-from .encoding import encode_result
-from .failures import FailureReporter
-from .options import DEFAULT_MAX_ATTEMPTS
-from .outcome import JobAttempt, Outcome, OutcomeKind, error_text, storable
+from sqla_queue.job.context import JobContext
+from sqla_queue.job.counts import JobCounts
+from sqla_queue.job.encoding import encode_result
+from sqla_queue.job.failures import FailureReporter
+from sqla_queue.job.middleware import compose
+from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS
+from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind, error_text, storable
+from sqla_queue.job.retry import DEFAULT_RETRY
 
 if TYPE_CHECKING:
     from sqla_queue.registry import Registry, Task

@@ -27,7 +27,7 @@ class JobStatus(str, enum.Enum):
     cancelled = "cancelled"
     waiting = "waiting"
     """Enqueued with `depends_on`: not claimable until every job it depends on has ended
-    (see `sqla_queue.workflows`); then `queued`, in the transaction that ended the last."""
+    (see `sqla_queue.enqueue.workflows`); then `queued`, in the transaction that ended the last."""
 
     @property
     def state(self) -> State:
@@ -110,7 +110,7 @@ NOT_STARTED = tuple(s for s in UNFINISHED if s != JobStatus.running.value)
 duplicate replaces, and what deleting the row a job is about cancels)."""
 HOLDS_SEQUENCE = (*UNFINISHED, JobStatus.failed.value)
 """The statuses in which a job may hold its sequence: queued, running, waiting, and failed
-(in a queue whose `sequence_on_failure` is `hold`; see `sqla_queue.partitions`)."""
+(in a queue whose `sequence_on_failure` is `hold`; see `sqla_queue.admin.partitions`)."""
 UNIQUE_BITS = {status.value: state.unique_bit for status, state in STATES.items()}
 """Each status's bit in a job's `unique_states`."""
 

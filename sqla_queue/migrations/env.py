@@ -1,5 +1,5 @@
 """Alembic environment for sqla-queue's own revisions (used by `sqla-queue migrate`)."""
 
-from sqla_queue.migrate import run_alembic_env
+from sqla_queue.db.migrate import run_alembic_env
 
 run_alembic_env()

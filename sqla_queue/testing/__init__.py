@@ -13,11 +13,11 @@ point when sqla-queue is installed) gives fixtures built from these; see its doc
 
 from __future__ import annotations
 
-from .assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
-from .databases import TemplateDatabases, find_test_server
-from .drain import DRAIN_WORKER_ID, DrainResult, drain, run_until_empty
-from .helper import QueueHelper
-from .inline import inline
+from sqla_queue.testing.assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
+from sqla_queue.testing.databases import TemplateDatabases, find_test_server
+from sqla_queue.testing.drain import DRAIN_WORKER_ID, DrainResult, drain, run_until_empty
+from sqla_queue.testing.helper import QueueHelper
+from sqla_queue.testing.inline import inline
 
 __all__ = [
     "DRAIN_WORKER_ID",

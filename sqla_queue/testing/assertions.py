@@ -12,8 +12,8 @@ from typing import Any, TypedDict
 from sqlalchemy import Connection, Engine, Select, select
 from sqlalchemy.orm import Session
 
+from sqla_queue.db.models import Job, JobStatus
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.models import Job, JobStatus
 from sqla_queue.registry import Task
 
 _SHOWN = 10

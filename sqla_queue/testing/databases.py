@@ -18,8 +18,8 @@ import psycopg
 from sqlalchemy import Engine, create_engine, pool, text
 from sqlalchemy.engine import make_url
 
-from sqla_queue.database import normalize_url
-from sqla_queue.migrate import upgrade
+from sqla_queue.db.database import normalize_url
+from sqla_queue.db.migrate import upgrade
 
 TEST_URL_ENV_VAR = "SQLA_QUEUE_TEST_DATABASE_URL"
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -117,7 +117,7 @@ def _docker_server() -> str | None:
 
 
 def _embedded_server() -> str | None:
-    from sqla_queue.database import embedded_server_module
+    from sqla_queue.db.database import embedded_server_module
     from sqla_queue.errors import ConfigurationError
 
     try:

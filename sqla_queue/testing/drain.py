@@ -20,15 +20,15 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session
 
-from sqla_queue import queries
+from sqla_queue.db import queries
+from sqla_queue.db.models import Job
+from sqla_queue.enqueue.results import read_parent_results
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.history import error_entry
 from sqla_queue.job.outcome import WRITES_NOTHING, JobAttempt, Outcome, OutcomeKind, storable
 from sqla_queue.job.run import JobRunner, resources_of
-from sqla_queue.models import Job
 from sqla_queue.registry import Registry
-from sqla_queue.results import read_parent_results
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 from sqla_queue.worker.jobs import decode_args
 

@@ -9,13 +9,17 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
+from sqla_queue.db.models import Job
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.models import Job
 from sqla_queue.registry import Registry
-
-from .assertions import JobFilters, assert_enqueued, assert_not_enqueued, enqueued_jobs
-from .drain import DrainResult, drain
-from .inline import inline
+from sqla_queue.testing.assertions import (
+    JobFilters,
+    assert_enqueued,
+    assert_not_enqueued,
+    enqueued_jobs,
+)
+from sqla_queue.testing.drain import DrainResult, drain
+from sqla_queue.testing.inline import inline
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

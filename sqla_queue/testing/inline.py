@@ -33,11 +33,10 @@ from contextlib import contextmanager
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.orm import Session
 
-from sqla_queue import queries
-from sqla_queue.models import Job
+from sqla_queue.db import queries
+from sqla_queue.db.models import Job
 from sqla_queue.registry import Registry
-
-from .drain import DrainResult, drain
+from sqla_queue.testing.drain import DrainResult, drain
 
 _round = threading.Lock()
 """Held while a round runs, on any thread: a commit made meanwhile (a handler's own, also on

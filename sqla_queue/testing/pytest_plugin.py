@@ -44,13 +44,12 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, event, pool
 from sqlalchemy.orm import Session
 
-from sqla_queue.admin import create_queue
+from sqla_queue.admin.queues import create_queue
+from sqla_queue.enqueue.hooks import default_registry, set_default_registry
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.hooks import default_registry, set_default_registry
 from sqla_queue.registry import Registry, load_registry
-
-from .databases import TEST_URL_ENV_VAR, TemplateDatabases, find_test_server
-from .helper import QueueHelper
+from sqla_queue.testing.databases import TEST_URL_ENV_VAR, TemplateDatabases, find_test_server
+from sqla_queue.testing.helper import QueueHelper
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -10,7 +10,7 @@ Its parts, one module each, hand each other typed values (`ClaimedJob`, `Outcome
 - `shutdown`: releasing held jobs on stop, and the second signal's exit;
 - `board`: the held jobs and the lock the threads meet at; `connection`: the dispatcher's
   reconnecting connection.
-The listener (`sqla_queue.notify`) wakes the producer on NOTIFY and relays cancellations.
+The listener (`sqla_queue.runtime.listener`) wakes the producer on NOTIFY and relays cancellations.
 
 Every statement runs on a plain Core connection in autocommit mode: each is its own short
 transaction (no ORM Session, no savepoint, nothing held open while a handler runs).
@@ -31,27 +31,27 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from sqla_queue import queries
-from sqla_queue.database import create_queue_engine
-from sqla_queue.health import HealthServer, Pulse
+from sqla_queue.db import queries
+from sqla_queue.db.database import create_queue_engine
+from sqla_queue.db.migrate import check_schema
+from sqla_queue.enqueue.results import parent_results_on
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.run import resources_of
-from sqla_queue.migrate import check_schema
-from sqla_queue.notify import Listener
 from sqla_queue.registry import Registry
-from sqla_queue.results import parent_results_on
-from sqla_queue.transactional import job_session
-
-from .board import JobBoard
-from .completer import Completer
-from .config import WorkerConfig, WorkerStats
-from .connection import DatabaseLink, FailureLog, backoff_delays, describe
-from .executor import Executor
-from .health import DatabaseCheck, ThreadOf, WorkerHealth
-from .jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
-from .keeper import Keeper
-from .producer import Producer, ProducerSettings
-from .shutdown import Shutdown, exit_now
+from sqla_queue.runtime.health_server import HealthServer, Pulse
+from sqla_queue.runtime.listener import Listener
+from sqla_queue.worker.board import JobBoard
+from sqla_queue.worker.completer import Completer
+from sqla_queue.worker.config import WorkerConfig, WorkerStats
+from sqla_queue.worker.connection import DatabaseLink, FailureLog, backoff_delays, describe
+from sqla_queue.worker.executor import Executor
+from sqla_queue.worker.health import DatabaseCheck, ThreadOf, WorkerHealth
+from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
+from sqla_queue.worker.keeper import Keeper
+from sqla_queue.worker.periodic import Scheduler
+from sqla_queue.worker.producer import Producer, ProducerSettings
+from sqla_queue.worker.shutdown import Shutdown, exit_now
+from sqla_queue.worker.transactional import job_session
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -173,8 +173,16 @@ class Worker:
                     ", ".join(repr(name) for name in missing),
                 )
             hooks = self.registry.hooks
-            hooks.emit(hooks.worker_started, self)
-            self.producer.run()
+            scheduler = None
+            if self.registry.schedules:  # the periodic tasks' slots, enqueued as they fall due
+                scheduler = Scheduler(self.registry, self.engine, self.config.worker_id)
+                scheduler.start()
+            try:
+                hooks.emit(hooks.worker_started, self)
+                self.producer.run()
+            finally:
+                if scheduler is not None:
+                    scheduler.stop()
             hooks.emit(hooks.worker_stopping, self)
             self.shutdown.drain()
         finally:

@@ -17,11 +17,10 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from sqla_queue import queries
-
-from .board import JobBoard
-from .config import WorkerStats
-from .connection import (
+from sqla_queue.db import queries
+from sqla_queue.worker.board import JobBoard
+from sqla_queue.worker.config import WorkerStats
+from sqla_queue.worker.connection import (
     JOB_ARRAYS,
     DatabaseLink,
     DriverStatement,
@@ -29,7 +28,14 @@ from .connection import (
     is_row_error,
     refusal,
 )
-from .jobs import WRITES_NOTHING, ClaimedJob, Outcome, OutcomeKind, error_entry, storable
+from sqla_queue.worker.jobs import (
+    WRITES_NOTHING,
+    ClaimedJob,
+    Outcome,
+    OutcomeKind,
+    error_entry,
+    storable,
+)
 
 log = logging.getLogger("sqla_queue.worker")
 

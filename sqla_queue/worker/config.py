@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqla_queue.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
+from sqla_queue.db.models import validate_name
 from sqla_queue.errors import ConfigurationError, InvalidJobError
-from sqla_queue.health import DEFAULT_HEALTH_HOST
-from sqla_queue.models import validate_name
+from sqla_queue.job.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
 from sqla_queue.registry import MIN_LEASE
+from sqla_queue.runtime.health_server import DEFAULT_HEALTH_HOST
 
 BURST_GIVE_UP_AFTER = 30.0
 """Seconds a `--burst` worker waits for an unreachable database before it gives up."""

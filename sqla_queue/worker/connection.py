@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from sqla_queue.errors import DatabaseUnavailableError
-from sqla_queue.health import Pulse
+from sqla_queue.runtime.health_server import Pulse
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -117,7 +117,7 @@ class FailureLog:
 
 STATEMENT_KIND = "sqla_queue_statement"
 """The execution option that names a worker statement's kind ("claim", "complete", ...)
-for engine listeners (`sqla_queue.metrics` times statements by it)."""
+for engine listeners (`sqla_queue.contrib.metrics` times statements by it)."""
 
 JOB_ARRAYS = ("job_ids", "job_attempts")
 """The integer-list parameters of the statements that finish a batch of jobs."""

@@ -20,15 +20,14 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from sqla_queue import queries
+from sqla_queue.db import queries
+from sqla_queue.db.models import JobStatus
 from sqla_queue.job.outcome import JobAttempt
 from sqla_queue.job.run import MAX_RETRY_DELAY, JobRunner, lost_kind, max_attempts_of
 from sqla_queue.job.run import resources_of as resources_of  # old import path, kept
-from sqla_queue.models import JobStatus
 from sqla_queue.registry import Registry
-
-from .board import JobBoard
-from .jobs import ClaimedJob, Outcome, OutcomeKind, error_text
+from sqla_queue.worker.board import JobBoard
+from sqla_queue.worker.jobs import ClaimedJob, Outcome, OutcomeKind, error_text
 
 log = logging.getLogger("sqla_queue.worker")
 

@@ -1,5 +1,5 @@
 """What a worker's health endpoints answer (`WorkerConfig.health_port`; the server is
-`sqla_queue.health`).
+`sqla_queue.runtime.health_server`).
 
 Liveness: each of the worker's loops has a `Pulse`, which the loop marks busy when it
 starts a round of work and idle when it waits (for a notification, for room, for its next
@@ -28,9 +28,8 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, pool, text
 
-from sqla_queue.health import Pulse
-
-from .connection import describe
+from sqla_queue.runtime.health_server import Pulse
+from sqla_queue.worker.connection import describe
 
 DATABASE_TIMEOUT = 2.0
 """Seconds the readiness check's `SELECT 1` (its connection included) may take."""

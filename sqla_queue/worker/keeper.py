@@ -33,20 +33,19 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from sqla_queue import queries
+from sqla_queue.db import queries
+from sqla_queue.db.migrate import head_revision, unknown_revisions
+from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+from sqla_queue.db.rollup import RollupWriter
 from sqla_queue.errors import SchemaUnknownError
-from sqla_queue.health import Pulse
-from sqla_queue.migrate import head_revision, unknown_revisions
-from sqla_queue.models import DEFAULT_MAX_ATTEMPTS, JobStatus
 from sqla_queue.registry import Registry
-from sqla_queue.rollup import RollupWriter
-
-from .board import JobBoard
-from .config import WorkerConfig, WorkerStats
-from .connection import FailureLog, describe, failure_kind
-from .executor import Executor
-from .jobs import ClaimedJob
-from .vacuum import SelfVacuum
+from sqla_queue.runtime.health_server import Pulse
+from sqla_queue.worker.board import JobBoard
+from sqla_queue.worker.config import WorkerConfig, WorkerStats
+from sqla_queue.worker.connection import FailureLog, describe, failure_kind
+from sqla_queue.worker.executor import Executor
+from sqla_queue.worker.jobs import ClaimedJob
+from sqla_queue.worker.vacuum import SelfVacuum
 
 log = logging.getLogger("sqla_queue.worker")
 
@@ -85,7 +84,7 @@ class Keeper:
         self.failures = FailureLog()
         self.vacuum = SelfVacuum(engine, config.vacuum_threshold, FailureLog())
         self.rollup = RollupWriter(executor.runner.counts)
-        """Writes the attempts this worker ended to `job_counts` (`sqla_queue.rollup`)."""
+        """Writes the attempts this worker ended to `job_counts` (`sqla_queue.db.rollup`)."""
         self.task_leases: dict[str, float] = {}
         for name in registry:
             lease = registry[name].lease

@@ -16,14 +16,13 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from sqla_queue import queries
-from sqla_queue.queries.claim import TaskSettings
-
-from .board import WAKE_MORE_AFTER, JobBoard
-from .claim_size import DEFAULT_MAX_BATCH, ClaimSize
-from .completer import FLUSH_DELAY, Completer
-from .config import WorkerConfig, WorkerStats
-from .connection import (
+from sqla_queue.db import queries
+from sqla_queue.db.queries.claim import TaskSettings
+from sqla_queue.worker.board import WAKE_MORE_AFTER, JobBoard
+from sqla_queue.worker.claim_size import DEFAULT_MAX_BATCH, ClaimSize
+from sqla_queue.worker.completer import FLUSH_DELAY, Completer
+from sqla_queue.worker.config import WorkerConfig, WorkerStats
+from sqla_queue.worker.connection import (
     JOB_ARRAYS,
     DatabaseLink,
     DriverStatement,
@@ -31,9 +30,9 @@ from .connection import (
     describe,
     is_row_error,
 )
-from .executor import Executor
-from .jobs import ClaimColumns, ClaimedJob, Outcome
-from .keeper import Keeper
+from sqla_queue.worker.executor import Executor
+from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob, Outcome
+from sqla_queue.worker.keeper import Keeper
 
 log = logging.getLogger("sqla_queue.worker")
 

@@ -31,10 +31,9 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine
 
-from sqla_queue import queries
-from sqla_queue.queries import vacuum as statements
-
-from .connection import FailureLog, describe, failure_kind
+from sqla_queue.db import queries
+from sqla_queue.db.queries import vacuum as statements
+from sqla_queue.worker.connection import FailureLog, describe, failure_kind
 
 log = logging.getLogger("sqla_queue.worker")
 

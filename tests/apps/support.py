@@ -17,9 +17,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, Registry, enqueue_many, queries
+from sqla_queue import Job, Registry, enqueue_many
 from sqla_queue.cli import main
-from sqla_queue.database import normalize_url
+from sqla_queue.db import queries
+from sqla_queue.db.database import normalize_url
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
 TESTS_DIR = Path(__file__).resolve().parent.parent

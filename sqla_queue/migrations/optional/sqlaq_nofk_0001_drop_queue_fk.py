@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from alembic import op
-from sqla_queue import queries
+from sqla_queue.db import queries
 from sqla_queue.errors import OrphanJobsError
 
 revision: str = "sqlaq_nofk_0001"

@@ -54,7 +54,7 @@ PARTITION_CLAIM = "status = 'queued' AND priority >= 0"
 HOLDS_SEQUENCE = "sequence IS NOT NULL AND status IN ('queued', 'running', 'waiting', 'failed')"
 
 # The condition a claimable job of a sequence meets (the same text as
-# `sqla_queue.queries.claim.sequence_free`): no earlier job of its sequence is queued,
+# `sqla_queue.db.queries.claim.sequence_free`): no earlier job of its sequence is queued,
 # running, waiting, or failed in a queue that holds sequences on failure, and no later one
 # runs (an earlier job retried while a later one runs waits for it). Two probes, each an
 # index condition on all of ix_jobs_sequence's columns (sequence, status, id): an earlier

@@ -37,7 +37,7 @@ depends_on: str | Sequence[str] | None = None
 SCHEMA = "sqla_queue"
 
 # The condition a claimable job of a sequence meets (the same text as
-# `sqla_queue.queries.claim.sequence_free`): no earlier job of its sequence is queued,
+# `sqla_queue.db.queries.claim.sequence_free`): no earlier job of its sequence is queued,
 # running, waiting, or failed in a queue that holds sequences on failure, no later one runs,
 # and none was cancelled while its handler runs and has not returned. A job that depends on
 # a failed job of its sequence through an on_failure = 'run' edge is held neither by it nor

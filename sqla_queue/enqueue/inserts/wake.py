@@ -1,0 +1,42 @@
+"""Waking workers: one `pg_notify` per queue per transaction, delivered on commit."""
+
+from __future__ import annotations
+
+from sqlalchemy import event
+from sqlalchemy.orm import (
+    Session,
+    SessionTransaction,
+    UOWTransaction,
+)
+
+from sqla_queue.db import queries
+from sqla_queue.db.models import (
+    Job,
+)
+from sqla_queue.enqueue.inserts.params import _BIND
+
+_NOTIFIED_KEY = "sqla_queue.notified"
+_NOTIFY_QUEUES = queries.notify_queues()
+
+
+def _notify(session: Session, queue_names: set[str]) -> None:
+    notified: set[str] = session.info.setdefault(_NOTIFIED_KEY, set())
+    fresh = queue_names - notified
+    if fresh:
+        session.connection(bind_arguments=_BIND).execute(_NOTIFY_QUEUES, {"queues": sorted(fresh)})
+        notified |= fresh
+
+
+@event.listens_for(Session, "after_flush")
+def _notify_after_flush(session: Session, flush_context: UOWTransaction) -> None:
+    queue_names = {obj.queue for obj in session.new if isinstance(obj, Job)}
+    if queue_names:
+        _notify(session, queue_names)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_notified(session: Session, transaction: SessionTransaction) -> None:
+    # Flushes run in their own inner SessionTransaction: only a real (sub)transaction's end
+    # counts. PostgreSQL drops notifications of a rolled-back savepoint: notify again then.
+    if transaction.parent is None or transaction.nested:
+        session.info.pop(_NOTIFIED_KEY, None)
