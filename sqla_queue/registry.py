@@ -22,7 +22,6 @@ from sqla_queue.errors import (
     ConfigurationError,
     InvalidJobError,
 )
-from sqla_queue.job.bounds import check_duration, invalid_job
 from sqla_queue.job.context import JobContext as JobContext  # old import path, kept
 from sqla_queue.job.lifecycle import LifecycleHooks
 from sqla_queue.job.middleware import Middleware
@@ -30,7 +29,6 @@ from sqla_queue.job.options import (
     NO_OPTIONS,
     JobOptionFields,
     JobOptions,
-    check_fields,
     column_values,
     delay_interval,
     options_from,
@@ -38,6 +36,7 @@ from sqla_queue.job.options import (
 from sqla_queue.job.retry import DEFAULT_RETRY, RetryPolicy
 from sqla_queue.job.schedule import Schedule
 from sqla_queue.job.unique import Unique, resolve_unique
+from sqla_queue.job.validation import check_duration, check_fields, invalid_job
 from sqla_queue.orm.on_change import MISSING, add_rule, check_default_args, check_rule
 
 MIN_LEASE = 1.0

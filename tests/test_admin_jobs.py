@@ -14,7 +14,7 @@ from sqla_queue import admin
 from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.job.bounds import MAX_ATTEMPTS
+from sqla_queue.job.validation import MAX_ATTEMPTS
 
 
 def cli(url: str, *args: str) -> Result:

@@ -34,8 +34,8 @@ from sqla_queue.cli import main
 from sqla_queue.cli.base import Command
 from sqla_queue.cli.job_options import JOB_OPTIONS
 from sqla_queue.db.migrate import SCHEMA_REVISION
-from sqla_queue.job.durations import parse_duration
 from sqla_queue.job.options import OPTION_NAMES
+from sqla_queue.job.validation import parse_duration
 
 
 @pytest.fixture(autouse=True)

@@ -219,7 +219,7 @@ def test_each_column_option_is_a_field_a_key_a_check_and_a_column_every_path_wri
     parameters, and written by the plain and the unique paths (ORM, INSERT, COPY, staged)."""
     from sqla_queue.db import queries
     from sqla_queue.db.queries.inserts import COPY_JOB_COLUMNS, CREATE_STAGED_JOBS
-    from sqla_queue.job.options import COLUMN_OPTIONS
+    from sqla_queue.job.validation import COLUMN_OPTIONS
 
     insert_parameters = queries.insert_jobs().compile().params
     for name in COLUMN_OPTIONS:

@@ -21,8 +21,8 @@ from sqlalchemy import Engine, text
 
 from sqla_queue import ConfigurationError, Registry, admin
 from sqla_queue.cli import main
-from sqla_queue.worker import Worker, WorkerConfig, periodic
 from sqla_queue.job.schedule import Schedule
+from sqla_queue.worker import Worker, WorkerConfig, periodic
 from sqla_queue.worker.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Scheduler
 
 UTC = dt.timezone.utc

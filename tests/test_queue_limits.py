@@ -17,7 +17,7 @@ from sqla_queue import Registry, admin, enqueue_many
 from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
-from sqla_queue.job.durations import describe_rate, parse_rate
+from sqla_queue.job.validation import describe_rate, parse_rate
 
 
 def cli(*args: str, url: str | None = None) -> Result:

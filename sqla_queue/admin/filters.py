@@ -21,10 +21,17 @@ from sqlalchemy import Connection, Engine
 from sqla_queue.admin import jobs as admin
 from sqla_queue.db.queries import bulk as statements
 from sqla_queue.errors import ConfigurationError, InvalidJobError
-from sqla_queue.job.about import check_about
-from sqla_queue.job.bounds import MAX_ATTEMPTS, check_count, check_job_id
 from sqla_queue.job.states import JobStatus, statuses
-from sqla_queue.job.validation import encode_json_object, limits, validate_name
+from sqla_queue.job.validation import (
+    MAX_ATTEMPTS,
+    check_about,
+    check_count,
+    check_job_id,
+    check_workflow_id,
+    encode_json_object,
+    limits,
+    validate_name,
+)
 
 MAX_ERROR_TEXT = 1000
 """The longest error text a filter searches for."""
@@ -142,20 +149,20 @@ class JobFilter:
     tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for label, value in (("queue", self.queue), ("task", self.task)):
+        for label, value in (("queue name", self.queue), ("task name", self.task)):
             if value is not None:
-                validate_name(label, value, task="(none)")
+                validate_name(label, value)
         raw = self.status
         chosen = () if raw is None else (raw,) if isinstance(raw, str) else tuple(raw)
         object.__setattr__(self, "statuses", tuple(dict.fromkeys(map(_status, chosen))))
         tags = () if self.tag is None else (self.tag,) if isinstance(self.tag, str) else self.tag
         for name in tags:
-            validate_name("tag", name, task="(none)")
+            validate_name("tag", name)
         object.__setattr__(self, "tags", tuple(tags))
         if self.workflow_id is not None:
-            admin._workflow_id(self.workflow_id)
+            check_workflow_id(self.workflow_id)
         if self.about is not None:
-            check_about(self.about, _bad)
+            check_about(self.about)
         for name in ("error", "traceback"):
             value = getattr(self, name)
             if value is not None and (

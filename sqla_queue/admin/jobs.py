@@ -21,11 +21,16 @@ from sqlalchemy.orm import Session
 from sqla_queue.db import queries
 from sqla_queue.db.queries.admin import UNIQUE_KEY_INDEX
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.job.bounds import MAX_ATTEMPTS, check_count, check_duration, check_job_id
 from sqla_queue.job.encoding import PENDING_RESULT
-from sqla_queue.job.options import COLUMN_OPTIONS
 from sqla_queue.job.states import FINISHED, JobStatus
-from sqla_queue.job.validation import validate_name
+from sqla_queue.job.validation import (
+    MAX_ATTEMPTS,
+    check_count,
+    check_duration,
+    check_job_id,
+    check_workflow_id,
+    validate_name,
+)
 
 Bind = Connection | Session
 
@@ -233,12 +238,12 @@ def list_jobs(
         )
     if before is not None:
         _job_ids([before])
-    for label, value in (("queue", queue), ("task", task)):
+    for label, value in (("queue name", queue), ("task name", task)):
         if value is not None:
-            validate_name(label, value, task="(none)")
+            validate_name(label, value)
     tags = None if tag is None else ([tag] if isinstance(tag, str) else list(tag))
     for name in tags or ():
-        validate_name("tag", name, task="(none)")
+        validate_name("tag", name)
     if workflow is not None:
         _workflow_id(workflow)
     statement = queries.list_jobs(
@@ -345,7 +350,7 @@ def retry_jobs(
     if attempts is not None:
         check_count("attempts", attempts, 1, MAX_ATTEMPTS)
     if queue is not None:
-        validate_name("queue", queue, task="(none)")
+        validate_name("queue name", queue)
     ids = _job_ids(job_ids) if job_ids is not None else None
     statement = queries.retry_failed_jobs(by_ids=ids is not None, queue=queue is not None)
     params = {"job_ids": ids, "retry_queue": queue, "budget": attempts}
@@ -433,7 +438,7 @@ def queue_depth(bind: Bind, queue: str, cap: int = DEFAULT_DEPTH_CAP) -> QueueDe
     backlog (measured with 100,000 due jobs: 4.6 ms at the default cap, 1.8 ms at
     cap=1000; `stats()` took 86 ms).
     """
-    validate_name("queue", queue, task="(none)")
+    validate_name("queue name", queue)
     check_count("cap", cap)
     row = bind.execute(queries.queue_depth(), {"queue": queue, "cap": cap}).one()
     return QueueDepth(queue, int(row.due), int(row.scheduled), int(row.running), cap)
@@ -448,7 +453,7 @@ MAX_LINKED = 500
 
 
 def _workflow_id(value: object) -> str:
-    COLUMN_OPTIONS["workflow_id"](value, lambda message: ConfigurationError(detail=message))
+    check_workflow_id(value)
     return str(value)
 
 

@@ -28,9 +28,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue.db.queries import partitions as queries
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
-from sqla_queue.job.bounds import check_count, check_duration
-from sqla_queue.job.options import check_partition
-from sqla_queue.job.validation import validate_name
+from sqla_queue.job.validation import check_count, check_duration, check_partition, validate_name
 
 Bind = Connection | Session
 
@@ -40,12 +38,8 @@ SEQUENCE_POLICIES = ("hold", "skip")
 MAX_WEIGHT = 1000.0
 
 
-def _bad(detail: str) -> ConfigurationError:
-    return ConfigurationError(detail=detail)
-
-
 def _set(bind: Bind, statement: Any, name: str, **params: Any) -> None:
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     if bind.execute(statement, {"queue_name": name, **params}).first() is None:
         raise UnknownQueueError(queue=name)
 
@@ -85,8 +79,8 @@ def set_sequence_on_failure(bind: Bind, name: str, policy: str) -> None:
 def set_partition_weight(bind: Bind, name: str, partition: str, weight: float | None) -> None:
     """Give `partition` of fair queue `name` `weight` times the turns of a partition of
     weight 1 (the default; None sets it back). From 0.001 to 1000."""
-    validate_name("queue", name, task="(none)")
-    check_partition(partition, _bad)  # the key a job can have: enqueue's check
+    validate_name("queue name", name)
+    check_partition(partition)  # the key a job can have: enqueue's check
     params = {"queue_name": name, "partition": partition}
     if weight is None:
         bind.execute(queries.clear_partition_weight(), params)

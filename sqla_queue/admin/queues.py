@@ -17,9 +17,14 @@ from sqlalchemy.orm import Session
 from sqla_queue.db import queries
 from sqla_queue.db.models import Retention
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
-from sqla_queue.job.bounds import check_count, check_duration, check_rate
-from sqla_queue.job.durations import describe_rate, parse_rate
-from sqla_queue.job.validation import validate_name
+from sqla_queue.job.validation import (
+    check_count,
+    check_duration,
+    check_rate,
+    describe_rate,
+    parse_rate,
+    validate_name,
+)
 
 Bind = Connection | Session
 
@@ -38,21 +43,21 @@ def _retention(value: str) -> str:
 
 def create_queue(bind: Bind, name: str, retention: str = Retention.delete.value) -> bool:
     """Create queue `name`; returns False if it already existed (it is left unchanged)."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     row = bind.execute(queries.create_queue(), {"name": name, "retention": _retention(retention)})
     return row.first() is not None
 
 
 def set_paused(bind: Bind, name: str, paused: bool) -> None:
     """Pause (no job of it is claimed) or resume queue `name`."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     if bind.execute(queries.set_queue_paused(paused), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
 
 
 def set_retention(bind: Bind, name: str, retention: str) -> None:
     """Set what happens to queue `name`'s succeeded jobs: delete, keep or archive."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     params = {"queue_name": name, "new_retention": _retention(retention)}
     if bind.execute(queries.set_queue_retention(), params).first() is None:
         raise UnknownQueueError(queue=name)
@@ -61,7 +66,7 @@ def set_retention(bind: Bind, name: str, retention: str) -> None:
 def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     """Delete queue `name` and its finished jobs. Refuses while it has queued, running or
     waiting jobs unless `force`, which deletes those too. Returns how many jobs were deleted."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     if bind.execute(queries.lock_queue(), {"queue_name": name}).first() is None:
         raise UnknownQueueError(queue=name)
     unfinished = bind.execute(queries.count_unfinished_in_queue(), {"queue_name": name}).scalar()
@@ -85,7 +90,7 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
     None, back to table workers. Jobs already in the table follow the new setting. Refused
     while the queue has jobs queued or running with a unique key, a sequence or a partition:
     a broker keeps none of them (`sqla_queue.enqueue.inserts.routed`)."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     from sqla_queue.brokers.routes import parse_route
     from sqla_queue.db.queries import brokers
     from sqla_queue.enqueue.inserts.routed import refused_on_routed
@@ -105,7 +110,7 @@ def set_max_running(bind: Bind, name: str, max_running: int | None) -> None:
     """At most `max_running` jobs of queue `name` run at once, across all workers (None: no
     limit; `queues create --max-running`). The claim statement enforces it; jobs running
     now are left to finish."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     if max_running is not None:
         check_count("max_running", max_running)
     params = {"queue_name": name, "concurrency": max_running}
@@ -126,7 +131,7 @@ def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
 def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
     """At most so many jobs of queue `name` start in any window of so many seconds, across
     all workers: `"100/s"`, `"10/min"`, `"20/30s"` or (count, seconds); None: no limit."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     if rate is None:
         count, window = None, None
     else:
@@ -143,7 +148,7 @@ def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> Non
 def set_result_ttl(bind: Bind, name: str, seconds: float) -> None:
     """How long a kept result (`keep_result=True`) of queue `name` stays readable when the
     queue deletes its jobs: the row stays `done` that long, then the reaper deletes it."""
-    validate_name("queue", name, task="(none)")
+    validate_name("queue name", name)
     params = {"queue_name": name, "result_ttl": check_duration("result_ttl", seconds)}
     if bind.execute(queries.set_queue_result_ttl(), params).first() is None:
         raise UnknownQueueError(queue=name)

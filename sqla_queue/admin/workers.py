@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from sqla_queue.db import queries
-from sqla_queue.job.bounds import check_count
+from sqla_queue.job.validation import check_count
 
 Bind = Connection | Session
 

@@ -11,8 +11,8 @@ from sqla_queue.brokers.relay import RelayConfig
 from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
-from sqla_queue.job.bounds import MAX_BATCH, count
-from sqla_queue.job.durations import DURATION
+from sqla_queue.cli.types import DURATION, count
+from sqla_queue.job.validation import MAX_BATCH
 
 F = TypeVar("F", bound=Callable[..., Any])
 

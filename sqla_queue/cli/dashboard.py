@@ -6,7 +6,7 @@ import click
 
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
-from sqla_queue.job.bounds import PORT
+from sqla_queue.cli.types import PORT
 
 
 @click.command(cls=Command)

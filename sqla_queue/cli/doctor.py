@@ -13,7 +13,7 @@ import click
 
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
-from sqla_queue.job.durations import DURATION
+from sqla_queue.cli.types import DURATION
 
 if TYPE_CHECKING:
     from sqla_queue.doctor import Finding

@@ -13,9 +13,9 @@ from sqla_queue.admin import filters as bulk
 from sqla_queue.admin.filters import JobFilter
 from sqla_queue.cli import base
 from sqla_queue.cli.job_options import AwareDateTime
+from sqla_queue.cli.types import count
 from sqla_queue.db.models import JobStatus
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.job.bounds import count
 
 F = TypeVar("F", bound=Callable[..., Any])
 

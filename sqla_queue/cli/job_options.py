@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import click
 
 from sqla_queue.cli import base
+from sqla_queue.cli.types import DURATION, JOB_ID, count
 from sqla_queue.db.models import PRIORITY_MAX
-from sqla_queue.job.bounds import JOB_ID, MAX_ATTEMPTS, count
-from sqla_queue.job.durations import DURATION
 from sqla_queue.job.options import JobOptions
+from sqla_queue.job.validation import MAX_ATTEMPTS
 
 __all__ = ["JOB_OPTIONS", "AwareDateTime", "CliJobOption", "job_options", "options_from_cli"]
 

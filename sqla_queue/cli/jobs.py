@@ -21,11 +21,11 @@ from sqla_queue.cli.job_filters import (
     run_bulk,
 )
 from sqla_queue.cli.job_options import job_options, options_from_cli
+from sqla_queue.cli.types import JOB_ID, count
 from sqla_queue.db.models import JobStatus
 from sqla_queue.errors import InvalidJobError
-from sqla_queue.job.bounds import JOB_ID, MAX_ATTEMPTS, count
 from sqla_queue.job.history import MAX_ENTRIES
-from sqla_queue.job.validation import encode_json_object, limits
+from sqla_queue.job.validation import MAX_ATTEMPTS, encode_json_object, limits
 
 
 @click.command(cls=Command)

@@ -15,11 +15,10 @@ from sqla_queue.admin import partitions
 from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command, Group
+from sqla_queue.cli.types import DURATION, RATE, count
 from sqla_queue.db import rollup
 from sqla_queue.db.models import JobStatus, Retention
-from sqla_queue.job.bounds import count
-from sqla_queue.job.durations import DURATION, RATE, describe_age, describe_duration
-from sqla_queue.job.options import check_partition
+from sqla_queue.job.validation import check_partition, describe_age, describe_duration
 
 
 @click.group(cls=Group)

@@ -15,9 +15,9 @@ import click
 from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
+from sqla_queue.cli.types import DURATION, PORT, count
 from sqla_queue.db.database import URL_ENV_VAR
-from sqla_queue.job.bounds import MAX_BATCH, MAX_PROCESSES, MAX_WORKER_CONCURRENCY, PORT, count
-from sqla_queue.job.durations import DURATION
+from sqla_queue.job.validation import MAX_BATCH, MAX_PROCESSES, MAX_WORKER_CONCURRENCY
 from sqla_queue.worker.supervisor import exit_past_stuck_handlers
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import click
 from sqla_queue.admin import workers as admin_workers
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Group
-from sqla_queue.job.bounds import count
+from sqla_queue.cli.types import count
 
 
 @click.group(cls=Group)

@@ -48,8 +48,8 @@ from sqla_queue.db.queries import partitions as partition_queries
 from sqla_queue.db.queries.dashboard import NO_JIT
 from sqla_queue.db.queries.metrics import heartbeat_lag, queue_depth, worker_overruns
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.job.bounds import check_count
 from sqla_queue.job.states import UNFINISHED
+from sqla_queue.job.validation import check_count
 from sqla_queue.worker.connection import STATEMENT_KIND
 
 _DEPTH_STATUSES = UNFINISHED

@@ -7,7 +7,7 @@ and text would refuse it with a database error.
 
 from __future__ import annotations
 
-from sqla_queue.job.bounds import INT8_MAX as MAX_JOB_ID  # jobs.id is a bigint
+from sqla_queue.job.validation import INT8_MAX as MAX_JOB_ID  # jobs.id is a bigint
 
 MAX_ID_DIGITS = len(str(MAX_JOB_ID))
 

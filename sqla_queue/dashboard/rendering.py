@@ -10,9 +10,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import escape
 
 from sqla_queue.db.rollup import Series, Span
-from sqla_queue.job.durations import describe_age
 from sqla_queue.job.history import MAX_ENTRIES
 from sqla_queue.job.states import STATES
+from sqla_queue.job.validation import describe_age
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

@@ -32,8 +32,6 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from sqla_queue.deprecation import renamed_name
-from sqla_queue.job.bounds import PRIORITY_MAX as PRIORITY_MAX
-from sqla_queue.job.bounds import invalid_job
 from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from sqla_queue.job.options import (
     OPTION_NAMES,
@@ -51,10 +49,12 @@ from sqla_queue.job.states import unique_predicate as unique_predicate
 from sqla_queue.job.validation import MAX_INT_DIGITS as MAX_INT_DIGITS
 from sqla_queue.job.validation import MAX_META_BYTES as MAX_META_BYTES
 from sqla_queue.job.validation import MAX_TAGS as MAX_TAGS
+from sqla_queue.job.validation import PRIORITY_MAX as PRIORITY_MAX
 from sqla_queue.job.validation import SCHEMA_MAX_ARGS_BYTES as SCHEMA_MAX_ARGS_BYTES
 from sqla_queue.job.validation import SCHEMA_MAX_NAME_LENGTH as SCHEMA_MAX_NAME_LENGTH
 from sqla_queue.job.validation import Limits as Limits
 from sqla_queue.job.validation import encode_json_object as encode_json_object
+from sqla_queue.job.validation import invalid_job
 from sqla_queue.job.validation import limits as limits
 from sqla_queue.job.validation import validate_job as validate_job
 from sqla_queue.job.validation import validate_name as validate_name

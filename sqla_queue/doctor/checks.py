@@ -50,7 +50,7 @@ from sqla_queue.doctor.findings import (
     format_bytes,
     seconds_of,
 )
-from sqla_queue.job.durations import describe_age
+from sqla_queue.job.validation import describe_age
 
 
 def _settings(conn: Connection) -> dict[str, str]:

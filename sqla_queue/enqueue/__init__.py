@@ -54,7 +54,6 @@ from sqla_queue.enqueue.inserts.unique import (
 )
 from sqla_queue.enqueue.inserts.wake import _NOTIFIED_KEY, _NOTIFY_QUEUES
 from sqla_queue.errors import InvalidJobError
-from sqla_queue.job.bounds import invalid_job
 from sqla_queue.job.new_job import NewJob
 from sqla_queue.job.options import (
     OPTION_NAMES,
@@ -65,6 +64,7 @@ from sqla_queue.job.options import (
     options_from,
 )
 from sqla_queue.job.unique import resolve_unique
+from sqla_queue.job.validation import invalid_job
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

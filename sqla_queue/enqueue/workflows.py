@@ -39,7 +39,8 @@ from sqla_queue.db.models import Job
 from sqla_queue.enqueue import enqueue_many
 from sqla_queue.enqueue.hooks import default_registry
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
-from sqla_queue.job.options import ON_FAILURE, OPTION_NAMES, check_on_failure
+from sqla_queue.job.options import OPTION_NAMES
+from sqla_queue.job.validation import ON_FAILURE, check_on_failure
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

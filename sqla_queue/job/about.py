@@ -19,10 +19,7 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import NoInspectionAvailable
 from sqlalchemy.orm import Mapper
 
-from sqla_queue.job.bounds import ErrorFactory
-
-MAX_ABOUT_LENGTH = 500
-"""The longest `about` text (a table name and a primary key)."""
+from sqla_queue.job.validation import ErrorFactory
 
 
 def mapper_table(mapper: Mapper[Any]) -> str:
@@ -41,8 +38,9 @@ def key_text(values: tuple[Any, ...] | list[Any]) -> str:
 
 def about_text(value: object, error: ErrorFactory) -> str:
     """`about=`'s value as the jobs table keeps it: a mapped instance's `<table>:<key>`, or
-    a string as it is (checked by `check_about`). An instance without its primary key yet
-    (pending, not flushed) is refused: the error says to flush first."""
+    a string as it is (checked by `sqla_queue.job.validation.check_about`). An instance
+    without its primary key yet (pending, not flushed) is refused: the error says to flush
+    first."""
     if isinstance(value, str):
         return value
     try:
@@ -69,18 +67,3 @@ def about_text(value: object, error: ErrorFactory) -> str:
             "job can name its row"
         )
     return f"{mapper_table(mapper)}:{key_text(key)}"
-
-
-def check_about(value: object, error: ErrorFactory) -> None:
-    """Refuse an `about` text that is not `<table>:<key>` of printable text, at most
-    `MAX_ABOUT_LENGTH` characters."""
-    if (
-        not isinstance(value, str)
-        or not 3 <= len(value) <= MAX_ABOUT_LENGTH
-        or ":" not in value[1:-1]
-        or not value.isprintable()
-    ):
-        raise error(
-            f"about must be a mapped instance or '<table>:<key>' text (e.g. 'orders:42', at "
-            f"most {MAX_ABOUT_LENGTH} printable characters), got {value!r:.80}"
-        )

@@ -4,11 +4,12 @@ Every path that writes a job builds one: `enqueue` and `enqueue_async` from thei
 arguments (or `options=`), `enqueue_many` from each row, `Task.enqueue` from its call, a
 task's defaults from `@registry.task(...)`, and `Job(...)` from its constructor. The task's
 defaults give way to the call's options (`JobOptions.over`), then the insert hooks see the
-result as a `NewJob`, and the fields the hooks leave are checked here (`check_fields`),
-once, whichever path wrote them.
+result as a `NewJob`, and the fields the hooks leave are checked once, whichever path
+wrote them (`sqla_queue.job.validation.validate_job`, which every check lives beside).
 
 Adding an option stored as it is in a jobs column of its own name (as `max_attempts` is) is
-one field below, its key in `JobOptionFields`, its check in `COLUMN_OPTIONS`, its
+one field below, its key in `JobOptionFields`, its check in `COLUMN_OPTIONS`
+(`sqla_queue.job.validation`), its
 `sqla-queue enqueue` option (`sqla_queue/cli/job_options.py`), and the column with its
 migration: every insert path (the ORM, INSERT, COPY, the staging table of unique rows)
 builds what it writes from `COLUMN_OPTIONS`.
@@ -18,30 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from sqlalchemy.sql import ClauseElement
-
-from sqla_queue.job.about import about_text, check_about
-from sqla_queue.job.bounds import (
-    MAX_ATTEMPTS,
-    PRIORITY_MAX,
-    ErrorFactory,
-    check_count,
-    check_duration,
-)
+from sqla_queue.job.about import about_text
+from sqla_queue.job.validation import COLUMN_OPTIONS, ErrorFactory, check_duration
 
 DEFAULT_MAX_ATTEMPTS = 5
 """How many times a job runs at most when neither it nor its task says (first run included)."""
 
 if TYPE_CHECKING:
     from sqla_queue.job.unique import UniqueOption
-
-ON_FAILURE = ("cancel", "run")
-"""What a job does when one it depends on ends failed or cancelled (`models.OnFailure`)."""
-MAX_WORKFLOW_ID_LENGTH = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,93 +143,9 @@ def _about_as_text(options: JobOptions, error: ErrorFactory) -> JobOptions:
     return dataclasses.replace(options, about=about_text(options.about, error))
 
 
-def _check_max_attempts(value: object, error: ErrorFactory) -> None:
-    check_count("max_attempts", value, 1, MAX_ATTEMPTS, error)
-
-
-def _check_workflow_id(value: object, error: ErrorFactory) -> None:
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_WORKFLOW_ID_LENGTH:
-        raise error(
-            f"workflow_id must be a str of 1 to {MAX_WORKFLOW_ID_LENGTH} characters, "
-            f"got {value!r:.80}"
-        )
-    if not value.isprintable():
-        raise error(f"workflow_id must be printable text, got {value!r:.80}")
-
-
-MAX_KEY_LENGTH = 200
-"""The longest partition or sequence key."""
-
-
-def _key_check(name: str) -> Callable[[object, ErrorFactory], None]:
-    """The check of a `partition` or `sequence` key: printable text of 1 to 200 characters."""
-
-    def check(value: object, error: ErrorFactory) -> None:
-        if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH:
-            raise error(
-                f"{name} must be a str of 1 to {MAX_KEY_LENGTH} characters, got {value!r:.80} "
-                f'(a tenant or an entity\'s id: {name}=f"customer-{{customer.id}}")'
-            )
-        if not value.isprintable():
-            raise error(f"{name} must be printable text, got {value!r:.80}")
-
-    return check
-
-
-def check_on_failure(value: object, error: ErrorFactory) -> None:
-    """Refuse an `on_failure` other than "cancel" or "run"."""
-    if value is not None and value not in ON_FAILURE:
-        raise error(f"on_failure must be 'cancel' or 'run', got {value!r:.80}")
-
-
-check_partition = _key_check("partition")
-"""The check of a partition key (a job's, or one `queues weight` names)."""
-
-COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
-    "max_attempts": _check_max_attempts,
-    "workflow_id": _check_workflow_id,
-    "about": check_about,
-    "partition": check_partition,
-    "sequence": _key_check("sequence"),
-}
-"""The options written as they are into the jobs column of the same name (NULL when not
-given), each with the check of a given value (`error(message)` on a bad one). The insert
-statements, their `job_<name>` parameters, the COPY columns, the unique rows' staging table
-and the ORM's `Job` are built from this table, in this order."""
-
-
 def column_values(source: object) -> dict[str, Any]:
     """`COLUMN_OPTIONS`' values of `source` (a `JobOptions`, a `NewJob`, a `Job`), by name."""
     return {name: getattr(source, name) for name in COLUMN_OPTIONS}
-
-
-def check_fields(
-    priority: object, run_at: object, columns: Mapping[str, object], error: ErrorFactory
-) -> None:
-    """Check the options that are numbers or times, as every path does after the insert
-    hooks; `error(message)` names the problem and the fix. `run_at` may be a SQL expression
-    (a delayed `Job`'s `func.now() + interval`), which the database computes.
-
-    The names, args, tags and meta are checked with the JSON they are written as
-    (`sqla_queue.db.models.validate_job`, `validate_tags_and_meta`). `columns`: the values of
-    `COLUMN_OPTIONS` (a missing or None value is not given, so not checked).
-    """
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise error(f"priority must be an int, got {priority!r}")
-    if not 0 <= priority <= PRIORITY_MAX:
-        raise error(f"priority must be between 0 (first) and {PRIORITY_MAX}, got {priority}")
-    for name, check in COLUMN_OPTIONS.items():
-        value = columns.get(name)
-        if value is not None:
-            check(value, error)
-    if run_at is not None and not isinstance(run_at, ClauseElement):
-        if not isinstance(run_at, dt.datetime):
-            raise error(f"run_at must be a datetime, got {run_at!r}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise error(
-                "run_at has no time zone; pass an aware datetime such as "
-                "datetime.now(timezone.utc) + timedelta(minutes=5), or use delay="
-            )
 
 
 def delay_interval(run_at: object, delay: object, error: ErrorFactory) -> dt.timedelta | None:
@@ -255,15 +160,10 @@ def delay_interval(run_at: object, delay: object, error: ErrorFactory) -> dt.tim
 
 
 __all__ = [
-    "COLUMN_OPTIONS",
     "NO_OPTIONS",
-    "ON_FAILURE",
     "OPTION_NAMES",
     "JobOptionFields",
     "JobOptions",
-    "check_fields",
-    "check_on_failure",
-    "check_partition",
     "column_values",
     "delay_interval",
     "options_from",

@@ -151,8 +151,8 @@ def enqueue_on_update(
     into `queue` about each row whose `column` changed to `value` (compared as text), with
     the row's primary key as args (`{"id": 42}`), and notifies the queue's workers."""
     _check_all(table, key_columns, column, value, task, queue)
-    validate_name("task", task, task=task)
-    validate_name("queue", queue, task=task)
+    validate_name("task name", task)
+    validate_name("queue name", queue)
     trigger, function = _names(table, "enqueue", column, value, task, queue)
     col = _QUOTE.quote(column)
     args = ", ".join(f"{_literal(c)}, NEW.{_QUOTE.quote(c)}" for c in key_columns)

@@ -10,14 +10,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqla_queue.db.models import validate_name
-from sqla_queue.errors import ConfigurationError, InvalidJobError
-from sqla_queue.job.bounds import MAX_BATCH, MAX_WORKER_CONCURRENCY, check_count, check_duration
+from sqla_queue.errors import ConfigurationError
+from sqla_queue.job.validation import (
+    MAX_BATCH,
+    MAX_WORKER_CONCURRENCY,
+    check_count,
+    check_duration,
+    validate_name,
+)
 from sqla_queue.registry import MIN_LEASE
 from sqla_queue.runtime.health_server import DEFAULT_HEALTH_HOST
 
 BURST_GIVE_UP_AFTER = 30.0
 """Seconds a `--burst` worker waits for an unreachable database before it gives up."""
+
+
+def _queues_error(detail: str) -> ConfigurationError:
+    return ConfigurationError(detail=f"queues: {detail}")
 
 
 @dataclass
@@ -147,10 +156,7 @@ class WorkerConfig:
             if not self.queues:
                 raise ConfigurationError(detail="the queue list is empty; omit -q for all queues")
             for queue in self.queues:
-                try:
-                    validate_name("queue", queue, task="(none)")
-                except InvalidJobError as exc:
-                    raise ConfigurationError(detail=f"queues: {exc.context['detail']}") from None
+                validate_name("queue name", queue, _queues_error)
         if self.burst and self.give_up_after is None:
             self.give_up_after = BURST_GIVE_UP_AFTER
 

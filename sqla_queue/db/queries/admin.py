@@ -33,8 +33,8 @@ from sqla_queue.db.queries.common import (
     jobs,
     of_workflow,
 )
-from sqla_queue.job.bounds import INT4_MAX
 from sqla_queue.job.states import JobStatus, statuses, unique_predicate
+from sqla_queue.job.validation import INT4_MAX
 
 LISTED_COLUMNS = (
     jobs.c.id,

@@ -54,8 +54,8 @@ from sqla_queue.db.queries.common import (
     queues,
 )
 from sqla_queue.db.queries.workflows import deps as job_deps
-from sqla_queue.job.bounds import MAX_DURATION
 from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
+from sqla_queue.job.validation import MAX_DURATION
 
 # -- claim -----------------------------------------------------------------------------------
 

@@ -39,8 +39,8 @@ from sqla_queue.db.models import (
 from sqla_queue.db.queries.common import (
     jobs,
 )
-from sqla_queue.job.options import COLUMN_OPTIONS
 from sqla_queue.job.states import NOT_STARTED
+from sqla_queue.job.validation import COLUMN_OPTIONS
 
 # -- enqueue ---------------------------------------------------------------------------------
 

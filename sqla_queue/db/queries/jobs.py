@@ -73,10 +73,10 @@ from sqla_queue.db.queries.history import (
     _batch_errors,
     _error_entry,
 )
-from sqla_queue.job.bounds import INT4_MAX
 from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
 from sqla_queue.job.history import LOST_CLASS
 from sqla_queue.job.states import statuses
+from sqla_queue.job.validation import INT4_MAX
 
 # -- finish ----------------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from sqla_queue.db.models import (
 )
 from sqla_queue.enqueue.hooks import default_registry, prepare_job
 from sqla_queue.errors import InvalidJobError
-from sqla_queue.job.bounds import invalid_job
-from sqla_queue.job.options import COLUMN_OPTIONS, OPTION_NAMES, options_from
+from sqla_queue.job.options import OPTION_NAMES, options_from
+from sqla_queue.job.validation import COLUMN_OPTIONS, invalid_job
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqla_queue.db import queries
 from sqla_queue.enqueue.inserts.refusals import _explain
 from sqla_queue.errors import SqlaQueueError
-from sqla_queue.job.options import COLUMN_OPTIONS
+from sqla_queue.job.validation import COLUMN_OPTIONS
 
 _INSERT_JOBS = queries.insert_jobs()
 _RESERVE_JOB_ID_ARRAY = queries.reserve_job_id_array()

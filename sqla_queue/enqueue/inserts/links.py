@@ -21,8 +21,8 @@ from sqlalchemy import Connection
 from sqla_queue.db import queries
 from sqla_queue.db.models import Job
 from sqla_queue.errors import DependencyError
-from sqla_queue.job.options import ON_FAILURE, check_on_failure
 from sqla_queue.job.states import FINISHED, JobStatus
+from sqla_queue.job.validation import ON_FAILURE, check_on_failure
 
 _FLAG = queries.workflows.flag_parents()
 _RECORDED = queries.workflows.recorded_outcomes()

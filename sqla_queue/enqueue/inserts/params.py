@@ -11,9 +11,9 @@ from sqla_queue.db.models import (
     validate_tags_and_meta,
 )
 from sqla_queue.enqueue.inserts.links import resolve
-from sqla_queue.job.bounds import invalid_job
 from sqla_queue.job.new_job import NewJob
-from sqla_queue.job.options import COLUMN_OPTIONS, OPTION_NAMES, column_values, delay_interval
+from sqla_queue.job.options import OPTION_NAMES, column_values, delay_interval
+from sqla_queue.job.validation import COLUMN_OPTIONS, invalid_job
 
 _BIND = {"mapper": Job}
 """Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""

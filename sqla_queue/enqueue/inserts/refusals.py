@@ -15,7 +15,7 @@ from sqla_queue.db.models import (
     SCHEMA_MAX_NAME_LENGTH,
 )
 from sqla_queue.errors import InvalidJobError, SchemaMissingError, SqlaQueueError, UnknownQueueError
-from sqla_queue.job.bounds import PRIORITY_MAX
+from sqla_queue.job.validation import PRIORITY_MAX
 
 _QUEUE_FK = "fk_jobs_queue_queues"
 _MISSING_KEY = re.compile(r"Key \(queue\)=\((?P<queue>.*)\) is not present")
