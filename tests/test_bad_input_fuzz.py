@@ -59,10 +59,15 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
         (["enqueue", "t", "--priority", "40000"], 2, "must be a whole number from 0 to 32767"),
         (["enqueue", "t", "--delay", "-5"], 2, "'-5' is not a duration"),
         (["enqueue", "t", "--max-attempts", "0"], 2, "must be a whole number from 1 to 1000000"),
-        (["enqueue", LONG], 1, "task name is 10000 characters; the limit is 200"),
-        (["enqueue", "t", "--queue", LONG], 1, "queue name is 10000 characters"),
+        (
+            ["enqueue", LONG],
+            1,
+            "task name must be at most 200 characters (sqla_queue.limits.max_name_length), "
+            "got 10000",
+        ),
+        (["enqueue", "t", "--queue", LONG], 1, "queue name must be at most 200 characters"),
         (["enqueue", "tab\there"], 1, "control characters"),
-        (["queues", "create", LONG], 1, "queue name is 10000 characters"),
+        (["queues", "create", LONG], 1, "queue name must be at most 200 characters"),
         (["queues", "create", "q", "--retention", "forever"], 2, "'forever' is not one of"),
         (["queues", "pause", "nope"], 1, "Queue 'nope' does not exist"),
         (["queues", "delete", "nope"], 1, "Queue 'nope' does not exist"),

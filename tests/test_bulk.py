@@ -167,7 +167,7 @@ def test_bulk_delete_refuses_running_jobs(engine: Engine) -> None:
     ("make", "fragment"),
     [
         (lambda: JobFilter(status="finished"), "status 'finished' is not one of: queued"),
-        (lambda: JobFilter(queue=""), "queue must be a non-empty string"),
+        (lambda: JobFilter(queue=""), "queue name must be a non-empty string"),
         (lambda: JobFilter(error=""), "error text must be 1 to 1000 characters"),
         (lambda: JobFilter(error="x\x00"), "without NUL"),
         (

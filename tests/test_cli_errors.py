@@ -43,9 +43,15 @@ NO_JOB_HAS_IT = [
         "--args-value: args are nested more than 100 levels",
     ),
     (("jobs", "list", "--args-path", "a..b", "--args-value", "1"), "--args-path: args path"),
-    (("queues", "weight", "fair", "x" * 100_000, "2"), "'PARTITION': partition must be a str"),
+    (
+        ("queues", "weight", "fair", "x" * 100_000, "2"),
+        "'PARTITION': partition must be at most 200 characters",
+    ),
     (("queues", "weight", "fair", "a\tb", "2"), "'PARTITION': partition must be printable"),
-    (("queues", "weight", "fair", "", "--clear"), "'PARTITION': partition must be a str"),
+    (
+        ("queues", "weight", "fair", "", "--clear"),
+        "'PARTITION': partition must be a non-empty string",
+    ),
 ]
 
 

@@ -63,9 +63,9 @@ def test_bulk_enqueue_without_sequence_privilege_falls_back_to_insert(
 
 def test_an_empty_queue_name_is_refused_not_sent_to_default(engine: Engine) -> None:
     with Session(engine) as session:
-        with pytest.raises(InvalidJobError, match="queue must be a non-empty string"):
+        with pytest.raises(InvalidJobError, match="queue name must be a non-empty string"):
             enqueue(session, "t", queue="")
-        with pytest.raises(InvalidJobError, match="queue must be a non-empty string"):
+        with pytest.raises(InvalidJobError, match="queue name must be a non-empty string"):
             enqueue_many(session, [{"task": "t", "queue": ""}])
 
 

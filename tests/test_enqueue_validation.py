@@ -173,7 +173,7 @@ def test_limits_may_be_lowered_but_not_raised_past_the_schema(
     with pytest.raises(ConfigurationError, match="from 1 to 1000000"):
         limits.max_args_bytes = 2_000_000
     monkeypatch.setattr(limits, "max_name_length", 10)
-    with pytest.raises(InvalidJobError, match="the limit is 10"):
+    with pytest.raises(InvalidJobError, match="at most 10 characters"):
         validate_job("x" * 11, {}, "default", 0, None, {})
 
 
