@@ -17,6 +17,7 @@ from sqla_queue.admin import partitions
 from sqla_queue.admin.filters import JobFilter, search_jobs
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.job.validation import describe_duration, parse_duration
+from sqla_queue.orm.triggers import enqueue_on_update
 from sqla_queue.worker.config import WorkerConfig
 
 BAD_NAMES = [
@@ -94,14 +95,14 @@ def test_a_bad_filter_is_a_configuration_error_as_its_docstring_says(
     assert f"The configuration is not valid: {message}" in str(refused.value)
     assert not isinstance(refused.value, InvalidJobError)
     # A good filter of the same field searches the real table (and finds nothing).
-    good = {key: "orders:1" if key == "about" else "ok" for key in fields}
+    good: dict[str, Any] = {key: "orders:1" if key == "about" else "ok" for key in fields}
     with engine.connect() as conn:
         assert search_jobs(conn, JobFilter(**good)) == []
 
 
 @pytest.mark.parametrize(("name", "message"), BAD_NAMES)
 def test_the_same_bad_name_given_to_a_job_is_an_invalid_job_error_naming_its_task(
-    engine: Engine, name: object, message: str
+    engine: Engine, name: str, message: str
 ) -> None:
     with Session(engine) as session, session.begin():
         with pytest.raises(InvalidJobError) as refused:
@@ -128,6 +129,13 @@ def test_a_worker_given_a_bad_queue_name_is_misconfigured() -> None:
     with pytest.raises(ConfigurationError) as refused:
         WorkerConfig(queues=["emails", "a\nb"])
     assert "queues: queue name must be printable text" in str(refused.value)
+
+
+def test_a_trigger_given_a_bad_task_or_queue_name_is_misconfigured() -> None:
+    with pytest.raises(ConfigurationError, match="task name must be at most 200 characters"):
+        enqueue_on_update("orders", ["id"], "status", "paid", "t" * 201)
+    with pytest.raises(ConfigurationError, match="queue name must be at most 200 characters"):
+        enqueue_on_update("orders", ["id"], "status", "paid", "shop.receipt", "q" * 201)
 
 
 def test_every_refusal_is_an_sqla_queue_error_with_one_line() -> None:
