@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from typing_extensions import Unpack
 
-    from sqla_queue.registry import Registry
+    from sqla_queue.job.tasks import TaskLookup
 
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
 _INSERT_AND_NOTIFY = queries.insert_job_and_notify()
@@ -93,7 +93,7 @@ def enqueue(
     *,
     options: JobOptions | None = None,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     **fields: Unpack[JobOptionFields],
 ) -> int: ...
 
@@ -106,7 +106,7 @@ def enqueue(
     *,
     options: JobOptions | None = None,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     **fields: Unpack[JobOptionFields],
 ) -> Job: ...
 
@@ -118,7 +118,7 @@ def enqueue(
     *,
     options: JobOptions | None = None,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     **fields: Unpack[JobOptionFields],
 ) -> Job | int:
     """Add a job to `session` and return it; it commits (or not) with the session.
@@ -161,7 +161,7 @@ def enqueue_job(
     args: Mapping[str, Any] | None,
     options: JobOptions,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     defaults: JobOptions | None = None,
 ) -> Job | int:
     """`enqueue` with its options built: the one path of `enqueue` and `Task.enqueue`
