@@ -31,8 +31,9 @@ from sqlalchemy.orm import Session
 from sqla_queue import admin, enqueue, enqueue_many
 from sqla_queue.brokers import BrokerWorker, BrokerWorkerConfig, Relay, RelayConfig
 from sqla_queue.brokers.cleanup import delete_route
+from sqla_queue.brokers.kinds import parse_route
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import Route, parse_route
+from sqla_queue.brokers.routes import Route
 
 from . import tasks
 from .database import LOCAL_URL, BenchDatabase

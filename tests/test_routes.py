@@ -27,7 +27,7 @@ from sqla_queue import (
     enqueue_async,
     enqueue_many,
 )
-from sqla_queue.brokers.routes import BROKER_KINDS, broker_kind, parse_route
+from sqla_queue.brokers.kinds import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.worker import BrokerWorkerConfig
 from sqla_queue.cli import main
 from sqla_queue.db import queries

@@ -86,7 +86,7 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
     while the queue has jobs queued or running with a unique key, a sequence or a partition:
     a broker keeps none of them (`sqla_queue.enqueue.inserts.routed`)."""
     validate_name("queue", name, task="(none)")
-    from sqla_queue.brokers.routes import parse_route
+    from sqla_queue.brokers.kinds import parse_route
     from sqla_queue.db.queries import brokers
     from sqla_queue.enqueue.inserts.routed import refused_on_routed
 

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from sqla_queue.brokers.kinds import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.loop import BrokerLoop
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
+from sqla_queue.brokers.routes import Route, redact
 from sqla_queue.brokers.transport import Delivery, Source
 from sqla_queue.db.migrate import check_schema
 from sqla_queue.db.queries import brokers as queries

@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 
 from sqla_queue import admin
 from sqla_queue.admin import partitions
-from sqla_queue.brokers.routes import BROKER_KINDS
+from sqla_queue.brokers.kinds import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command, Group
 from sqla_queue.db import rollup

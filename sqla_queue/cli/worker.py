@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from sqla_queue.brokers.routes import BROKER_KINDS
+from sqla_queue.brokers.kinds import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
 from sqla_queue.db.database import URL_ENV_VAR
