@@ -23,7 +23,6 @@ from sqla_queue.errors import (
     InvalidJobError,
 )
 from sqla_queue.job.bounds import check_duration, invalid_job
-from sqla_queue.job.context import JobContext as JobContext  # old import path, kept
 from sqla_queue.job.lifecycle import LifecycleHooks
 from sqla_queue.job.middleware import Middleware
 from sqla_queue.job.options import (

@@ -7,7 +7,6 @@ Each takes a `Connection` or a `Session` and runs in the caller's transaction; n
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,16 +112,6 @@ def set_max_running(bind: Bind, name: str, max_running: int | None) -> None:
         raise UnknownQueueError(queue=name)
 
 
-def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
-    """Deprecated: `set_max_running` (a queue's global cap; `concurrency` is a worker's)."""
-    warnings.warn(
-        "sqla_queue.admin.jobs.set_concurrency is deprecated: use set_max_running",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    set_max_running(bind, name, concurrency)
-
-
 def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
     """At most so many jobs of queue `name` start in any window of so many seconds, across
     all workers: `"100/s"`, `"10/min"`, `"20/30s"` or (count, seconds); None: no limit."""
@@ -169,16 +158,6 @@ class QueueInfo:
     """Seconds per priority step a waiting job gains (None: no aging)."""
     sequence_on_failure: str = "hold"
     """Whether a failed job holds its sequence (`hold`) or not (`skip`)."""
-
-    @property
-    def concurrency(self) -> int | None:
-        """Deprecated: `max_running`."""
-        warnings.warn(
-            "QueueInfo.concurrency is deprecated: use QueueInfo.max_running",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.max_running
 
     @property
     def rate_text(self) -> str | None:

@@ -36,7 +36,6 @@ from sqla_queue.db.models import (
     validate_job,
     validate_tags_and_meta,
 )
-from sqla_queue.deprecation import renamed_name
 from sqla_queue.enqueue.hooks import default_registry, prepare_job
 from sqla_queue.enqueue.inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from sqla_queue.enqueue.inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
@@ -75,14 +74,6 @@ if TYPE_CHECKING:
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
 _INSERT_AND_NOTIFY = queries.insert_job_and_notify()
 _INSERT_QUEUE = queries.insert_queue()
-
-
-def __getattr__(name: str) -> Any:
-    advice = (
-        "enqueue's options are sqla_queue.JobOptions "
-        "(as keywords: sqla_queue.job.options.JobOptionFields)"
-    )
-    return renamed_name(__name__, name, {"EnqueueOptions": (JobOptionFields, advice)})
 
 
 @overload
