@@ -159,7 +159,7 @@ def end_to_end(db: BenchDatabase, url: str, route: Route, probes: int) -> dict[s
     assert db.engine is not None
     route_queue(db, route)
     relay = Relay(db.engine, RelayConfig(url))
-    worker = BrokerWorker(db.engine, tasks.registry, BrokerWorkerConfig(url, QUEUE, lease=30))
+    worker = BrokerWorker(db.engine, tasks.registry, BrokerWorkerConfig(url, QUEUE, ack_wait=30))
     threads = [
         threading.Thread(target=runner.run, kwargs={"install_signal_handlers": False})
         for runner in (relay, worker)
