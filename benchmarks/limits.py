@@ -74,7 +74,7 @@ def limit_cost(
     with db.engine.begin() as conn:
         admin.create_queue(conn, "unlimited")
         admin.create_queue(conn, "limited")
-        admin.set_concurrency(conn, "limited", concurrency * 10)
+        admin.set_max_running(conn, "limited", concurrency * 10)
     rates: dict[str, list[float]] = {"unlimited": [], "limited": []}
     for run in range(repeat):
         # each in turn goes first, each on a vacuumed table: no order or bloat favours one
@@ -103,7 +103,7 @@ def binding_limit(
     assert db.engine is not None
     with db.engine.begin() as conn:
         admin.create_queue(conn, "binding")
-        admin.set_concurrency(conn, "binding", limit)
+        admin.set_max_running(conn, "binding", limit)
     _fill(db.engine, "binding", "limits.sleep", jobs, {"seconds": job_seconds})
     # not burst: a burst worker that finds the queue full would take it for empty and stop
     config = WorkerConfig(concurrency=8, batch=8, queues=["binding"], poll_interval=0.05)

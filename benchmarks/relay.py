@@ -31,8 +31,9 @@ from sqlalchemy.orm import Session
 from sqla_queue import admin, enqueue, enqueue_many
 from sqla_queue.brokers import BrokerWorker, BrokerWorkerConfig, Relay, RelayConfig
 from sqla_queue.brokers.cleanup import delete_route
+from sqla_queue.brokers.kinds import parse_route
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import Route, parse_route
+from sqla_queue.brokers.routes import Route
 
 from . import tasks
 from .database import LOCAL_URL, BenchDatabase
@@ -158,7 +159,7 @@ def end_to_end(db: BenchDatabase, url: str, route: Route, probes: int) -> dict[s
     assert db.engine is not None
     route_queue(db, route)
     relay = Relay(db.engine, RelayConfig(url))
-    worker = BrokerWorker(db.engine, tasks.registry, BrokerWorkerConfig(url, QUEUE, lease=30))
+    worker = BrokerWorker(db.engine, tasks.registry, BrokerWorkerConfig(url, QUEUE, ack_wait=30))
     threads = [
         threading.Thread(target=runner.run, kwargs={"install_signal_handlers": False})
         for runner in (relay, worker)

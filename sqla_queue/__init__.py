@@ -8,12 +8,8 @@ with Session(engine) as session, session.begin():
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqla_queue.db.database import normalize_url
-from sqla_queue.db.models import RENAMED as _RENAMED
 from sqla_queue.db.models import ArchivedJob, Job, Queue, QueueBase, Retention
-from sqla_queue.deprecation import renamed_name
 from sqla_queue.enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from sqla_queue.enqueue.hooks import default_registry, set_default_registry
 from sqla_queue.enqueue.inserts.links import Dependency
@@ -40,7 +36,7 @@ from sqla_queue.errors import (
     UnknownQueueError,
     UnknownTaskError,
 )
-from sqla_queue.errors import TaskNotFoundError as TaskNotFoundError  # UnknownTaskError's old name
+from sqla_queue.job.context import JobContext
 from sqla_queue.job.middleware import Middleware
 from sqla_queue.job.new_job import InsertHook, NewJob
 from sqla_queue.job.options import JobOptions
@@ -48,7 +44,7 @@ from sqla_queue.job.retry import RetryPolicy
 from sqla_queue.job.states import JobStatus
 from sqla_queue.job.unique import Unique
 from sqla_queue.job.validation import limits
-from sqla_queue.registry import JobContext, Registry, Task, load_registry
+from sqla_queue.registry import Registry, Task, load_registry
 from sqla_queue.worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
 
 __version__ = "0.1.0"
@@ -113,7 +109,3 @@ __all__ = [
     "wait_for",
     "wait_for_async",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    return renamed_name(__name__, name, _RENAMED)

@@ -74,11 +74,6 @@ class UnknownTaskError(InvalidJobError):
         )
 
 
-TaskNotFoundError = UnknownTaskError
-"""The former name of `UnknownTaskError` (a worker's unknown task); an alias, kept for
-code that catches or raises it."""
-
-
 class AppLoadError(SqlaQueueError):
     """Cannot load the task registry {path!r}: {detail}"""
 
@@ -162,7 +157,6 @@ __all__ = [
     "SchemaUnknownError",
     "Snooze",
     "SqlaQueueError",
-    "TaskNotFoundError",
     "UnknownQueueError",
     "UnknownTaskError",
 ]

@@ -22,7 +22,6 @@ from sqla_queue.errors import (
     ConfigurationError,
     InvalidJobError,
 )
-from sqla_queue.job.context import JobContext as JobContext  # old import path, kept
 from sqla_queue.job.lifecycle import LifecycleHooks
 from sqla_queue.job.middleware import Middleware
 from sqla_queue.job.options import (

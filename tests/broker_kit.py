@@ -22,7 +22,8 @@ from broker_app import EFFECTS_TABLE
 from sqlalchemy.engine import make_url
 
 from sqla_queue.brokers.cleanup import delete_route
-from sqla_queue.brokers.routes import Route, parse_route
+from sqla_queue.brokers.kinds import parse_route
+from sqla_queue.brokers.routes import Route
 
 TESTS_DIR = Path(__file__).resolve().parent
 NATS_URL = os.environ.get("SQLA_QUEUE_TEST_NATS_URL", "nats://127.0.0.1:4222")

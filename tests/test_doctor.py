@@ -159,26 +159,6 @@ def test_stale_running_job_is_critical_and_the_command_exits_1(
     assert "stuck_jobs" in patient.output
 
 
-def test_lease_is_the_old_spelling_of_stuck_after_and_warns(
-    engine: Engine, private_url: str
-) -> None:
-    _insert_job(engine, "running", heartbeat_at="1 hour", locked_at="1 hour")
-
-    with pytest.warns(DeprecationWarning, match="stuck_after"):
-        options = DoctorOptions(sample=0, lease=7200)
-    patient = CliRunner().invoke(
-        main, ["doctor", "--sample", "0", "--lease", "2h", "--database-url", private_url]
-    )
-    both_args = ["doctor", "--sample", "0", "--lease", "2h", "--stuck-after", "60"]
-    both = CliRunner().invoke(main, [*both_args, "--database-url", private_url])
-
-    assert options.stuck_after == 7200
-    assert _by_name(diagnose(engine, options))["stuck_jobs"].severity is Severity.warn
-    assert patient.exit_code == 0, patient.output
-    assert "--lease is deprecated, use --stuck-after" in patient.stderr
-    assert both.exit_code == 1, both.output  # the new spelling wins
-
-
 def test_fk_with_concurrent_enqueuers_warns_and_is_absent_after_the_drop(engine: Engine) -> None:
     sessions = 8
     inserted = threading.Barrier(sessions + 1)

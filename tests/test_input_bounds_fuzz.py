@@ -116,7 +116,7 @@ VALUED_OPTIONS: list[tuple[list[str], str]] = [
     (["relay"], "--poll-interval"),
     (["relay"], "--publish-timeout"),
     (["relay"], "--duplicate-window"),
-    (["doctor", "--sample", "0"], "--lease"),
+    (["doctor", "--sample", "0"], "--stuck-after"),
     (["doctor", "--sample", "0"], "--backlog-threshold"),
     (["doctor", "--sample", "0"], "--long-transaction"),
     (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "-c"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 from typing import Any
 
 import pytest
@@ -202,13 +201,6 @@ def test_the_keyword_spelling_has_exactly_the_options_fields() -> None:
 def test_an_insert_hook_sees_every_option() -> None:
     hook_fields = {f.name for f in dataclasses.fields(NewJob)}
     assert hook_fields == {"task", "args", *OPTION_NAMES}
-
-
-def test_enqueue_options_is_a_deprecated_alias() -> None:
-    module = importlib.import_module("sqla_queue.enqueue")  # the attribute is the function
-    with pytest.warns(DeprecationWarning, match="sqla_queue.JobOptions"):
-        alias = module.EnqueueOptions
-    assert alias is JobOptionFields
 
 
 def test_each_column_option_is_a_field_a_key_a_check_and_a_column_every_path_writes(

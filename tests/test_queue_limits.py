@@ -325,18 +325,6 @@ def test_admin_refuses_a_bad_limit_and_an_unknown_queue(engine: Engine) -> None:
             admin.set_max_running(conn, "ghost", 3)
 
 
-def test_the_old_concurrency_names_still_work_and_warn_naming_max_running(
-    engine: Engine,
-) -> None:
-    with engine.begin() as conn:
-        with pytest.warns(DeprecationWarning, match="use set_max_running"):
-            admin.set_concurrency(conn, "default", 4)
-        (info,) = [q for q in admin.list_queues(conn) if q.name == "default"]
-    assert info.max_running == 4
-    with pytest.warns(DeprecationWarning, match="use QueueInfo.max_running"):
-        assert info.concurrency == 4
-
-
 def test_cli_creates_sets_lists_and_lifts_limits(database_url: str, engine: Engine) -> None:
     created = cli(
         "queues", "create", "emails", "--max-running", "5", "--rate", "100/s", url=database_url
@@ -363,27 +351,13 @@ def test_cli_creates_sets_lists_and_lifts_limits(database_url: str, engine: Engi
     assert tuple(row) == (None, None, None)
 
 
-def test_cli_takes_a_queues_old_concurrency_spelling_with_a_warning(
-    database_url: str, engine: Engine
-) -> None:
-    created = cli("queues", "create", "emails", "--concurrency", "5", url=database_url)
-    changed = cli("queues", "set", "emails", "--concurrency", "2", url=database_url)
-    assert changed.exit_code == 0, changed.output
-    with engine.connect() as conn:
-        limit = conn.execute(
-            text("SELECT concurrency FROM sqla_queue.queues WHERE name = 'emails'")
-        ).scalar_one()
-    lifted = cli("queues", "set", "emails", "--no-concurrency", url=database_url)
+def test_cli_refuses_a_limit_and_its_lifting_together(database_url: str) -> None:
+    created = cli("queues", "create", "emails", "--max-running", "5", url=database_url)
     both = cli(
-        "queues", "set", "emails", "--concurrency", "3", "--no-max-running", url=database_url
+        "queues", "set", "emails", "--max-running", "3", "--no-max-running", url=database_url
     )
 
     assert created.exit_code == 0, created.output
-    assert "max-running 5" in created.stdout
-    assert "--concurrency is deprecated, use --max-running" in created.stderr
-    assert limit == 2
-    assert "--no-concurrency is deprecated, use --no-max-running" in lifted.stderr
-    assert "max-running" not in lifted.stdout
     assert both.exit_code == 2
     assert "pass --max-running or --no-max-running, not both" in both.stderr
 

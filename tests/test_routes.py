@@ -27,8 +27,7 @@ from sqla_queue import (
     enqueue_async,
     enqueue_many,
 )
-from sqla_queue.brokers.routes import BROKER_KINDS, broker_kind, parse_route
-from sqla_queue.brokers.worker import BrokerWorkerConfig
+from sqla_queue.brokers.kinds import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.db.database import normalize_url
@@ -195,19 +194,16 @@ def test_worker_from_a_broker_needs_a_routed_queue_of_that_broker(
     )
 
 
-def test_lease_with_from_is_the_old_spelling_of_ack_wait(database_url: str) -> None:
+def test_lease_with_from_is_refused_naming_ack_wait(database_url: str) -> None:
     base = ["worker", "--app", "apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
 
-    old = cli(*base, "-q", "default", "--lease", "5", url=database_url)
-    new = cli(*base, "-q", "default", "--ack-wait", "5", url=database_url)
-    with pytest.warns(DeprecationWarning, match="ack_wait"):
-        config = BrokerWorkerConfig(broker_url="nats://x:1", queue="out", lease=5.0)
+    lease = cli(*base, "-q", "default", "--lease", "5", url=database_url)
+    ack_wait = cli(*base, "-q", "default", "--ack-wait", "5", url=database_url)
 
-    assert "--lease with --from is deprecated, use --ack-wait" in old.stderr
-    assert "has no route" in old.stderr  # and the command went on with it
-    assert "deprecated" not in new.stderr
-    assert "has no route" in one_line_error(new)
-    assert config.ack_wait == 5.0
+    assert lease.exit_code == 2
+    assert "Invalid value for '--lease'" in lease.stderr
+    assert "--ack-wait" in lease.stderr
+    assert "has no route" in one_line_error(ack_wait)  # taken; the queue has no route
 
 
 def test_every_broker_kind_names_its_routes_urls_and_relay_option() -> None:

@@ -3,6 +3,7 @@ database's CHECK constraint, unique index and finished index say the same."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 import warnings
@@ -119,20 +120,39 @@ def test_predicates_spell_statuses_as_literals_not_parameters() -> None:
         states.sql_literal("x' OR '1")
 
 
-def test_the_declarative_base_is_queue_base_and_base_still_imports_with_a_warning() -> None:
-    with pytest.warns(DeprecationWarning, match=r"sqla_queue\.QueueBase"):
-        old = sqla_queue.Base  # type: ignore[attr-defined]
-    assert old is sqla_queue.QueueBase
-    with pytest.warns(DeprecationWarning, match=r"sqla_queue\.QueueBase"):
-        from sqla_queue.db.models import Base
-    assert Base is sqla_queue.QueueBase
-    assert "Base" not in sqla_queue.__all__
+REMOVED = [
+    ("sqla_queue", "Base"),
+    ("sqla_queue", "TaskNotFoundError"),
+    ("sqla_queue.errors", "TaskNotFoundError"),
+    ("sqla_queue.db.models", "Base"),
+    ("sqla_queue.enqueue", "EnqueueOptions"),
+    ("sqla_queue.admin", "set_concurrency"),
+    ("sqla_queue.admin.queues", "set_concurrency"),
+    ("sqla_queue.registry", "JobContext"),
+    ("sqla_queue.worker.executor", "resources_of"),
+    ("sqla_queue.worker.executor", "MAX_RETRY_DELAY"),
+    ("sqla_queue.worker.jobs", "Outcome"),
+    ("sqla_queue.worker.jobs", "error_text"),
+    ("sqla_queue.enqueue.results", "encode_result"),
+]
+"""Deprecated names and old import paths removed before 1.0 (CHANGELOG, issue 34)."""
 
 
-def test_an_unknown_task_is_one_error_under_both_names() -> None:
-    assert errors.TaskNotFoundError is errors.UnknownTaskError
-    assert sqla_queue.TaskNotFoundError is sqla_queue.UnknownTaskError
-    worker_side = str(errors.TaskNotFoundError(task="gone.task"))
+@pytest.mark.parametrize(("module", "name"), REMOVED)
+def test_no_deprecated_name_or_old_import_path_is_left(module: str, name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hasattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("module", ["sqla_queue.deprecation", "sqla_queue.worker.stormlog"])
+def test_no_shim_module_is_left(module: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(module)
+
+
+def test_an_unknown_task_is_one_error_on_both_sides() -> None:
+    worker_side = str(errors.UnknownTaskError(task="gone.task"))
     assert worker_side == (
         "unknown task 'gone.task': no handler is registered under that name in this "
         "worker's registry"
@@ -150,8 +170,7 @@ def test_the_top_level_names_are_few_sorted_and_each_documented() -> None:
     assert len(set(names)) == len(names)
     for promised in ("Middleware", "SchemaElsewhereError", "QueueBase", "UnknownTaskError"):
         assert promised in names
-    assert "TaskNotFoundError" not in names  # an alias, not a second concept
-    assert set(errors.__all__) - {"TaskNotFoundError"} <= set(names)
+    assert set(errors.__all__) <= set(names)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in names:

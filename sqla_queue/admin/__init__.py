@@ -123,9 +123,6 @@ from sqla_queue.admin.queues import (
     list_queues as list_queues,
 )
 from sqla_queue.admin.queues import (
-    set_concurrency as set_concurrency,
-)
-from sqla_queue.admin.queues import (
     set_max_running as set_max_running,
 )
 from sqla_queue.admin.queues import (

@@ -7,7 +7,6 @@ Each takes a `Connection` or a `Session` and runs in the caller's transaction; n
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +90,7 @@ def set_route(bind: Bind, name: str, route: str | None) -> None:
     while the queue has jobs queued or running with a unique key, a sequence or a partition:
     a broker keeps none of them (`sqla_queue.enqueue.inserts.routed`)."""
     validate_name("queue name", name)
-    from sqla_queue.brokers.routes import parse_route
+    from sqla_queue.brokers.kinds import parse_route
     from sqla_queue.db.queries import brokers
     from sqla_queue.enqueue.inserts.routed import refused_on_routed
 
@@ -116,16 +115,6 @@ def set_max_running(bind: Bind, name: str, max_running: int | None) -> None:
     params = {"queue_name": name, "concurrency": max_running}
     if bind.execute(queries.set_queue_concurrency(), params).first() is None:
         raise UnknownQueueError(queue=name)
-
-
-def set_concurrency(bind: Bind, name: str, concurrency: int | None) -> None:
-    """Deprecated: `set_max_running` (a queue's global cap; `concurrency` is a worker's)."""
-    warnings.warn(
-        "sqla_queue.admin.jobs.set_concurrency is deprecated: use set_max_running",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    set_max_running(bind, name, concurrency)
 
 
 def set_rate(bind: Bind, name: str, rate: str | tuple[int, float] | None) -> None:
@@ -174,16 +163,6 @@ class QueueInfo:
     """Seconds per priority step a waiting job gains (None: no aging)."""
     sequence_on_failure: str = "hold"
     """Whether a failed job holds its sequence (`hold`) or not (`skip`)."""
-
-    @property
-    def concurrency(self) -> int | None:
-        """Deprecated: `max_running`."""
-        warnings.warn(
-            "QueueInfo.concurrency is deprecated: use QueueInfo.max_running",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.max_running
 
     @property
     def rate_text(self) -> str | None:

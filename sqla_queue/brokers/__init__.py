@@ -8,8 +8,9 @@ runs them there with the same registry. See `routes` for the names derived from 
 
 from __future__ import annotations
 
+from sqla_queue.brokers.kinds import parse_route
 from sqla_queue.brokers.relay import Relay, RelayConfig, RelayStats
-from sqla_queue.brokers.routes import Route, parse_route
+from sqla_queue.brokers.routes import Route
 from sqla_queue.brokers.worker import BrokerWorker, BrokerWorkerConfig, BrokerWorkerStats
 
 __all__ = [

@@ -20,9 +20,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, RootTransaction
 
+from sqla_queue.brokers.kinds import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.loop import BrokerLoop
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
+from sqla_queue.brokers.routes import Route, redact
 from sqla_queue.brokers.transport import Publisher
 from sqla_queue.db.migrate import check_schema
 from sqla_queue.db.queries import brokers as queries

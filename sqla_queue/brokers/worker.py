@@ -26,19 +26,19 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from sqla_queue.brokers.kinds import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.loop import BrokerLoop
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import BROKER_KINDS, Route, broker_kind, parse_route, redact
+from sqla_queue.brokers.routes import Route, redact
 from sqla_queue.brokers.transport import Delivery, Source
 from sqla_queue.db.migrate import check_schema
 from sqla_queue.db.queries import brokers as queries
 from sqla_queue.db.rollup import RollupWriter
-from sqla_queue.deprecation import renamed_argument
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind
@@ -79,13 +79,8 @@ class BrokerWorkerConfig:
     record_failed: bool = True
     """Also write dead-lettered jobs into PostgreSQL's jobs table as `failed`."""
     dedup_retention: float = 7 * 86400.0
-    lease: InitVar[float | None] = None
-    """Deprecated spelling of `ack_wait` (a job's lease is another thing)."""
 
-    def __post_init__(self, lease: float | None) -> None:
-        if lease is not None:
-            renamed_argument("BrokerWorkerConfig", "lease", "ack_wait")
-            self.ack_wait = lease
+    def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ConfigurationError(
                 detail=f"concurrency must be at least 1, got {self.concurrency}"

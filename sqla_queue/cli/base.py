@@ -80,7 +80,6 @@ class Command(click.Command):
             self.params.insert(0, database_url_option())
 
     def invoke(self, ctx: click.Context) -> Any:
-        _apply_aliases(ctx)
         with friendly_errors():
             return super().invoke(ctx)
 
@@ -90,37 +89,6 @@ class Group(click.Group):
 
     command_class = Command
     group_class = type
-
-
-_ALIASES = "sqla_queue.deprecated_aliases"
-
-
-def warn_deprecated(old: str, new: str) -> None:
-    """One warning line on stderr for an old spelling still accepted (for one release)."""
-    click.echo(
-        f"warning: {old} is deprecated, use {new} (the old spelling goes in the next release)",
-        err=True,
-    )
-
-
-def deprecated_alias(old: str, new: str, dest: str, **attrs: Any) -> Callable[[F], F]:
-    """A hidden option `old` that gives its value to the parameter `dest` (spelled `new`)
-    unless that one is given too, with a warning line on stderr (see `Command.invoke`)."""
-
-    def remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-        if value is None or (attrs.get("is_flag") and not value):
-            return
-        warn_deprecated(old, new)
-        ctx.meta.setdefault(_ALIASES, {})[dest] = value
-
-    return click.option(old, expose_value=False, hidden=True, callback=remember, **attrs)
-
-
-def _apply_aliases(ctx: click.Context) -> None:
-    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
-    for dest, value in ctx.meta.get(_ALIASES, {}).items():
-        if ctx.get_parameter_source(dest) not in given:
-            ctx.params[dest] = value
 
 
 def config_default(config: type, name: str) -> Any:

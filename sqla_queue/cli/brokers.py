@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 import click
 
+from sqla_queue.brokers.kinds import BROKER_KINDS
 from sqla_queue.brokers.relay import RelayConfig
-from sqla_queue.brokers.routes import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
 from sqla_queue.cli.types import DURATION, count

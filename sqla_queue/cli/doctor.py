@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     help="Grace for stuck jobs (past their lease, or held by a dead worker): overdue by twice "
     "this is critical (60, 90s, 5m).",
 )
-@base.deprecated_alias("--lease", "--stuck-after", "stuck_after", type=DURATION, default=None)
 @click.option(
     "--backlog-threshold",
     type=DURATION,

@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 
 from sqla_queue import admin
 from sqla_queue.admin import partitions
-from sqla_queue.brokers.routes import BROKER_KINDS
+from sqla_queue.brokers.kinds import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command, Group
 from sqla_queue.cli.types import DURATION, RATE, count
@@ -93,12 +93,6 @@ def _apply_turns(conn: Connection, name: str, turns: dict[str, Any]) -> None:
         partitions.set_sequence_on_failure(conn, name, turns["sequence_on_failure"])
 
 
-_concurrency_alias = base.deprecated_alias(
-    "--concurrency", "--max-running", "max_running", type=count(), default=None
-)
-"""A queue's old --concurrency: the word is a worker's (its threads)."""
-
-
 def _apply_limits(
     conn: Connection,
     name: str,
@@ -144,7 +138,6 @@ def _describe(info: admin.QueueInfo) -> str:
 )
 @click.option("--route", default=None, help=_ROUTE_HELP)
 @click.option("--max-running", type=count(), default=None, help=_MAX_RUNNING_HELP)
-@_concurrency_alias
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)
 @_turn_options
@@ -179,8 +172,6 @@ def queues_create(
 @click.option("--no-route", is_flag=True, help="Back to table workers (clears the route).")
 @click.option("--max-running", type=count(), default=None, help=_MAX_RUNNING_HELP)
 @click.option("--no-max-running", is_flag=True, help="Lift the limit on running jobs.")
-@_concurrency_alias
-@base.deprecated_alias("--no-concurrency", "--no-max-running", "no_max_running", is_flag=True)
 @click.option("--rate", type=RATE, default=None, help=_RATE_HELP)
 @click.option("--no-rate", is_flag=True, help="Lift the rate limit.")
 @click.option("--result-ttl", type=DURATION, default=None, help=_RESULT_TTL_HELP)

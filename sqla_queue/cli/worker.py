@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from sqla_queue.brokers.routes import BROKER_KINDS
+from sqla_queue.brokers.kinds import BROKER_KINDS
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
 from sqla_queue.cli.types import DURATION, PORT, count
@@ -232,6 +232,13 @@ def worker(
             f"to {metrics_port + processes - 1}; the last must be at most 65535",
             param_hint="'--metrics-port'",
         )
+    lease_given = ctx.get_parameter_source("lease") is not click.core.ParameterSource.DEFAULT
+    if broker_url is not None and lease_given:
+        raise click.BadParameter(
+            "is a table worker's job lease; with --from, the broker's wait before it delivers "
+            "a job again is --ack-wait",
+            param_hint="'--lease'",
+        )
     if health_port is not None and broker_url is not None:
         raise click.BadParameter(
             "health checks are not served by a worker with --from yet", param_hint="'--health-port'"
@@ -266,7 +273,6 @@ def worker(
     if broker_url is not None:
         from sqla_queue.cli.broker_runs import broker_worker_config, run_broker_worker
 
-        ack_wait = _ack_wait(ctx, ack_wait, lease)
         broker_config = broker_worker_config(broker_url, config, ack_wait=ack_wait, dedup=dedup)
         run_broker_worker(base.engine(database_url), registry, broker_config)
         exit_past_stuck_handlers()
@@ -303,14 +309,3 @@ def _left_behind(stats: WorkerStats, burst_wait: float) -> str:
         f"; left {stats.not_yet_due} {jobs} not yet due, the earliest due at {earliest}"
         f"{beyond}: run again then, or --burst-wait DURATION waits for jobs due within it"
     )
-
-
-def _ack_wait(ctx: click.Context, ack_wait: float, lease: float) -> float:
-    """--ack-wait; or --lease given with --from, its old spelling (with a warning)."""
-    given = ctx.get_parameter_source
-    if given("lease") is click.core.ParameterSource.DEFAULT:
-        return ack_wait
-    if given("ack_wait") is not click.core.ParameterSource.DEFAULT:
-        return ack_wait
-    base.warn_deprecated("--lease with --from", "--ack-wait")
-    return lease

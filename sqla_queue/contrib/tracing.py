@@ -27,8 +27,9 @@ from sqla_queue.errors import ConfigurationError
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
 
+    from sqla_queue.job.context import JobContext
     from sqla_queue.job.new_job import NewJob
-    from sqla_queue.registry import JobContext, Registry
+    from sqla_queue.registry import Registry
 
 META_KEY = "otel"
 """The key in a job's `meta` that holds its enqueuer's trace context."""

@@ -1,27 +1,22 @@
-"""The jobs page's filter (from a query string or a form) and its bulk actions: retry,
-cancel or delete every job matching the filter, after a confirmation showing the count and
-a sample of the jobs that matched (`sqla_queue.admin.filters`: in batches, each its own
-transaction)."""
+"""The jobs page's filter (from a query string or a form) and its bulk actions on an engine:
+the count and a sample of the jobs an action would take (for the confirmation), then retry,
+cancel or delete every job matching the filter (`sqla_queue.admin.filters`: in batches, each
+its own transaction). The request's handler is `Dashboard.jobs_bulk` (`pages`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from sqlalchemy import Engine
 
 from sqla_queue.admin import filters as bulk
 from sqla_queue.admin.filters import JobFilter
 from sqla_queue.dashboard import params as checks
 from sqla_queue.db.models import JobStatus
 from sqla_queue.errors import SqlaQueueError
-
-if TYPE_CHECKING:
-    from sqla_queue.dashboard.pages import Dashboard
 
 FIELDS = (
     "queue",
@@ -93,57 +88,22 @@ def query_of(text: Mapping[str, str]) -> str:
     return urlencode({name: value for name, value in text.items() if value})
 
 
-async def bulk_action(dash: Dashboard, request: Request) -> Response:
-    """POST /jobs/bulk: without `confirmed`, a page with the count of jobs `action` would
-    take and a form to confirm; with it, the action on every matching job, then back to
-    the filtered list with a notice."""
-    form = await dash._checked_form(request)
-    if isinstance(form, Response):
-        return form
-    action = form.get("action")
-    if action not in bulk.ACTIONS:
-        return PlainTextResponse(f"action must be one of {', '.join(bulk.ACTIONS)}", 400)
-    try:
-        where, text = parse_filter(form)
-    except checks.BadParameter as exc:
-        return dash._bad_request(request, f"bad filter: {exc}")
-    back = f"/jobs?{query_of(text)}"
-    if where.empty:
-        return dash._back(request, back, "set a filter first: an action on every job is refused")
-    try:
-        if form.get("confirmed") != "yes":
-            count, sample = await run_in_threadpool(_count, dash, str(action), where)
-            if not count:
-                return dash._back(request, back, f"no job to {action} matches this filter")
-            return dash._render(
-                request,
-                "jobs_bulk.html",
-                action=str(action),
-                count=count,
-                sample=sample,
-                described=where.describe(),
-                fields=text,
-                back=back,
-            )
-        notice = await run_in_threadpool(_act, dash, str(action), where)
-    except SqlaQueueError as exc:
-        notice = str(exc)
-    return dash._back(request, back, notice)
-
-
 SAMPLE_SIZE = 5
 """Jobs a bulk confirmation shows of those that matched."""
 
 
-def _count(dash: Dashboard, action: str, where: JobFilter) -> tuple[int, list[bulk.MatchedJob]]:
-    """How many jobs `action` would take, and the first few of them."""
-    with dash.engine.connect() as conn:
+def count_matching(
+    engine: Engine, action: str, where: JobFilter
+) -> tuple[int, list[bulk.MatchedJob]]:
+    """How many jobs `action` would take, and the first few of them (`SAMPLE_SIZE`)."""
+    with engine.connect() as conn:
         count = bulk.count_matching(conn, where, action)
         sample = bulk.sample_matching(conn, where, action, SAMPLE_SIZE) if count else []
     return count, sample
 
 
-def _act(dash: Dashboard, action: str, where: JobFilter) -> str:
-    result = bulk.BULK_ACTIONS[action](dash.engine, where)
-    dash._forget_counts()
+def act(engine: Engine, action: str, where: JobFilter) -> str:
+    """Do `action` on every job matching `where` (in batches); the notice that says what was
+    done."""
+    result = bulk.BULK_ACTIONS[action](engine, where)
     return str(result.notice)

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from sqla_queue import admin
 from sqla_queue.admin import workers as admin_workers
+from sqla_queue.admin.filters import ACTIONS as BULK_ACTIONS
 from sqla_queue.dashboard import bulk_actions, reads, rendering
 from sqla_queue.dashboard import params as checks
 from sqla_queue.dashboard.security import (
@@ -335,7 +336,46 @@ class Dashboard:
         return self._back(request, back, notice)
 
     async def jobs_bulk(self, request: Request) -> Response:
-        return await bulk_actions.bulk_action(self, request)
+        """POST /jobs/bulk: without `confirmed`, a page with the count of jobs `action` would
+        take and a form to confirm; with it, the action on every matching job, then back to
+        the filtered list with a notice."""
+        form = await self._checked_form(request)
+        if isinstance(form, Response):
+            return form
+        action = form.get("action")
+        if action not in BULK_ACTIONS:
+            return PlainTextResponse(f"action must be one of {', '.join(BULK_ACTIONS)}", 400)
+        try:
+            where, text = bulk_actions.parse_filter(form)
+        except checks.BadParameter as exc:
+            return self._bad_request(request, f"bad filter: {exc}")
+        back = f"/jobs?{bulk_actions.query_of(text)}"
+        if where.empty:
+            return self._back(
+                request, back, "set a filter first: an action on every job is refused"
+            )
+        try:
+            if form.get("confirmed") != "yes":
+                count, sample = await run_in_threadpool(
+                    bulk_actions.count_matching, self.engine, str(action), where
+                )
+                if not count:
+                    return self._back(request, back, f"no job to {action} matches this filter")
+                return self._render(
+                    request,
+                    "jobs_bulk.html",
+                    action=str(action),
+                    count=count,
+                    sample=sample,
+                    described=where.describe(),
+                    fields=text,
+                    back=back,
+                )
+            notice = await run_in_threadpool(bulk_actions.act, self.engine, str(action), where)
+            self._forget_counts()
+        except SqlaQueueError as exc:
+            notice = str(exc)
+        return self._back(request, back, notice)
 
     def _act(self, action: str, ids: list[int]) -> str:
         """Do `action` on the jobs `ids`; the notice that says what was done."""

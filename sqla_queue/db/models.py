@@ -31,7 +31,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from sqla_queue.deprecation import renamed_name
 from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from sqla_queue.job.options import (
     OPTION_NAMES,
@@ -82,7 +81,6 @@ class QueueBase(DeclarativeBase):
 
     Not a base for an application's models: those keep their own `Base`. Its `metadata`
     is what `sqla_queue.db.alembic_ext` and `migrate` compare the queue's schema against.
-    Formerly `Base`, which still imports with a DeprecationWarning.
     """
 
     metadata = MetaData(schema=SCHEMA, naming_convention=NAMING_CONVENTION)
@@ -612,17 +610,3 @@ class StoppedWorker(QueueBase):
     """When it deregistered, or when a reaper found it expired."""
     how: Mapped[str] = mapped_column(Text)
     """`graceful` or `lost`."""
-
-
-RENAMED = {
-    "Base": (
-        QueueBase,
-        "use sqla_queue.QueueBase (the queue's own declarative base, not one for an "
-        "application's models)",
-    )
-}
-"""The old names of this module (and of `sqla_queue`): Base read as an application's own."""
-
-
-def __getattr__(name: str) -> Any:
-    return renamed_name(__name__, name, RENAMED)

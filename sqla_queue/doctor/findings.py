@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
-
-from sqla_queue.deprecation import renamed_argument
 
 
 class Severity(str, enum.Enum):
@@ -66,13 +64,6 @@ class DoctorOptions:
 
     Off by default: that text can hold secrets (passwords, tokens, personal data) of other
     applications. Without it the details name only the statement's first keyword."""
-    lease: InitVar[float | None] = None
-    """Deprecated spelling of `stuck_after` (a job's lease is another thing)."""
-
-    def __post_init__(self, lease: float | None) -> None:
-        if lease is not None:
-            renamed_argument("DoctorOptions", "lease", "stuck_after")
-            self.stuck_after = lease
 
 
 FIX_UPGRADE = (

@@ -36,7 +36,6 @@ from sqla_queue.db.models import (
     validate_job,
     validate_tags_and_meta,
 )
-from sqla_queue.deprecation import renamed_name
 from sqla_queue.enqueue.hooks import default_registry, prepare_job
 from sqla_queue.enqueue.inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
 from sqla_queue.enqueue.inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
@@ -70,19 +69,11 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from typing_extensions import Unpack
 
-    from sqla_queue.registry import Registry
+    from sqla_queue.job.tasks import TaskLookup
 
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
 _INSERT_AND_NOTIFY = queries.insert_job_and_notify()
 _INSERT_QUEUE = queries.insert_queue()
-
-
-def __getattr__(name: str) -> Any:
-    advice = (
-        "enqueue's options are sqla_queue.JobOptions "
-        "(as keywords: sqla_queue.job.options.JobOptionFields)"
-    )
-    return renamed_name(__name__, name, {"EnqueueOptions": (JobOptionFields, advice)})
 
 
 @overload
@@ -93,7 +84,7 @@ def enqueue(
     *,
     options: JobOptions | None = None,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     **fields: Unpack[JobOptionFields],
 ) -> int: ...
 
@@ -106,7 +97,7 @@ def enqueue(
     *,
     options: JobOptions | None = None,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     **fields: Unpack[JobOptionFields],
 ) -> Job: ...
 
@@ -118,7 +109,7 @@ def enqueue(
     *,
     options: JobOptions | None = None,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     **fields: Unpack[JobOptionFields],
 ) -> Job | int:
     """Add a job to `session` and return it; it commits (or not) with the session.
@@ -161,7 +152,7 @@ def enqueue_job(
     args: Mapping[str, Any] | None,
     options: JobOptions,
     flush: bool = False,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     defaults: JobOptions | None = None,
 ) -> Job | int:
     """`enqueue` with its options built: the one path of `enqueue` and `Task.enqueue`

@@ -37,13 +37,13 @@ from sqla_queue.job.options import NO_OPTIONS, OPTION_NAMES, JobOptions
 from sqla_queue.job.unique import resolve_unique
 
 if TYPE_CHECKING:
-    from sqla_queue.registry import Registry
+    from sqla_queue.job.tasks import TaskLookup
 
 
-_default_registry: Registry | None = None
+_default_registry: TaskLookup | None = None
 
 
-def set_default_registry(registry: Registry | None) -> None:
+def set_default_registry(registry: TaskLookup | None) -> None:
     """Make `registry` the application's default (None: no default, as at start-up).
 
     While it is set, every enqueue path refuses task names it does not know, fills in its
@@ -54,7 +54,7 @@ def set_default_registry(registry: Registry | None) -> None:
     _default_registry = registry
 
 
-def default_registry() -> Registry | None:
+def default_registry() -> TaskLookup | None:
     """The registry set by `set_default_registry`, or None."""
     return _default_registry
 
@@ -70,7 +70,7 @@ def prepare_job(
     args: Any,
     options: JobOptions = NO_OPTIONS,
     *,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
     defaults: JobOptions | None = None,
 ) -> NewJob:
     """Apply the registry's task defaults and insert hooks; refuse unknown task names.
@@ -134,7 +134,7 @@ def _is_collection(value: object) -> bool:
     return isinstance(value, (list, tuple, set, frozenset))
 
 
-def _refuse_unknown(registry: Registry, task: object) -> None:
+def _refuse_unknown(registry: TaskLookup, task: object) -> None:
     """Raise `UnknownTaskError`, naming close matches, if `registry` has no task `task`."""
     if not isinstance(task, str) or not task or task in registry:
         return  # a name that is not a str is validate_job's to refuse

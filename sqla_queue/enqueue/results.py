@@ -36,7 +36,6 @@ from sqla_queue.errors import (
     ResultTimeoutError,
 )
 from sqla_queue.job.encoding import PENDING_RESULT
-from sqla_queue.job.encoding import encode_result as encode_result  # its old home
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
@@ -308,7 +307,6 @@ async def wait_for_async(
 __all__ = [
     "PENDING_WAIT",
     "RECHECK",
-    "encode_result",
     "parent_results_on",
     "read_parent_results",
     "wait_for",

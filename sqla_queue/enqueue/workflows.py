@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from sqla_queue.job.options import JobOptionFields
-    from sqla_queue.registry import Registry, Task
+    from sqla_queue.job.tasks import TaskLookup, TaskSpec
 
 SIGNATURE_OPTIONS = tuple(
     name for name in OPTION_NAMES if name not in ("depends_on", "workflow_id")
@@ -99,7 +99,7 @@ class Canvas:
         return chain(self, other)
 
     def enqueue(
-        self, session: Session | Connection, *, registry: Registry | None = None
+        self, session: Session | Connection, *, registry: TaskLookup | None = None
     ) -> WorkflowHandle:
         """Write this workflow's jobs and edges in `session`'s transaction (a sync `Session`
         or a Core `Connection`; nothing is committed) and return its `WorkflowHandle`.
@@ -112,7 +112,7 @@ class Canvas:
         return plan.write(session, registry)
 
     async def enqueue_async(
-        self, session: AsyncSession, *, registry: Registry | None = None
+        self, session: AsyncSession, *, registry: TaskLookup | None = None
     ) -> WorkflowHandle:
         """`enqueue` for an `AsyncSession`."""
         return await session.run_sync(lambda sync: self.enqueue(sync, registry=registry))
@@ -127,7 +127,7 @@ class Signature(Canvas):
 
     def __init__(
         self,
-        task: str | Task,
+        task: str | TaskSpec,
         args: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
@@ -142,7 +142,7 @@ class Signature(Canvas):
                 f"got {args!r:.80}"
             )
         self.task_name = name
-        self.task: Task | None = None if isinstance(task, str) else task
+        self.task: TaskSpec | None = None if isinstance(task, str) else task
         self.args: dict[str, Any] = dict(args or {})
         self.options: dict[str, Any] = _checked(name, options or {})
         if self.task is not None:
@@ -183,7 +183,7 @@ def _checked(task: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def signature(
-    task: str | Task, args: Mapping[str, Any] | None = None, **options: Unpack[JobOptionFields]
+    task: str | TaskSpec, args: Mapping[str, Any] | None = None, **options: Unpack[JobOptionFields]
 ) -> Signature:
     """A signature for a task known by name (or a `Task`): `signature("emails.send",
     {"to": to}, queue="emails")`, for canvases built where the handler is not imported."""
@@ -275,7 +275,7 @@ class _Plan:
         self.parents.append(after)
         return len(self.signatures) - 1
 
-    def write(self, session: Session | Connection, registry: Registry | None) -> WorkflowHandle:
+    def write(self, session: Session | Connection, registry: TaskLookup | None) -> WorkflowHandle:
         if registry is None:
             registry = _common_registry(self.signatures)
         workflow_id = uuid.uuid4().hex
@@ -308,7 +308,7 @@ def _row(job: Signature, workflow_id: str) -> dict[str, Any]:
     return {"task": job.task_name, "args": job.args, **options, "workflow_id": workflow_id}
 
 
-def _on_failure(job: Signature, registry: Registry | None) -> str:
+def _on_failure(job: Signature, registry: TaskLookup | None) -> str:
     """The edges' on_failure of `job`: its own, else its task's default, else "cancel"."""
     given = job.options.get("on_failure")
     if given is None and job.task is not None:
@@ -319,7 +319,7 @@ def _on_failure(job: Signature, registry: Registry | None) -> str:
     return str(given) if given is not None else ON_FAILURE[0]
 
 
-def _common_registry(signatures: Sequence[Signature]) -> Registry | None:
+def _common_registry(signatures: Sequence[Signature]) -> TaskLookup | None:
     """The registry every Task-made signature's task was registered in, if they share one."""
     found = {id(job.task.registry): job.task.registry for job in signatures if job.task}
     return next(iter(found.values())) if len(found) == 1 else None

@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sqla_queue.job.context import JobContext
     from sqla_queue.job.outcome import Outcome
-    from sqla_queue.worker import Worker
 
 log = logging.getLogger("sqla_queue.lifecycle")
 
 JobClaimedHook = Callable[["JobContext"], Any]
 JobFinishedHook = Callable[["JobContext", "Outcome"], Any]
-WorkerHook = Callable[["Worker"], Any]
+WorkerHook = Callable[[Any], Any]
+"""Called with the table worker (`sqla_queue.Worker`) that started or is stopping. Typed `Any`
+here: the job core sits below the worker and does not import it; annotate a hook's parameter
+as `Worker`."""
 
 
 class LifecycleHooks:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import CancelledError as FutureCancelledError
 from typing import TYPE_CHECKING, Any
 
-from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, TaskNotFoundError
+from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, UnknownTaskError
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.counts import JobCounts
 from sqla_queue.job.encoding import encode_result
@@ -34,7 +34,7 @@ from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind, error_text,
 from sqla_queue.job.retry import DEFAULT_RETRY
 
 if TYPE_CHECKING:
-    from sqla_queue.registry import Registry, Task
+    from sqla_queue.job.tasks import TaskLookup, TaskSpec
 
 __all__ = ["MAX_RETRY_DELAY", "JobRunner", "resources_of", "unknown_task_hint"]
 
@@ -67,7 +67,7 @@ class JobRunner:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: TaskLookup,
         loop: Callable[[], asyncio.AbstractEventLoop],
         watch_deadline: Callable[[JobAttempt, float], None] | None = None,
         worker_id: str = "?",
@@ -185,7 +185,7 @@ class JobRunner:
             return outcome
         return self.failure(job, self.registry[job.task], self._timeout_error(job))
 
-    def _given_up(self, job: JobAttempt, task: Task, exc: BaseException | None) -> Outcome:
+    def _given_up(self, job: JobAttempt, task: TaskSpec, exc: BaseException | None) -> Outcome:
         """The outcome of a handler the runner gave up on: a timeout not decided at the
         deadline (no watch held one) is decided now, by the retry rules; else cancelled or
         lost, which write nothing."""
@@ -204,7 +204,7 @@ class JobRunner:
                 "%s; its jobs are put back for a worker that has the task, without using "
                 "their attempts, each later and later; deploy a worker with the task, or "
                 "delete its jobs (`sqla-queue doctor` counts them)",
-                TaskNotFoundError(
+                UnknownTaskError(
                     task=job.task,
                     registry="this worker's registry",
                     hint=unknown_task_hint(job.task, self.registry),
@@ -217,7 +217,7 @@ class JobRunner:
             "registry); left for a worker that knows the task",
         )
 
-    def _build_chain(self, task: Task) -> Callable[[JobContext], Any] | None:
+    def _build_chain(self, task: TaskSpec) -> Callable[[JobContext], Any] | None:
         middleware = [*self.registry.middleware, *task.middleware]
         if not middleware:
             return None
@@ -263,7 +263,7 @@ class JobRunner:
     # -- outcomes -------------------------------------------------------------------------
 
     def failure(
-        self, job: JobAttempt, task: Task, exc: BaseException, report: bool = True
+        self, job: JobAttempt, task: TaskSpec, exc: BaseException, report: bool = True
     ) -> Outcome:
         """The outcome of an attempt that raised: retried, or failed on its last attempt
         (logged unless not `report`)."""
@@ -281,7 +281,7 @@ class JobRunner:
         return outcome
 
 
-def unknown_task_hint(task: str, registry: Registry) -> str:
+def unknown_task_hint(task: str, registry: TaskLookup) -> str:
     """What a worker that has no handler for `task` suggests: the closest task it knows,
     and the module to import with `Registry(include=[...])` (a task's default name is
     `module.function`)."""
@@ -294,7 +294,7 @@ def unknown_task_hint(task: str, registry: Registry) -> str:
     )
 
 
-def retry_delay(job: JobAttempt, task: Task) -> float:
+def retry_delay(job: JobAttempt, task: TaskSpec) -> float:
     """Seconds until the next attempt by the task's retry policy (the default backoff when
     the policy raises or gives a delay PostgreSQL or a broker could not hold)."""
     try:
@@ -314,7 +314,7 @@ def retry_delay(job: JobAttempt, task: Task) -> float:
     return delay
 
 
-def committed(job: JobAttempt, task: Task, result: Any, problem: str | None = None) -> Outcome:
+def committed(job: JobAttempt, task: TaskSpec, result: Any, problem: str | None = None) -> Outcome:
     """The outcome of a job its handler's `ctx.session()` committed: nothing to write, or,
     when its task keeps results, the result to store in place of the pending one (or why
     there is none: `problem`, else what `encode_result` found)."""
@@ -330,7 +330,7 @@ def committed(job: JobAttempt, task: Task, result: Any, problem: str | None = No
     )
 
 
-def snoozed(job: JobAttempt, task: Task, snooze: Snooze) -> Outcome:
+def snoozed(job: JobAttempt, task: TaskSpec, snooze: Snooze) -> Outcome:
     """The outcome of a snoozed attempt: queued again after its delay, attempt refunded."""
     log.info("job %s (%s) %s", job.id, job.task, snooze.describe())
     return Outcome(
@@ -352,7 +352,7 @@ def lost_kind(ctx: JobContext) -> OutcomeKind:
     return OutcomeKind.lost
 
 
-def max_attempts_of(own: int | None, task: Task | None) -> int:
+def max_attempts_of(own: int | None, task: TaskSpec | None) -> int:
     """A job's attempt budget: its `own`, else its task's, else the default."""
     return own or (task.max_attempts if task else None) or DEFAULT_MAX_ATTEMPTS
 
@@ -366,6 +366,6 @@ async def _as_task(awaitable: Awaitable[Any], job: JobAttempt) -> Any:
     return await awaitable
 
 
-def resources_of(registry: Registry, extra: Mapping[str, Any]) -> dict[str, Any]:
+def resources_of(registry: TaskLookup, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The resources handed to jobs: the registry's, overridden by the worker config's."""
     return {**registry.resources, **extra}

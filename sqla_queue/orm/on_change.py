@@ -38,7 +38,7 @@ from sqla_queue.db.savepoints import commits_the_transaction
 from sqla_queue.errors import ConfigurationError, InvalidJobError
 
 if TYPE_CHECKING:
-    from sqla_queue.registry import Task
+    from sqla_queue.job.tasks import TaskSpec
 
 MISSING: Any = object()
 """`to` or `from_` not given."""
@@ -53,7 +53,7 @@ class ChangeRule:
     """One `on_change` registration: the class, its attribute keys, the conditions and the
     task to enqueue."""
 
-    task: Task
+    task: TaskSpec
     cls: type[Any]
     keys: tuple[str, ...]
     to: Any = MISSING
@@ -126,7 +126,7 @@ def check_rule(
     return cls
 
 
-def check_default_args(task: Task, cls: type[Any]) -> None:
+def check_default_args(task: TaskSpec, cls: type[Any]) -> None:
     """Refuse a handler that cannot take the default args, the primary key of `cls` by
     attribute name: every change would fail its commit otherwise."""
     mapper = inspect(cls)
@@ -143,7 +143,7 @@ def check_default_args(task: Task, cls: type[Any]) -> None:
 
 
 def add_rule(
-    task: Task,
+    task: TaskSpec,
     attributes: tuple[Any, ...],
     to: Any = MISSING,
     from_: Any = MISSING,

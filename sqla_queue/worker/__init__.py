@@ -36,6 +36,7 @@ from sqla_queue.db.database import create_queue_engine
 from sqla_queue.db.migrate import check_schema
 from sqla_queue.enqueue.results import parent_results_on
 from sqla_queue.job.context import JobContext
+from sqla_queue.job.outcome import Outcome, OutcomeKind
 from sqla_queue.job.run import resources_of
 from sqla_queue.registry import Registry
 from sqla_queue.runtime.health_server import HealthServer, Pulse
@@ -46,7 +47,7 @@ from sqla_queue.worker.config import WorkerConfig, WorkerStats
 from sqla_queue.worker.connection import DatabaseLink, FailureLog, backoff_delays, describe
 from sqla_queue.worker.executor import Executor
 from sqla_queue.worker.health import DatabaseCheck, ThreadOf, WorkerHealth
-from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob, Outcome, OutcomeKind
+from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob
 from sqla_queue.worker.keeper import Keeper
 from sqla_queue.worker.periodic import Scheduler
 from sqla_queue.worker.producer import Producer, ProducerSettings

@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import cast
 
-from sqla_queue.job.outcome import JobAttempt
-from sqla_queue.worker.jobs import ClaimedJob, Outcome, OutcomeKind
+from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind
+from sqla_queue.worker.jobs import ClaimedJob
 
 WAKE_AT_ONCE = 4
 """Idle handler threads woken for a claimed batch: enough for quick jobs, which they run

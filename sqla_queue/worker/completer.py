@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from sqla_queue.db import queries
+from sqla_queue.job.history import error_entry
+from sqla_queue.job.outcome import WRITES_NOTHING, Outcome, OutcomeKind, storable
 from sqla_queue.worker.board import JobBoard
 from sqla_queue.worker.config import WorkerStats
 from sqla_queue.worker.connection import (
@@ -28,14 +30,7 @@ from sqla_queue.worker.connection import (
     is_row_error,
     refusal,
 )
-from sqla_queue.worker.jobs import (
-    WRITES_NOTHING,
-    ClaimedJob,
-    Outcome,
-    OutcomeKind,
-    error_entry,
-    storable,
-)
+from sqla_queue.worker.jobs import ClaimedJob
 
 log = logging.getLogger("sqla_queue.worker")
 

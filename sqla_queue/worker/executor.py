@@ -22,16 +22,15 @@ from sqlalchemy import Engine
 
 from sqla_queue.db import queries
 from sqla_queue.db.models import JobStatus
-from sqla_queue.job.outcome import JobAttempt
-from sqla_queue.job.run import MAX_RETRY_DELAY, JobRunner, lost_kind, max_attempts_of
-from sqla_queue.job.run import resources_of as resources_of  # old import path, kept
+from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind, error_text
+from sqla_queue.job.run import JobRunner, lost_kind, max_attempts_of
 from sqla_queue.registry import Registry
 from sqla_queue.worker.board import JobBoard
-from sqla_queue.worker.jobs import ClaimedJob, Outcome, OutcomeKind, error_text
+from sqla_queue.worker.jobs import ClaimedJob
 
 log = logging.getLogger("sqla_queue.worker")
 
-__all__ = ["MAX_RETRY_DELAY", "RECHECK_AFTER", "Executor", "resources_of"]
+__all__ = ["RECHECK_AFTER", "Executor"]
 
 RECHECK_AFTER = 1.0
 """Seconds a claimed job may wait locally before the executor checks it is still ours."""

@@ -1,7 +1,5 @@
-"""The typed values the worker's parts hand each other: a `ClaimedJob` and its `Outcome`.
-
-`Outcome` and `OutcomeKind` live in `sqla_queue.job.outcome` (re-exported here).
-"""
+"""What the table worker's parts hand each other: a `ClaimedJob` (its `Outcome` is the job
+core's, `sqla_queue.job.outcome`)."""
 
 from __future__ import annotations
 
@@ -11,29 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqla_queue.job.context import JobContext
-from sqla_queue.job.history import error_entry
-from sqla_queue.job.outcome import (
-    MAX_ERROR_CHARS,
-    WRITES_NOTHING,
-    JobAttempt,
-    Outcome,
-    OutcomeKind,
-    error_text,
-    storable,
-)
+from sqla_queue.job.outcome import JobAttempt
 
-__all__ = [
-    "MAX_ERROR_CHARS",
-    "WRITES_NOTHING",
-    "ClaimColumns",
-    "ClaimedJob",
-    "Outcome",
-    "OutcomeKind",
-    "decode_args",
-    "error_entry",
-    "error_text",
-    "storable",
-]
+__all__ = ["ClaimColumns", "ClaimedJob", "decode_args"]
 
 
 def decode_args(args_json: str) -> tuple[dict[str, Any], str | None]:

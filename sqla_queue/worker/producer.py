@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 from sqla_queue.db import queries
 from sqla_queue.db.queries.claim import TaskSettings
+from sqla_queue.job.outcome import Outcome
 from sqla_queue.worker.board import WAKE_MORE_AFTER, JobBoard
 from sqla_queue.worker.claim_size import DEFAULT_MAX_BATCH, ClaimSize
 from sqla_queue.worker.completer import FLUSH_DELAY, Completer
@@ -31,7 +32,7 @@ from sqla_queue.worker.connection import (
     is_row_error,
 )
 from sqla_queue.worker.executor import Executor
-from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob, Outcome
+from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob
 from sqla_queue.worker.keeper import Keeper
 
 log = logging.getLogger("sqla_queue.worker")

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, create_engine, pool
 
 from sqla_queue.db import queries
+from sqla_queue.job.outcome import Outcome, OutcomeKind
 from sqla_queue.worker.board import JobBoard
 from sqla_queue.worker.completer import Completer
 from sqla_queue.worker.config import WorkerConfig, WorkerStats
 from sqla_queue.worker.connection import DatabaseLink, Stopped, describe
-from sqla_queue.worker.jobs import ClaimedJob, Outcome, OutcomeKind
+from sqla_queue.worker.jobs import ClaimedJob
 
 log = logging.getLogger("sqla_queue.worker")
 

@@ -21,7 +21,8 @@ from sqla_queue.db.savepoints import commits_the_transaction
 from sqla_queue.errors import JobLostError
 
 if TYPE_CHECKING:
-    from sqla_queue.registry import JobContext, Registry
+    from sqla_queue.job.context import JobContext
+    from sqla_queue.registry import Registry
 
 
 def job_session(engine: Engine, ctx: JobContext, registry: Registry | None = None) -> Session:

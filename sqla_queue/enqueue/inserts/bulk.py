@@ -23,7 +23,7 @@ from sqla_queue.job.validation import COLUMN_OPTIONS, invalid_job
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-    from sqla_queue.registry import Registry
+    from sqla_queue.job.tasks import TaskLookup
 from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, _write_plain
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
 from sqla_queue.enqueue.inserts.params import _BIND, DEPENDS, _plain_params, _row_params
@@ -46,7 +46,7 @@ _PLAIN_ROW_KEYS = frozenset(
 
 
 def _bulk_params(
-    rows: Iterable[Mapping[str, Any]], registry: Registry | None
+    rows: Iterable[Mapping[str, Any]], registry: TaskLookup | None
 ) -> list[dict[str, Any]]:
     """Each row prepared (`prepare_job`) and validated, as `_row_params`.
 
@@ -91,7 +91,7 @@ def _bulk_params(
     return params
 
 
-def _bulk_row(row: Mapping[str, Any], registry: Registry | None) -> dict[str, Any]:
+def _bulk_row(row: Mapping[str, Any], registry: TaskLookup | None) -> dict[str, Any]:
     unknown = set(row) - _ROW_KEYS
     if unknown:
         raise InvalidJobError(
@@ -122,7 +122,7 @@ def enqueue_many(
     session: Session | Connection,
     rows: Iterable[Mapping[str, Any]],
     *,
-    registry: Registry | None = None,
+    registry: TaskLookup | None = None,
 ) -> EnqueuedIds:
     """Insert many jobs in the session's transaction; returns their ids in input order.
 
@@ -200,7 +200,7 @@ def enqueue_many(
 
 
 async def enqueue_many_async(
-    session: AsyncSession, rows: Iterable[Mapping[str, Any]], *, registry: Registry | None = None
+    session: AsyncSession, rows: Iterable[Mapping[str, Any]], *, registry: TaskLookup | None = None
 ) -> EnqueuedIds:
     """`enqueue_many` for an `AsyncSession`."""
     materialised = list(rows)
