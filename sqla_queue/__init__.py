@@ -8,7 +8,8 @@ with Session(engine) as session, session.begin():
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from sqla_queue.db.database import normalize_url
 from sqla_queue.db.models import RENAMED as _RENAMED
@@ -44,12 +45,23 @@ from sqla_queue.errors import TaskNotFoundError as TaskNotFoundError  # UnknownT
 from sqla_queue.job.middleware import Middleware
 from sqla_queue.job.new_job import InsertHook, NewJob
 from sqla_queue.job.options import JobOptions
+from sqla_queue.job.outcome import Outcome, OutcomeKind
 from sqla_queue.job.retry import RetryPolicy
 from sqla_queue.job.states import JobStatus
 from sqla_queue.job.unique import Unique
 from sqla_queue.job.validation import limits
 from sqla_queue.registry import JobContext, Registry, Task, load_registry
-from sqla_queue.worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
+
+if TYPE_CHECKING:  # imported on first use (`__getattr__`): an enqueue-only process skips them
+    from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
+
+_LAZY = {
+    "Worker": "sqla_queue.worker",
+    "WorkerConfig": "sqla_queue.worker",
+    "WorkerStats": "sqla_queue.worker",
+}
+"""Exported names whose modules are imported when first asked for: the worker's, which an
+enqueue-only process never needs (PEP 562)."""
 
 __version__ = "0.1.0"
 
@@ -116,4 +128,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # asked once: later lookups find it as a plain global
+        return value
     return renamed_name(__name__, name, _RENAMED)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
