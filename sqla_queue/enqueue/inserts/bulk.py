@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from sqla_queue.registry import Registry
+from sqla_queue.enqueue.inserts import refusals, wake
 from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, _write_plain
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
 from sqla_queue.enqueue.inserts.params import _BIND, DEPENDS, _plain_params, _row_params
@@ -143,6 +144,8 @@ def enqueue_many(
     `session` may also be a Core `Connection` (code without an ORM session): the same
     statements run in its transaction, which the caller commits.
     """
+    refusals.listen()  # clear errors for refused rows, and the session's NOTIFY bookkeeping
+    wake.listen()
     params = _bulk_params(rows, registry)
     if not params:
         return EnqueuedIds()
