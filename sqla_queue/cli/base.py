@@ -5,15 +5,16 @@ and print."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
-from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -66,8 +67,17 @@ def friendly_errors() -> Iterator[None]:
         raise click.ClickException(f"cannot use the database: {one_line(exc)}") from None
     except DBAPIError as exc:
         raise click.ClickException(f"database error: {one_line(exc)}") from None
-    except AlembicCommandError as exc:
+    except Exception as exc:
+        if not _is_alembic_error(exc):
+            raise
         raise click.ClickException(f"migration failed: {one_line(exc)}") from None
+
+
+def _is_alembic_error(exc: Exception) -> bool:
+    """Whether `exc` is Alembic's `CommandError`: only a command that imported Alembic can
+    raise one, so a command that did not (and `--help`) never imports it to ask."""
+    alembic_util = sys.modules.get("alembic.util")
+    return alembic_util is not None and isinstance(exc, alembic_util.CommandError)
 
 
 class Command(click.Command):
@@ -90,6 +100,56 @@ class Group(click.Group):
 
     command_class = Command
     group_class = type
+
+
+class LazyGroup(Group):
+    """The `sqla-queue` group: a command's module is imported when the command is used,
+    not before (so `sqla-queue --help` imports no worker, broker or dashboard module).
+
+    `lazy`: each command's name -> `(module:attribute, summary)`; the summary is the first
+    sentence of its help, which `--help` lists for a command not yet imported (a test holds
+    each to its command's own help). `commands[name]` imports the command."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+        self.commands = _LazyCommands(lazy, self.commands)
+        self._summaries = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            if self._summaries:  # listed by --help: a stand-in with the summary as its help
+                return click.Command(cmd_name, help=self.lazy[cmd_name][1])
+            return self.commands[cmd_name]
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._summaries = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._summaries = False
+
+
+class _LazyCommands(dict[str, click.Command]):
+    """A group's commands by name; a lazy one's module is imported when it is looked up."""
+
+    def __init__(
+        self, lazy: dict[str, tuple[str, str]], loaded: Mapping[str, click.Command]
+    ) -> None:
+        super().__init__(loaded)
+        self.lazy = lazy
+
+    def __missing__(self, name: str) -> click.Command:
+        if name not in self.lazy:
+            raise KeyError(name)
+        module, _, attribute = self.lazy[name][0].partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        self[name] = command
+        return command
 
 
 _ALIASES = "sqla_queue.deprecated_aliases"
