@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -110,20 +110,17 @@ class LazyGroup(Group):
     sentence of its help, which `--help` lists for a command not yet imported (a test holds
     each to its command's own help). `commands[name]` imports the command."""
 
-    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lazy: Mapping[str, tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lazy = lazy
-        self.commands = _LazyCommands(lazy, self.commands)
+        self.lazy_commands = LazyCommands(lazy, self.commands)
+        self.commands = self.lazy_commands
         self._summaries = False
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *self.lazy})
-
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.lazy and cmd_name not in self.commands:
-            if self._summaries:  # listed by --help: a stand-in with the summary as its help
-                return click.Command(cmd_name, help=self.lazy[cmd_name][1])
-            return self.commands[cmd_name]
+        if self._summaries and cmd_name in self.lazy and not self.lazy_commands.loaded(cmd_name):
+            # listed by --help: a stand-in whose help is the summary, its module not imported
+            return click.Command(cmd_name, help=self.lazy[cmd_name][1])
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -134,22 +131,42 @@ class LazyGroup(Group):
             self._summaries = False
 
 
-class _LazyCommands(dict[str, click.Command]):
-    """A group's commands by name; a lazy one's module is imported when it is looked up."""
+class LazyCommands(MutableMapping[str, click.Command]):
+    """A group's commands by name, the lazy ones' included; looking one up imports its
+    module (`name in commands` does not)."""
 
     def __init__(
-        self, lazy: dict[str, tuple[str, str]], loaded: Mapping[str, click.Command]
+        self, lazy: Mapping[str, tuple[str, str]], loaded: Mapping[str, click.Command]
     ) -> None:
-        super().__init__(loaded)
-        self.lazy = lazy
+        self._lazy = dict(lazy)
+        self._loaded = dict(loaded)
 
-    def __missing__(self, name: str) -> click.Command:
-        if name not in self.lazy:
+    def loaded(self, name: str) -> bool:
+        """Whether the command `name` is imported."""
+        return name in self._loaded
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            module, _, attribute = self._lazy[name][0].partition(":")  # KeyError: no such
+            self._loaded[name] = getattr(importlib.import_module(module), attribute)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        if self._lazy.pop(name, None) is None and name not in self._loaded:
             raise KeyError(name)
-        module, _, attribute = self.lazy[name][0].partition(":")
-        command: click.Command = getattr(importlib.import_module(module), attribute)
-        self[name] = command
-        return command
+        self._loaded.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in self._lazy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self._lazy), **dict.fromkeys(self._loaded)})
+
+    def __len__(self) -> int:
+        return len(self._lazy.keys() | self._loaded.keys())
 
 
 _ALIASES = "sqla_queue.deprecated_aliases"
