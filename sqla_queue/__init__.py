@@ -8,6 +8,9 @@ with Session(engine) as session, session.begin():
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from sqla_queue.db.database import normalize_url
 from sqla_queue.db.models import ArchivedJob, Job, Queue, QueueBase, Retention
 from sqla_queue.enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
@@ -40,12 +43,23 @@ from sqla_queue.job.context import JobContext
 from sqla_queue.job.middleware import Middleware
 from sqla_queue.job.new_job import InsertHook, NewJob
 from sqla_queue.job.options import JobOptions
+from sqla_queue.job.outcome import Outcome, OutcomeKind
 from sqla_queue.job.retry import RetryPolicy
 from sqla_queue.job.states import JobStatus
 from sqla_queue.job.unique import Unique
 from sqla_queue.job.validation import limits
 from sqla_queue.registry import Registry, Task, load_registry
-from sqla_queue.worker import Outcome, OutcomeKind, Worker, WorkerConfig, WorkerStats
+
+if TYPE_CHECKING:  # imported on first use (`__getattr__`): an enqueue-only process skips them
+    from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
+
+_LAZY = {
+    "Worker": "sqla_queue.worker",
+    "WorkerConfig": "sqla_queue.worker",
+    "WorkerStats": "sqla_queue.worker",
+}
+"""Exported names whose modules are imported when first asked for: the worker's, which an
+enqueue-only process never needs (PEP 562)."""
 
 __version__ = "0.1.0"
 
@@ -109,3 +123,16 @@ __all__ = [
     "wait_for",
     "wait_for_async",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # asked once: later lookups find it as a plain global
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

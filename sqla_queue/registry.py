@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from sqla_queue.db.models import validate_tags_and_meta
+from sqla_queue.enqueue import install_listeners
 from sqla_queue.enqueue.workflows import Signature
 from sqla_queue.errors import (
     AppLoadError,
@@ -36,7 +37,13 @@ from sqla_queue.job.retry import DEFAULT_RETRY, RetryPolicy
 from sqla_queue.job.schedule import Schedule
 from sqla_queue.job.unique import Unique, resolve_unique
 from sqla_queue.job.validation import check_duration, check_fields, invalid_job
-from sqla_queue.orm.on_change import MISSING, add_rule, check_default_args, check_rule
+from sqla_queue.orm.on_change import (
+    MISSING,
+    ChangeRules,
+    add_rule,
+    check_default_args,
+    check_rule,
+)
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
@@ -303,6 +310,9 @@ class Registry:
         self.hooks = LifecycleHooks()
         self.schedules: dict[str, Schedule] = {}
         """The periodic tasks' schedules by task name (`@registry.periodic`)."""
+        self.change_rules = ChangeRules()
+        """This registry's `@registry.on_change` rules, with their own `Session` listeners."""
+        install_listeners()  # the enqueue paths' (sqla_queue.enqueue): none at import
 
     def on_job_claimed(self, hook: H) -> H:
         """Register `hook(ctx)`, called for every job this registry's worker claims."""
@@ -489,7 +499,7 @@ class Registry:
                 probe = Task(f, name, pass_context=bool(task_options.get("pass_context")))
                 check_default_args(probe, cls)
             task = register(f)
-            add_rule(task, attributes, to, from_, when, args)
+            add_rule(self.change_rules, task, attributes, to, from_, when, args)
             return task
 
         return watch

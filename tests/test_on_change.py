@@ -273,3 +273,35 @@ def test_eight_processes_paying_1000_orders_enqueue_1000_jobs_and_mint_no_multix
         engine.dispose()
         admin.dispose()
     assert minted == 0
+
+
+def test_two_registries_keep_their_own_rules_and_listeners(
+    shop: Engine, registry: Registry
+) -> None:
+    other = Registry()
+    registry.on_change(Order.status, to="paid", name="receipt")(lambda id: None)
+    other.on_change(Order.status, to="paid", name="audit", priority=7)(lambda id: None)
+    try:
+        assert [rule.task.name for rule in registry.change_rules.rules] == ["receipt"]
+        assert [rule.task.name for rule in other.change_rules.rules] == ["audit"]
+        with Session(shop, expire_on_commit=False) as session, session.begin():
+            order = Order(status="paid")
+            session.add(order)
+        with Session(shop) as session:
+            jobs = session.scalars(select(Job).order_by(Job.task)).all()
+            # each through its own registry: "audit" has its task's priority, "receipt" not
+            assert [(j.task, j.priority) for j in jobs] == [("audit", 7), ("receipt", 0)]
+
+        assert remove_rules(registry) == 1
+        assert not registry.change_rules.listening()
+        assert other.change_rules.listening()
+        with Session(shop) as session, session.begin():
+            session.get_one(Order, order.id).status = "new"
+        with Session(shop) as session, session.begin():
+            session.get_one(Order, order.id).status = "paid"  # only the other's rule is left
+        with Session(shop) as session:
+            tasks = session.scalars(select(Job.task).order_by(Job.id)).all()
+            assert (sorted(tasks[:2]), tasks[2:]) == (["audit", "receipt"], ["audit"])
+    finally:
+        remove_rules(other)
+    assert not other.change_rules.listening()

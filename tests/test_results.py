@@ -30,6 +30,7 @@ from sqla_queue import (
 )
 from sqla_queue.db import queries
 from sqla_queue.db.database import normalize_url
+from sqla_queue.enqueue.results import sync_engine_of
 from sqla_queue.testing import drain, run_until_empty
 from sqla_queue.worker import WorkerConfig
 
@@ -220,6 +221,29 @@ def test_wait_for_async_returns_the_result_with_the_loop_free(
     result, ticks = asyncio.run(main())
     assert result == "async ok"
     assert ticks > 5, "the event loop ran while the job was awaited"
+
+
+def test_an_async_engine_s_sync_companion_is_disposed_with_it(
+    database_url: str, engine: Engine, one_job: int
+) -> None:
+    succeed(engine, claim_all(engine), {one_job: "done"})
+    async_engine = create_async_engine(
+        database_url.replace("postgresql://", "postgresql+psycopg://")
+    )
+
+    async def main() -> tuple[Any, Engine, int]:
+        result = await wait_for_async(async_engine, one_job, 5)
+        companion = sync_engine_of(async_engine)
+        pooled = companion.pool.checkedin()
+        await async_engine.dispose()
+        return result, companion, pooled
+
+    result, companion, pooled = asyncio.run(main())
+    assert result == "done"
+    assert pooled >= 1
+    assert companion.pool.checkedin() == 0  # disposed with its async engine
+    assert sync_engine_of(async_engine) is not companion  # a later wait makes another
+    asyncio.run(async_engine.dispose())
 
 
 # -- handlers: drain and the worker --------------------------------------------------------------

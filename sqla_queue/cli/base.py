@@ -5,15 +5,16 @@ and print."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
-from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -66,8 +67,17 @@ def friendly_errors() -> Iterator[None]:
         raise click.ClickException(f"cannot use the database: {one_line(exc)}") from None
     except DBAPIError as exc:
         raise click.ClickException(f"database error: {one_line(exc)}") from None
-    except AlembicCommandError as exc:
+    except Exception as exc:
+        if not _is_alembic_error(exc):
+            raise
         raise click.ClickException(f"migration failed: {one_line(exc)}") from None
+
+
+def _is_alembic_error(exc: Exception) -> bool:
+    """Whether `exc` is Alembic's `CommandError`: only a command that imported Alembic can
+    raise one, so a command that did not (and `--help`) never imports it to ask."""
+    alembic_util = sys.modules.get("alembic.util")
+    return alembic_util is not None and isinstance(exc, alembic_util.CommandError)
 
 
 class Command(click.Command):
@@ -89,6 +99,73 @@ class Group(click.Group):
 
     command_class = Command
     group_class = type
+
+
+class LazyGroup(Group):
+    """The `sqla-queue` group: a command's module is imported when the command is used,
+    not before (so `sqla-queue --help` imports no worker, broker or dashboard module).
+
+    `lazy`: each command's name -> `(module:attribute, summary)`; the summary is the first
+    sentence of its help, which `--help` lists for a command not yet imported (a test holds
+    each to its command's own help). `commands[name]` imports the command."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+        self.lazy_commands = LazyCommands(lazy, self.commands)
+        self.commands = self.lazy_commands
+        self._summaries = False
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if self._summaries and cmd_name in self.lazy and not self.lazy_commands.loaded(cmd_name):
+            # listed by --help: a stand-in whose help is the summary, its module not imported
+            return click.Command(cmd_name, help=self.lazy[cmd_name][1])
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._summaries = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._summaries = False
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """A group's commands by name, the lazy ones' included; looking one up imports its
+    module (`name in commands` does not)."""
+
+    def __init__(
+        self, lazy: Mapping[str, tuple[str, str]], loaded: Mapping[str, click.Command]
+    ) -> None:
+        self._lazy = dict(lazy)
+        self._loaded = dict(loaded)
+
+    def loaded(self, name: str) -> bool:
+        """Whether the command `name` is imported."""
+        return name in self._loaded
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            module, _, attribute = self._lazy[name][0].partition(":")  # KeyError: no such
+            self._loaded[name] = getattr(importlib.import_module(module), attribute)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        if self._lazy.pop(name, None) is None and name not in self._loaded:
+            raise KeyError(name)
+        self._loaded.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in self._lazy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self._lazy), **dict.fromkeys(self._loaded)})
+
+    def __len__(self) -> int:
+        return len(self._lazy.keys() | self._loaded.keys())
 
 
 def config_default(config: type, name: str) -> Any:

@@ -10,18 +10,19 @@ from __future__ import annotations
 import functools
 import os
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, column, inspect, pool, select, table, text
 
-from alembic import command
 from sqla_queue.db import queries
 from sqla_queue.db.database import URL_ENV_VAR, create_queue_engine, normalize_url
 from sqla_queue.db.models import SCHEMA, QueueBase
 from sqla_queue.errors import SchemaElsewhereError, SchemaMissingError, SchemaUnknownError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported by the functions that use it: an enqueue-only process never does.
 
 BRANCH = "sqla_queue"
 VERSION_TABLE = "alembic_version_sqla_queue"
@@ -66,6 +67,8 @@ def alembic_config(
 
     `optional` adds the folder of opt-in revisions to the version locations.
     """
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", "sqla_queue:migrations")
     locations = [versions_folder(), *([optional_versions_folder()] if optional else [])]
@@ -83,6 +86,8 @@ def upgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@head") -> None
     Raises `SchemaElsewhereError`, saying what to do, if our schema is there but was not
     recorded by us (another Alembic environment manages it, or our version table was lost).
     """
+    from alembic import command
+
     if isinstance(bind, Engine):
         with bind.begin() as connection:
             upgrade(connection, revision)
@@ -96,6 +101,8 @@ def stamp(bind: Engine | Connection) -> str:
 
     For a schema whose version table was lost; returns the revision it recorded.
     """
+    from alembic import command
+
     if isinstance(bind, Engine):
         with bind.begin() as connection:
             return stamp(connection)
@@ -108,11 +115,15 @@ def stamp(bind: Engine | Connection) -> str:
 
 def applied_revisions(connection: Connection) -> tuple[str, ...]:
     """The heads recorded in our version table (none when it does not exist)."""
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection, opts=_VERSION_OPTIONS).get_current_heads()
 
 
 def head_revision() -> str:
     """The newest revision of our schema this package ships (on our branch)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, "the package ships at least one revision"
     return head
@@ -125,6 +136,9 @@ def run_steps(connection: Connection, target: str, upgrading: bool) -> None:
     and are recorded in our version table, as `sqla-queue migrate` records them. A target the
     database is already past (upgrading) or not yet at (downgrading) changes nothing.
     """
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
     prepare_version_table(connection)
     script = ScriptDirectory.from_config(
         alembic_config(optional=bool(set(applied_revisions(connection)) & OPTIONAL_REVISIONS))
@@ -146,6 +160,8 @@ def run_steps(connection: Connection, target: str, upgrading: bool) -> None:
 
 
 def _revision_ids() -> set[str]:
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config(optional=True))
     return {rev.revision for rev in script.walk_revisions()}
 
@@ -199,6 +215,8 @@ def refuse_schema_made_elsewhere(connection: Connection) -> None:
 
 def downgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@base") -> None:
     """Revert our revisions down to `revision` (by default, remove everything we created)."""
+    from alembic import command
+
     _run(bind, lambda cfg: command.downgrade(cfg, revision))
 
 
@@ -207,6 +225,8 @@ def drop_queue_fk(bind: Engine | Connection) -> None:
 
     Enqueuing into an unknown queue then succeeds; its jobs run as if the queue existed.
     """
+    from alembic import command
+
     _run(bind, lambda cfg: command.upgrade(cfg, f"{OPTIONAL_BRANCH}@head"), optional=True)
 
 
@@ -215,6 +235,8 @@ def restore_queue_fk(bind: Engine | Connection) -> None:
 
     Raises `OrphanJobsError`, naming the queues, if jobs reference queues that do not exist.
     """
+    from alembic import command
+
     _run(bind, lambda cfg: command.downgrade(cfg, f"{OPTIONAL_BRANCH}@base"), optional=True)
 
 

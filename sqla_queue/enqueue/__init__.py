@@ -12,6 +12,7 @@ and a `Job` added to the session send it once per queue per transaction.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, overload
 
@@ -37,7 +38,7 @@ from sqla_queue.db.models import (
     validate_tags_and_meta,
 )
 from sqla_queue.enqueue.hooks import default_registry, prepare_job
-from sqla_queue.enqueue.inserts import refusals as _refusals  # noqa: F401  (installs the engine's handle_error hook)
+from sqla_queue.enqueue.inserts import refusals, wake
 from sqla_queue.enqueue.inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
 from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS
 from sqla_queue.enqueue.inserts.links import Link, link_jobs, resolve
@@ -158,6 +159,7 @@ def enqueue_job(
     """`enqueue` with its options built: the one path of `enqueue` and `Task.enqueue`
     (`defaults`: the task's options, for a task outside the registry in force)."""
     _check_session(session, "enqueue()" if defaults is None else "Task.enqueue()")
+    install_listeners()
     if flush and not isinstance(session, (Session, Connection)):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
     new = prepare_job(task, args, options, registry=registry, defaults=defaults)
@@ -197,6 +199,37 @@ def enqueue_job(
     if flush:
         session.flush()
     return job
+
+
+def install_listeners() -> None:
+    """Install the listeners every enqueue path relies on, once per process (idempotent):
+    on the `Session` class, the flush hooks that run insert hooks and write unique and
+    linked jobs added to a session, and the NOTIFY that wakes workers (`inserts.wake`); on
+    the `Engine` class, the clear errors for refused statements (`inserts.refusals`).
+
+    `import sqla_queue` installs none: the first enqueue does (`enqueue`, `Task.enqueue`,
+    `enqueue_many`, ...), as do `Registry()` and the first `Job(...)` made, so a job added
+    with `session.add(Job(...))` is written as one enqueued."""
+    refusals.listen()
+    wake.listen()
+    if event.contains(Session, "before_flush", _hooks_before_flush):
+        return
+    with _LISTENING:
+        if not event.contains(Session, "before_flush", _hooks_before_flush):
+            event.listen(Session, "after_flush_postexec", _link_after_flush)
+            event.listen(Session, "before_flush", _hooks_before_flush)  # last: the check above
+
+
+_LISTENING = threading.Lock()
+
+
+def _job_made(job: Job, args: Any, kwargs: Any) -> None:
+    install_listeners()
+
+
+# The one listener set at import, on our own `Job` class (not on Session or Engine): the
+# first `Job(...)` made installs the enqueue listeners, once.
+event.listen(Job, "init", _job_made, once=True)
 
 
 def _check_session(session: object, call: str) -> None:
@@ -325,7 +358,6 @@ def _run_due_hooks(job: Job) -> NewJob | None:
     return None
 
 
-@event.listens_for(Session, "before_flush")
 def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instances: object) -> None:
     added = list(session.new)
     jobs = [obj for obj in added if isinstance(obj, Job)]
@@ -394,7 +426,6 @@ def _links_due(job: Job) -> bool:
     return due is not None and due[0] is not None
 
 
-@event.listens_for(Session, "after_flush_postexec")
 def _link_after_flush(session: Session, flush_context: UOWTransaction) -> None:
     """Link the jobs of this flush that have `depends_on`, once every job of it (their
     parents among them) has its id: still in the flush's transaction."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy import event as sqla_event
 from sqlalchemy.orm import Session
 
 from sqla_queue.db import queries
@@ -268,26 +269,41 @@ def _check_wait(timeout: float | None, recheck: float) -> None:
             raise ValueError(f"wait_for's {name} must be {accepted}, got {value!r}")
 
 
-_sync_engines: dict[str, Engine] = {}
+_sync_engines: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
+"""An async engine's (its `sync_engine`'s) small synchronous companion, for `wait_for_async`:
+disposed when the async engine is disposed or collected."""
 _sync_engines_lock = threading.Lock()
 
 
-def _sync_engine(bind: AsyncEngine | AsyncConnection | AsyncSession) -> Engine:
-    """A small synchronous engine on the same database as an async bind (one per URL)."""
+def sync_engine_of(bind: AsyncEngine | AsyncConnection | AsyncSession) -> Engine:
+    """A small synchronous engine on the same database as an async bind: one per async
+    engine, made on first use and disposed with it (its `dispose()`, or when it is
+    collected), so a process that makes and drops async engines keeps no pool of theirs."""
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     if isinstance(bind, AsyncSession):
         found = bind.bind
         if found is None:
             raise ConfigurationError(detail="wait_for_async needs a session bound to an engine")
-        return _sync_engine(found)
-    engine = bind.engine if isinstance(bind, AsyncConnection) else bind
-    url = engine.url.render_as_string(hide_password=False)
+        return sync_engine_of(found)
+    owner = (bind.engine if isinstance(bind, AsyncConnection) else bind).sync_engine
     with _sync_engines_lock:
-        found_engine = _sync_engines.get(url)
-        if found_engine is None:
-            found_engine = _sync_engines[url] = create_queue_engine(url, pool_size=2)
-        return found_engine
+        companion = _sync_engines.get(owner)
+        if companion is None:
+            url = owner.url.render_as_string(hide_password=False)
+            companion = _sync_engines[owner] = create_queue_engine(url, pool_size=2)
+            weakref.finalize(owner, companion.dispose)
+            if not sqla_event.contains(owner, "engine_disposed", _dispose_companion):
+                sqla_event.listen(owner, "engine_disposed", _dispose_companion)
+        return companion
+
+
+def _dispose_companion(owner: Engine) -> None:
+    """The async engine was disposed: so is its companion (a later wait makes a new one)."""
+    with _sync_engines_lock:
+        companion = _sync_engines.pop(owner, None)
+    if companion is not None:
+        companion.dispose()
 
 
 async def wait_for_async(
@@ -300,7 +316,7 @@ async def wait_for_async(
     """`wait_for` for asyncio: the same wait, woken by the same NOTIFY, in a worker thread
     (the event loop stays free). `bind` is an async engine, connection or session."""
     _check_wait(timeout, recheck)
-    engine = _sync_engine(bind)
+    engine = sync_engine_of(bind)
     return await asyncio.to_thread(wait_for, engine, job_id, timeout, recheck=recheck)
 
 

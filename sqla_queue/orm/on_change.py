@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import InstrumentedAttribute, Session, UOWTransaction
@@ -87,12 +87,113 @@ class ChangeRule:
 
 Noted = dict[tuple[int, int], tuple[ChangeRule, Any, dict[str, Any]]]
 """(id of the rule, id of the object) -> (rule, object, its values before the transaction)."""
-_RULES: list[ChangeRule] = []
 _LOCK = threading.Lock()
 
 
 def _noop(target: Any, value: Any, oldvalue: Any, initiator: Any) -> None:
     """A set listener whose `active_history` makes the attribute load its old value."""
+
+
+class ChangeRules:
+    """One registry's `on_change` rules (`Registry.change_rules`) and the `Session`
+    listeners that apply them: installed with its first rule, removed with its last
+    (`remove_rules`). Another registry's rules are not seen here, nor these there; each
+    registry's jobs are enqueued through it."""
+
+    def __init__(self) -> None:
+        self.rules: list[ChangeRule] = []
+        self._noted_key = (_NOTED, id(self))
+        """The `session.info` key of the objects these rules noted in the open transaction."""
+
+    def add(self, rule: ChangeRule, attributes: tuple[Any, ...]) -> None:
+        with _LOCK:
+            for attribute in attributes:
+                if not event.contains(attribute, "set", _noop):
+                    event.listen(attribute, "set", _noop, active_history=True)
+            if not self.rules:
+                event.listen(Session, "after_flush", self._note_changes)
+                event.listen(Session, "before_commit", self._enqueue_called_for)
+                event.listen(Session, "after_commit", self._forget)
+                event.listen(Session, "after_soft_rollback", self._forget_on_rollback)
+            self.rules.append(rule)
+
+    def clear(self) -> int:
+        """Forget every rule and remove the listeners; returns how many rules there were."""
+        with _LOCK:
+            removed = len(self.rules)
+            if removed:
+                event.remove(Session, "after_flush", self._note_changes)
+                event.remove(Session, "before_commit", self._enqueue_called_for)
+                event.remove(Session, "after_commit", self._forget)
+                event.remove(Session, "after_soft_rollback", self._forget_on_rollback)
+            self.rules = []
+        return removed
+
+    def listening(self) -> bool:
+        """Whether this registry's listeners are installed on `Session` (while it has rules)."""
+        return event.contains(Session, "after_flush", self._note_changes)
+
+    def _note_changes(self, session: Session, flush_context: UOWTransaction) -> None:
+        """After a flush: note each object a rule watches whose attributes changed, with
+        their values before the transaction (the first change's old value)."""
+        rules = self.rules
+        if not rules:
+            return
+        noted: Noted = session.info.setdefault(self._noted_key, {})
+        for collection, inserted in ((session.new, True), (session.dirty, False)):
+            for obj in collection:
+                for rule in rules:
+                    if not isinstance(obj, rule.cls):
+                        continue
+                    state = inspect(obj)
+                    histories = {key: state.attrs[key].history for key in rule.keys}
+                    if not any(h.has_changes() for h in histories.values()):
+                        continue
+                    entry = noted.get((id(rule), id(obj)))
+                    if entry is None:
+                        before = {
+                            key: NOTHING
+                            if inserted
+                            else (h.deleted[0] if h.deleted else _unchanged(h))
+                            for key, h in histories.items()
+                        }
+                        noted[(id(rule), id(obj))] = (rule, obj, before)
+
+    def _enqueue_called_for(self, session: Session) -> None:
+        """At the outer commit: flush what is pending, then enqueue a job for each noted
+        object that ends the transaction as a rule asks, about it, on the session's
+        connection, in one `enqueue_many` through this registry."""
+        if not self.rules or not commits_the_transaction(session):
+            return
+        session.flush()  # what commit would flush next (nothing if clean): its changes count too
+        noted: Noted = session.info.pop(self._noted_key, {})
+        from sqla_queue.db.models import Job
+        from sqla_queue.enqueue import enqueue_many
+
+        rows: list[dict[str, Any]] = []
+        registry = None
+        for rule, obj, before in noted.values():
+            state = inspect(obj)
+            if state.deleted or state.was_deleted or state.transient:
+                continue
+            if rule.calls_for(obj, before):
+                registry = rule.task.registry
+                rows.append({"task": rule.task.name, "args": rule.args_of(obj), "about": obj})
+        if rows:  # a commit of many changes is one batch
+            connection = session.connection(bind_arguments={"mapper": Job})  # the jobs' engine
+            enqueue_many(connection, rows, registry=registry)
+
+    def _forget(self, session: Session) -> None:
+        if commits_the_transaction(session):
+            session.info.pop(self._noted_key, None)
+
+    def _forget_on_rollback(self, session: Session, previous_transaction: Any) -> None:
+        if previous_transaction.parent is None:  # the outermost transaction ended
+            session.info.pop(self._noted_key, None)
+
+
+def _unchanged(history: Any) -> Any:
+    return history.unchanged[0] if history.unchanged else NOTHING
 
 
 def check_rule(
@@ -143,6 +244,7 @@ def check_default_args(task: TaskSpec, cls: type[Any]) -> None:
 
 
 def add_rule(
+    rules: ChangeRules,
     task: TaskSpec,
     attributes: tuple[Any, ...],
     to: Any = MISSING,
@@ -150,92 +252,20 @@ def add_rule(
     when: Callable[[Any], bool] | None = None,
     args: Callable[[Any], Mapping[str, Any]] | None = None,
 ) -> ChangeRule:
-    """Check and record an `on_change` rule for `task` (`Registry.on_change`)."""
+    """Check and record an `on_change` rule for `task` in `rules`, its registry's
+    (`Registry.on_change`)."""
     cls = check_rule(attributes, to, from_, when, args)
     rule = ChangeRule(task, cls, tuple(a.key for a in attributes), to, from_, when, args)
-    with _LOCK:
-        for attribute in attributes:
-            if not event.contains(attribute, "set", _noop):
-                event.listen(attribute, "set", _noop, active_history=True)
-        if not event.contains(Session, "after_flush", _note_changes):
-            event.listen(Session, "after_flush", _note_changes)
-            event.listen(Session, "before_commit", _enqueue_called_for)
-            event.listen(Session, "after_commit", _forget)
-            event.listen(Session, "after_soft_rollback", _forget_on_rollback)
-        _RULES.append(rule)
+    rules.add(rule, attributes)
     return rule
 
 
-def _note_changes(session: Session, flush_context: UOWTransaction) -> None:
-    """After a flush: note each object a rule watches whose attributes changed, with their
-    values before the transaction (the first change's old value)."""
-    if not _RULES:
-        return
-    noted: dict[tuple[int, int], tuple[ChangeRule, Any, dict[str, Any]]] = session.info.setdefault(
-        _NOTED, {}
-    )
-    for collection, inserted in ((session.new, True), (session.dirty, False)):
-        for obj in collection:
-            for rule in _RULES:
-                if not isinstance(obj, rule.cls):
-                    continue
-                state = inspect(obj)
-                histories = {key: state.attrs[key].history for key in rule.keys}
-                if not any(h.has_changes() for h in histories.values()):
-                    continue
-                entry = noted.get((id(rule), id(obj)))
-                if entry is None:
-                    before = {
-                        key: NOTHING if inserted else (h.deleted[0] if h.deleted else _unchanged(h))
-                        for key, h in histories.items()
-                    }
-                    noted[(id(rule), id(obj))] = (rule, obj, before)
+class _HasChangeRules(Protocol):
+    change_rules: ChangeRules
 
 
-def _unchanged(history: Any) -> Any:
-    return history.unchanged[0] if history.unchanged else NOTHING
-
-
-def _enqueue_called_for(session: Session) -> None:
-    """At the outer commit: flush what is pending, then enqueue a job for each noted object
-    that ends the transaction as a rule asks, about it, on the session's connection."""
-    if not _RULES or not commits_the_transaction(session):
-        return
-    session.flush()  # what commit would flush next (nothing if clean): its changes count too
-    noted = session.info.pop(_NOTED, {})
-    from sqla_queue.db.models import Job
-    from sqla_queue.enqueue import enqueue_many
-
-    due: dict[int, tuple[Any, list[dict[str, Any]]]] = {}  # registry id -> (registry, rows)
-    for rule, obj, before in noted.values():
-        state = inspect(obj)
-        if state.deleted or state.was_deleted or state.transient:
-            continue
-        if rule.calls_for(obj, before):
-            task = rule.task
-            rows = due.setdefault(id(task.registry), (task.registry, []))[1]
-            rows.append({"task": task.name, "args": rule.args_of(obj), "about": obj})
-    if due:  # one enqueue_many per registry: a commit of many changes is one batch
-        connection = session.connection(bind_arguments={"mapper": Job})  # the jobs' engine
-        for registry, rows in due.values():
-            enqueue_many(connection, rows, registry=registry)
-
-
-def _forget(session: Session) -> None:
-    if commits_the_transaction(session):
-        session.info.pop(_NOTED, None)
-
-
-def _forget_on_rollback(session: Session, previous_transaction: Any) -> None:
-    if previous_transaction.parent is None:  # the outermost transaction ended
-        session.info.pop(_NOTED, None)
-
-
-def remove_rules(registry: object) -> int:
-    """Forget the `on_change` rules of `registry`'s tasks (a test's, when it ends); returns
-    how many. The attributes keep loading their old value when set."""
-    with _LOCK:
-        kept = [rule for rule in _RULES if rule.task.registry is not registry]
-        removed = len(_RULES) - len(kept)
-        _RULES[:] = kept
-    return removed
+def remove_rules(registry: _HasChangeRules) -> int:
+    """Forget the `on_change` rules of `registry` (a test's, when it ends) and remove its
+    `Session` listeners; returns how many. The attributes keep loading their old value
+    when set."""
+    return registry.change_rules.clear()

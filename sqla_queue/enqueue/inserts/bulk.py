@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.orm import (
     Session,
@@ -24,7 +23,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from sqla_queue.job.tasks import TaskLookup
-from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, _write_plain
+from sqla_queue.enqueue.inserts import refusals, wake
+from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, _write_plain, is_psycopg
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
 from sqla_queue.enqueue.inserts.params import _BIND, DEPENDS, _plain_params, _row_params
 from sqla_queue.enqueue.inserts.routed import refuse_routed
@@ -143,6 +143,8 @@ def enqueue_many(
     `session` may also be a Core `Connection` (code without an ORM session): the same
     statements run in its transaction, which the caller commits.
     """
+    refusals.listen()  # clear errors for refused rows, and the session's NOTIFY bookkeeping
+    wake.listen()
     params = _bulk_params(rows, registry)
     if not params:
         return EnqueuedIds()
@@ -168,7 +170,7 @@ def enqueue_many(
         staged = (
             reserve
             and len(unique) >= COPY_MIN_ROWS
-            and isinstance(driver, psycopg.Connection)
+            and is_psycopg(driver)
             and connection.execute(_MAY_STAGE).scalar()  # a temporary table too
         )
         results = _insert_unique(

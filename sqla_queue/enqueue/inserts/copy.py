@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
@@ -14,6 +14,9 @@ from sqla_queue.enqueue.inserts.refusals import _explain
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.job.validation import COLUMN_OPTIONS
 
+if TYPE_CHECKING:
+    import psycopg
+
 _INSERT_JOBS = queries.insert_jobs()
 _RESERVE_JOB_ID_ARRAY = queries.reserve_job_id_array()
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
@@ -21,12 +24,19 @@ COPY_MIN_ROWS = 100
 """Rows from which enqueue_many uses COPY: below, one INSERT round trip beats COPY's two."""
 
 
+def is_psycopg(driver: object) -> TypeGuard[psycopg.Connection[Any]]:
+    """Whether `driver` is a psycopg 3 connection, which COPY is sent through. psycopg is
+    not imported to ask: a connection of it exists only once it is."""
+    module = sys.modules.get("psycopg")
+    return module is not None and isinstance(driver, module.Connection)
+
+
 def _write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[int]:
     """Rows that are not unique: COPY from COPY_MIN_ROWS on (psycopg), else INSERT."""
     driver = connection.connection.driver_connection
     if (
         len(params) >= COPY_MIN_ROWS
-        and isinstance(driver, psycopg.Connection)
+        and is_psycopg(driver)
         and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
     ):
         return _copy_jobs(connection, driver, params)
@@ -98,6 +108,8 @@ def _copy_jobs(
     for the server to parse, about a fifth faster for rows without them (measured, 20,000
     rows, no foreign key).
     """
+    import psycopg  # imported already: `driver` is one of its connections
+
     if staged:
         statement = queries.COPY_STAGED_JOBS
         scheduled = tagged = True

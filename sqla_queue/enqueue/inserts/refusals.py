@@ -1,10 +1,11 @@
 """Clear errors for statements the database refused: an unknown queue, one of our CHECK
 constraints, an unmigrated database (`SchemaMissingError`), translated by the engine's
-`handle_error` hook when they happen, so no enqueue pays a round trip to check first."""
+`handle_error` hook (`listen`) when they happen, so no enqueue pays a round trip to check first."""
 
 from __future__ import annotations
 
 import re
+import threading
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, ExceptionContext
@@ -90,7 +91,7 @@ def _schema_missing(exc: BaseException) -> SchemaMissingError | None:
     match = _NOT_THERE.match(getattr(getattr(exc, "diag", None), "message_primary", None) or "")
     if match is None:  # another schema's table: the application's own error
         return None
-    from sqla_queue.db.migrate import SCHEMA_REVISION  # alembic, imported only on this path
+    from sqla_queue.db.migrate import SCHEMA_REVISION  # imported only on this path
 
     message = (SchemaMissingError.__doc__ or "").strip().rstrip(".") + (
         "; the statement failed, so PostgreSQL has aborted this transaction and nothing in "
@@ -106,9 +107,20 @@ def _explain(exc: BaseException, parameters: object) -> SqlaQueueError | None:
     return _unknown_queue(exc) or _refused_by_check(exc, parameters) or _schema_missing(exc)
 
 
-@event.listens_for(Engine, "handle_error")
 def _explain_refusal(context: ExceptionContext) -> BaseException | None:
     error = _explain(context.original_exception, context.parameters)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error
+
+
+def listen() -> None:
+    """Install the `Engine` class's `handle_error` listener that turns these refusals into
+    our errors (idempotent): called by the enqueue paths, never at import."""
+    if not event.contains(Engine, "handle_error", _explain_refusal):
+        with _LISTENING:
+            if not event.contains(Engine, "handle_error", _explain_refusal):
+                event.listen(Engine, "handle_error", _explain_refusal)
+
+
+_LISTENING = threading.Lock()

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-import psycopg.errors
 from sqlalchemy import Connection, NestedTransaction
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import (
@@ -28,6 +26,9 @@ from sqla_queue.enqueue.inserts.params import _BIND, JOB_FIELDS, ON_CONFLICT, _r
 from sqla_queue.enqueue.inserts.routed import refuse_routed, refused_on_routed
 from sqla_queue.enqueue.inserts.wake import _notify
 from sqla_queue.errors import DependencyError, SqlaQueueError
+
+if TYPE_CHECKING:
+    import psycopg
 from sqla_queue.job.new_job import NewJob
 from sqla_queue.job.options import column_values
 
@@ -48,7 +49,9 @@ _REPLACE_UNLOCKED = {
 _RELEASE_RUNNING = queries.release_running_holder()
 _PARENTS_OF = queries.workflows.parents_of()
 _WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
-_SERVER_SET = [a.key for a in Job.__mapper__.column_attrs if a.key not in _WRITTEN_BY_US]
+# Read from the table, whose columns are Job's attributes one for one: asking the mapper
+# would configure every mapper at import (the application's too), before any is used.
+_SERVER_SET = [c.key for c in Job.__table__.columns if c.key not in _WRITTEN_BY_US]
 """Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
 
 
@@ -230,7 +233,9 @@ def _release_running(connection: Connection, found: dict[str, Any]) -> bool:
         try:
             released = own.execute(_RELEASE_RUNNING, found).first() is not None
         except OperationalError as exc:
-            if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+            from psycopg.errors import LockNotAvailable
+
+            if not isinstance(exc.orig, LockNotAvailable):
                 raise
             own.rollback()
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from sqlalchemy import event
 from sqlalchemy.orm import (
     Session,
@@ -27,16 +29,28 @@ def _notify(session: Session, queue_names: set[str]) -> None:
         notified |= fresh
 
 
-@event.listens_for(Session, "after_flush")
 def _notify_after_flush(session: Session, flush_context: UOWTransaction) -> None:
     queue_names = {obj.queue for obj in session.new if isinstance(obj, Job)}
     if queue_names:
         _notify(session, queue_names)
 
 
-@event.listens_for(Session, "after_transaction_end")
 def _forget_notified(session: Session, transaction: SessionTransaction) -> None:
     # Flushes run in their own inner SessionTransaction: only a real (sub)transaction's end
     # counts. PostgreSQL drops notifications of a rolled-back savepoint: notify again then.
     if transaction.parent is None or transaction.nested:
         session.info.pop(_NOTIFIED_KEY, None)
+
+
+def listen() -> None:
+    """Install the two `Session` listeners that wake workers (idempotent): called by the
+    enqueue paths (`sqla_queue.enqueue.install_listeners`), never at import."""
+    if event.contains(Session, "after_flush", _notify_after_flush):
+        return
+    with _LISTENING:
+        if not event.contains(Session, "after_flush", _notify_after_flush):
+            event.listen(Session, "after_transaction_end", _forget_notified)
+            event.listen(Session, "after_flush", _notify_after_flush)  # last: the check above
+
+
+_LISTENING = threading.Lock()
