@@ -153,7 +153,7 @@ class JobFilter:
             validate_name("tag", name, task="(none)")
         object.__setattr__(self, "tags", tuple(tags))
         if self.workflow_id is not None:
-            admin._workflow_id(self.workflow_id)
+            admin.checked_workflow_id(self.workflow_id)
         if self.about is not None:
             check_about(self.about, _bad)
         for name in ("error", "traceback"):

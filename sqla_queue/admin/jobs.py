@@ -240,7 +240,7 @@ def list_jobs(
     for name in tags or ():
         validate_name("tag", name, task="(none)")
     if workflow is not None:
-        _workflow_id(workflow)
+        checked_workflow_id(workflow)
     statement = queries.list_jobs(
         queue=queue is not None,
         task=task is not None,
@@ -447,7 +447,9 @@ MAX_LINKED = 500
 """The most dependents `job_links` returns of one job (a fan-out may have thousands)."""
 
 
-def _workflow_id(value: object) -> str:
+def checked_workflow_id(value: object) -> str:
+    """`value` as a workflow id (what `enqueue(..., workflow_id=)` takes), else
+    `ConfigurationError` naming the problem."""
     COLUMN_OPTIONS["workflow_id"](value, lambda message: ConfigurationError(detail=message))
     return str(value)
 
@@ -541,7 +543,7 @@ def workflow_jobs(bind: Bind, workflow_id: str, limit: int = MAX_WORKFLOW_JOBS) 
     workflow's graph. At most `limit` (1 to 10,000) jobs, the first ones; `.truncated`
     says whether there are more (`list_jobs(workflow=...)` pages through all of them).
     Reads the partial indexes on `workflow_id` and the edges' index: bounded by `limit`."""
-    workflow_id = _workflow_id(workflow_id)
+    workflow_id = checked_workflow_id(workflow_id)
     check_count("limit", limit, 1, DEFAULT_DEPTH_CAP)
     params = {"workflow_id": workflow_id, "limit": limit + 1}
     rows = list(bind.execute(queries.workflows.workflow_jobs(), params).mappings())
@@ -561,6 +563,6 @@ def cancel_workflow(bind: Bind, workflow_id: str) -> dict[int, str]:
     returns {id: status it had}. One `cancel_jobs`: the workers holding running ones are
     told when the transaction commits. A job enqueued into the workflow afterwards that
     depends on a cancelled one is cancelled as it is enqueued (its parent has failed)."""
-    workflow_id = _workflow_id(workflow_id)
+    workflow_id = checked_workflow_id(workflow_id)
     ids = bind.execute(queries.workflows.unfinished_in_workflow(), {"workflow_id": workflow_id})
     return cancel_jobs(bind, ids.scalars().all())
