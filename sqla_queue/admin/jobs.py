@@ -30,7 +30,8 @@ from sqla_queue.job.validation import validate_name
 Bind = Connection | Session
 
 
-def _rowcount(result: Result[Any]) -> int:
+def rowcount(result: Result[Any]) -> int:
+    """The rows the statement of `result` changed (0 where the driver does not say)."""
     return int(getattr(result, "rowcount", 0) or 0)
 
 
@@ -80,9 +81,9 @@ def prune(
         )
     older_than = check_duration("older_than", older_than)
     params = {"statuses": list(statuses), "older_than": older_than}
-    count = _rowcount(bind.execute(queries.prune_jobs(), params))
+    count = rowcount(bind.execute(queries.prune_jobs(), params))
     if archive:
-        count += _rowcount(bind.execute(queries.prune_archive(), {"older_than": older_than}))
+        count += rowcount(bind.execute(queries.prune_archive(), {"older_than": older_than}))
     bind.execute(queries.workflows.prune_edges())  # the edges of jobs gone from both tables
     return count
 
@@ -153,7 +154,7 @@ class JobSummary:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
-        return {key: _jsonable(value) for key, value in dataclasses.asdict(self).items()}
+        return {key: jsonable(value) for key, value in dataclasses.asdict(self).items()}
 
 
 @dataclass
@@ -191,18 +192,18 @@ class JobDetail(JobSummary):
         return f"{self.attempts} of {budget}"
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A field of an admin result as a JSON-ready value (a datetime as ISO 8601 text)."""
     return value.isoformat() if isinstance(value, dt.datetime) else value
 
 
-def _status(value: str | JobStatus | None) -> JobStatus | None:
-    if value is None:
-        return None
+def checked_status(value: object) -> JobStatus:
+    """`value` as a `JobStatus`, else `ConfigurationError` naming the statuses there are."""
     try:
         return JobStatus(value)
     except ValueError:
         choices = ", ".join(s.value for s in JobStatus)
-        raise ConfigurationError(detail=f"status {value!r} is not one of: {choices}") from None
+        raise ConfigurationError(detail=f"status {value!r:.80} is not one of: {choices}") from None
 
 
 def _job_ids(job_ids: Iterable[Any]) -> list[int]:
@@ -244,7 +245,7 @@ def list_jobs(
     statement = queries.list_jobs(
         queue=queue is not None,
         task=task is not None,
-        status=_status(status),
+        status=None if status is None else checked_status(status),
         tags=bool(tags),
         before=before is not None,
         workflow=workflow is not None,
@@ -526,7 +527,7 @@ class WorkflowJob:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
-        return {key: _jsonable(value) for key, value in dataclasses.asdict(self).items()}
+        return {key: jsonable(value) for key, value in dataclasses.asdict(self).items()}
 
 
 class WorkflowJobs(list[WorkflowJob]):
