@@ -45,7 +45,6 @@ from sqla_queue.db.queries.common import (
     CLAIMED_COLUMNS,
     ONE,
     ONE_SECOND,
-    bounded_seconds,
     cancelled_held,
     claimed_columns,
     held_rows,
@@ -59,6 +58,7 @@ from sqla_queue.db.queries.common import (
     status_is,
 )
 from sqla_queue.db.queries.workflows import deps as job_deps
+from sqla_queue.job.bounds import MAX_DURATION
 from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
 
 # -- claim -----------------------------------------------------------------------------------
@@ -91,6 +91,15 @@ def _task_number(
     """
     source = bindparam(name, {}, type_=JSONB) if settings is None else _json_literal(settings[name])
     return source[table.c.task].astext.cast(type_)
+
+
+def bounded_seconds(column: Any) -> Any:
+    """A queue's stored seconds within 0 to `MAX_DURATION`: one row written past what an
+    interval holds (before input was bounded, or by hand) fails no statement for all queues;
+    NULL stays NULL, NaN is the longest."""
+    longest = literal_column(f"{MAX_DURATION:.1f}", Float)
+    zero = literal_column("0.0", Float)
+    return case((column > longest, longest), (column < zero, zero), else_=column)
 
 
 def effective_max_attempts(table: Any = jobs, settings: TaskSettings | None = None) -> Any:

@@ -21,7 +21,6 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
-    case,
     column,
     func,
     literal_column,
@@ -31,7 +30,6 @@ from sqlalchemy.sql.elements import BindParameter, ColumnElement, Grouping
 from sqlalchemy.sql.selectable import TableClause, TableValuedAlias
 
 from sqla_queue.db.models import ArchivedJob, Job, JobStatus, Queue, QueueStart, WorkerRegistration
-from sqla_queue.job.bounds import MAX_DURATION
 from sqla_queue.job.states import FINISHED, sql_literal
 
 jobs = cast(Table, Job.__table__)
@@ -144,15 +142,6 @@ def jobs_alias(name: str) -> Any:
 
 ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 """The interval of one second as SQL text, not a bound parameter."""
-
-
-def bounded_seconds(column: Any) -> Any:
-    """A queue's stored seconds within 0 to `MAX_DURATION`: one row written past what an
-    interval holds (before input was bounded, or by hand) fails no statement for all queues;
-    NULL stays NULL, NaN is the longest."""
-    longest = literal_column(f"{MAX_DURATION:.1f}", Float)
-    zero = literal_column("0.0", Float)
-    return case((column > longest, longest), (column < zero, zero), else_=column)
 
 
 def seconds_param(name: str, *, optional: bool = False) -> Any:

@@ -46,12 +46,11 @@ from sqla_queue.db.models import (
     Retention,
 )
 from sqla_queue.db.queries.channels import RESULTS_CHANNEL, wake_sequence_successor
-from sqla_queue.db.queries.claim import effective_max_attempts, limited_queue
+from sqla_queue.db.queries.claim import bounded_seconds, effective_max_attempts, limited_queue
 from sqla_queue.db.queries.common import (
     ONE,
     ONE_SECOND,
     archive,
-    bounded_seconds,
     cancelled_held,
     claimed_batch,
     fenced_rows,
