@@ -152,6 +152,15 @@ def seconds_param(name: str, *, optional: bool = False) -> Any:
     return seconds_interval(bindparam(name, type_=Float))
 
 
+def unnested(alias: str, *arrays: tuple[str, str, Any]) -> TableValuedAlias:
+    """`unnest(:param, ...) AS alias(column, ...)`: one row per place of the parallel arrays,
+    each given as (parameter, column, element type), so a batch of any size is one
+    statement."""
+    params = [bindparam(param, type_=ARRAY(type_)) for param, _, type_ in arrays]
+    names = [name for _, name, _ in arrays]
+    return func.unnest(*params).table_valued(*names).render_derived(name=alias)
+
+
 def claimed_batch(
     *extra: tuple[str, str, Any],
     optional: bool = False,
