@@ -305,7 +305,7 @@ def test_doctor_json_hides_other_sessions_sql_unless_asked(database_url: str) ->
 
 
 def test_doctor_names_no_command_for_text_that_does_not_start_with_one() -> None:
-    from sqla_queue.doctor import _command
+    from sqla_queue.doctor.checks import _command
 
     assert _command("  update sqla_queue.jobs SET x = 'secret'") == "UPDATE"
     assert _command("hunter2 oops") is None

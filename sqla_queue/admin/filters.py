@@ -108,14 +108,6 @@ def _when(name: str, value: object) -> dt.datetime | None:
     return value
 
 
-def _status(value: object) -> JobStatus:
-    try:
-        return JobStatus(value)
-    except ValueError:
-        choices = ", ".join(s.value for s in JobStatus)
-        raise _bad(f"status {value!r:.80} is not one of: {choices}") from None
-
-
 @dataclass(frozen=True)
 class JobFilter:
     """Which jobs a bulk action or a search takes: all of the conditions given (None or
@@ -154,7 +146,9 @@ class JobFilter:
                 validate_name(label, value)
         raw = self.status
         chosen = () if raw is None else (raw,) if isinstance(raw, str) else tuple(raw)
-        object.__setattr__(self, "statuses", tuple(dict.fromkeys(map(_status, chosen))))
+        object.__setattr__(
+            self, "statuses", tuple(dict.fromkeys(map(admin.checked_status, chosen)))
+        )
         tags = () if self.tag is None else (self.tag,) if isinstance(self.tag, str) else self.tag
         for name in tags:
             validate_name("tag", name)

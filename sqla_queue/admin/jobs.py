@@ -35,7 +35,8 @@ from sqla_queue.job.validation import (
 Bind = Connection | Session
 
 
-def _rowcount(result: Result[Any]) -> int:
+def rowcount(result: Result[Any]) -> int:
+    """The rows the statement of `result` changed (0 where the driver does not say)."""
     return int(getattr(result, "rowcount", 0) or 0)
 
 
@@ -85,9 +86,9 @@ def prune(
         )
     older_than = check_duration("older_than", older_than)
     params = {"statuses": list(statuses), "older_than": older_than}
-    count = _rowcount(bind.execute(queries.prune_jobs(), params))
+    count = rowcount(bind.execute(queries.prune_jobs(), params))
     if archive:
-        count += _rowcount(bind.execute(queries.prune_archive(), {"older_than": older_than}))
+        count += rowcount(bind.execute(queries.prune_archive(), {"older_than": older_than}))
     bind.execute(queries.workflows.prune_edges())  # the edges of jobs gone from both tables
     return count
 
@@ -158,7 +159,7 @@ class JobSummary:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
-        return {key: _jsonable(value) for key, value in dataclasses.asdict(self).items()}
+        return {key: jsonable(value) for key, value in dataclasses.asdict(self).items()}
 
 
 @dataclass
@@ -196,18 +197,18 @@ class JobDetail(JobSummary):
         return f"{self.attempts} of {budget}"
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A field of an admin result as a JSON-ready value (a datetime as ISO 8601 text)."""
     return value.isoformat() if isinstance(value, dt.datetime) else value
 
 
-def _status(value: str | JobStatus | None) -> JobStatus | None:
-    if value is None:
-        return None
+def checked_status(value: object) -> JobStatus:
+    """`value` as a `JobStatus`, else `ConfigurationError` naming the statuses there are."""
     try:
         return JobStatus(value)
     except ValueError:
         choices = ", ".join(s.value for s in JobStatus)
-        raise ConfigurationError(detail=f"status {value!r} is not one of: {choices}") from None
+        raise ConfigurationError(detail=f"status {value!r:.80} is not one of: {choices}") from None
 
 
 def _job_ids(job_ids: Iterable[Any]) -> list[int]:
@@ -245,11 +246,11 @@ def list_jobs(
     for name in tags or ():
         validate_name("tag", name)
     if workflow is not None:
-        _workflow_id(workflow)
+        checked_workflow_id(workflow)
     statement = queries.list_jobs(
         queue=queue is not None,
         task=task is not None,
-        status=_status(status),
+        status=None if status is None else checked_status(status),
         tags=bool(tags),
         before=before is not None,
         workflow=workflow is not None,
@@ -452,7 +453,9 @@ MAX_LINKED = 500
 """The most dependents `job_links` returns of one job (a fan-out may have thousands)."""
 
 
-def _workflow_id(value: object) -> str:
+def checked_workflow_id(value: object) -> str:
+    """`value` as a workflow id (what `enqueue(..., workflow_id=)` takes), else
+    `ConfigurationError` naming the problem."""
     check_workflow_id(value)
     return str(value)
 
@@ -529,7 +532,7 @@ class WorkflowJob:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes as ISO 8601 text."""
-        return {key: _jsonable(value) for key, value in dataclasses.asdict(self).items()}
+        return {key: jsonable(value) for key, value in dataclasses.asdict(self).items()}
 
 
 class WorkflowJobs(list[WorkflowJob]):
@@ -546,7 +549,7 @@ def workflow_jobs(bind: Bind, workflow_id: str, limit: int = MAX_WORKFLOW_JOBS) 
     workflow's graph. At most `limit` (1 to 10,000) jobs, the first ones; `.truncated`
     says whether there are more (`list_jobs(workflow=...)` pages through all of them).
     Reads the partial indexes on `workflow_id` and the edges' index: bounded by `limit`."""
-    workflow_id = _workflow_id(workflow_id)
+    workflow_id = checked_workflow_id(workflow_id)
     check_count("limit", limit, 1, DEFAULT_DEPTH_CAP)
     params = {"workflow_id": workflow_id, "limit": limit + 1}
     rows = list(bind.execute(queries.workflows.workflow_jobs(), params).mappings())
@@ -566,6 +569,6 @@ def cancel_workflow(bind: Bind, workflow_id: str) -> dict[int, str]:
     returns {id: status it had}. One `cancel_jobs`: the workers holding running ones are
     told when the transaction commits. A job enqueued into the workflow afterwards that
     depends on a cancelled one is cancelled as it is enqueued (its parent has failed)."""
-    workflow_id = _workflow_id(workflow_id)
+    workflow_id = checked_workflow_id(workflow_id)
     ids = bind.execute(queries.workflows.unfinished_in_workflow(), {"workflow_id": workflow_id})
     return cancel_jobs(bind, ids.scalars().all())

@@ -8,11 +8,11 @@ Each takes a `Connection` or a `Session` and runs in the caller's transaction; n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Connection, Result
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from sqla_queue.admin.jobs import rowcount
 from sqla_queue.db import queries
 from sqla_queue.db.models import Retention
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
@@ -26,10 +26,6 @@ from sqla_queue.job.validation import (
 )
 
 Bind = Connection | Session
-
-
-def _rowcount(result: Result[Any]) -> int:
-    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def _retention(value: str) -> str:
@@ -79,7 +75,7 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
     if force:  # a running job deleted would count as succeeded to the jobs that wait for it
         bind.execute(queries.workflows.cancel_parents_of_queue(), {"queue_name": name})
     statement = queries.delete_jobs_of_queue(finished_only=not force)
-    deleted = _rowcount(bind.execute(statement, {"queue_name": name}))
+    deleted = rowcount(bind.execute(statement, {"queue_name": name}))
     bind.execute(queries.delete_queue(), {"queue_name": name})
     return deleted
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from sqla_queue.admin.jobs import jsonable
 from sqla_queue.db import queries
 from sqla_queue.job.validation import check_count
 
@@ -32,15 +33,11 @@ def _seconds(value: Any) -> Any:
     return None if value is None else float(value)
 
 
-def _jsonable(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, dt.datetime) else value
-
-
 class _AsDict:
     def as_dict(self) -> dict[str, Any]:
         """The fields as JSON-ready values (datetimes as ISO 8601 text)."""
         fields = dataclasses.asdict(self)  # type: ignore[call-overload]
-        return {name: _jsonable(value) for name, value in fields.items()}
+        return {name: jsonable(value) for name, value in fields.items()}
 
 
 @dataclass(frozen=True)

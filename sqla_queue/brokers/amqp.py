@@ -19,8 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqla_queue.brokers.messages import CONTENT_TYPE, JobMessage
-from sqla_queue.brokers.routes import Route, redact
-from sqla_queue.brokers.transport import BrokerUnavailableError, Delivery, PublishOutcome
+from sqla_queue.brokers.routes import Route
+from sqla_queue.brokers.transport import (
+    Delivery,
+    PublishOutcome,
+    client_library,
+    dead_reason,
+    unavailable,
+)
 from sqla_queue.errors import ConfigurationError
 
 log = logging.getLogger("sqla_queue.brokers.amqp")
@@ -31,13 +37,7 @@ FAILURES_HEADER = "x-sqlaq-failures"
 
 
 def _import() -> Any:
-    try:
-        import aio_pika
-    except ImportError:
-        raise ConfigurationError(
-            detail="RabbitMQ support is not installed; pip install 'sqla-queue[amqp]'"
-        ) from None
-    return aio_pika
+    return client_library("aio_pika", "RabbitMQ", "amqp")
 
 
 async def connect(url: str) -> Any:
@@ -55,9 +55,7 @@ async def connect(url: str) -> Any:
             transport_log.setLevel(level)
         return await aio_pika.connect_robust(url, timeout=10)
     except Exception as exc:
-        raise BrokerUnavailableError(
-            url=redact(url), detail=str(exc) or type(exc).__name__
-        ) from None
+        raise unavailable(url, exc) from None
 
 
 def retry_step(delay: float) -> int:
@@ -191,8 +189,7 @@ class _AmqpDelivery(Delivery):
         raise NotImplementedError("a RabbitMQ delivery is always due")
 
     async def dead(self, error: str) -> None:
-        last_line = error.strip().splitlines()[-1][:500] if error.strip() else "?"
-        headers = {"x-sqlaq-error": last_line, "x-sqlaq-deliveries": self.deliveries}
+        headers = {"x-sqlaq-error": dead_reason(error), "x-sqlaq-deliveries": self.deliveries}
         await self._republish(self._source.route.amqp_dead_queue, headers)
 
 

@@ -16,8 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import NATS_CONSUMER, Route, redact
-from sqla_queue.brokers.transport import BrokerUnavailableError, Delivery, PublishOutcome
+from sqla_queue.brokers.routes import NATS_CONSUMER, Route
+from sqla_queue.brokers.transport import (
+    Delivery,
+    PublishOutcome,
+    client_library,
+    dead_reason,
+    unavailable,
+)
 from sqla_queue.errors import ConfigurationError
 
 log = logging.getLogger("sqla_queue.brokers.nats")
@@ -27,13 +33,7 @@ DEFAULT_DUPLICATE_WINDOW = 120.0
 
 
 def _import() -> Any:
-    try:
-        import nats
-    except ImportError:
-        raise ConfigurationError(
-            detail="NATS support is not installed; pip install 'sqla-queue[nats]'"
-        ) from None
-    return nats
+    return client_library("nats", "NATS", "nats")
 
 
 async def _log_error(exc: Exception) -> None:
@@ -63,9 +63,7 @@ async def connect(url: str) -> Any:
             reconnected_cb=_log_reconnected,
         )
     except Exception as exc:
-        raise BrokerUnavailableError(
-            url=redact(url), detail=str(exc) or type(exc).__name__
-        ) from None
+        raise unavailable(url, exc) from None
     # Fail fast on the first connect, but once connected ride out any outage.
     nc.options["max_reconnect_attempts"] = -1
     holder.append(nc)
@@ -205,7 +203,7 @@ class _NatsDelivery(Delivery):
 
     async def dead(self, error: str) -> None:
         headers = {"Nats-Msg-Id": f"dead-{self._msg.metadata.sequence.stream}"}
-        headers["Sqlaq-Error"] = error.strip().splitlines()[-1][:500] if error.strip() else "?"
+        headers["Sqlaq-Error"] = dead_reason(error)
         headers["Sqlaq-Deliveries"] = str(self.deliveries)
         route = self._source.route
         await self._source.js.publish(

@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqla_queue.brokers.messages import JobMessage
-from sqla_queue.brokers.routes import Route
-from sqla_queue.errors import SqlaQueueError
+from sqla_queue.brokers.routes import Route, redact
+from sqla_queue.errors import ConfigurationError, SqlaQueueError
 
 
 class BrokerUnavailableError(SqlaQueueError):
     """Cannot reach the broker at {url}: {detail}. Check that it runs and the URL (nats://HOST:4222 or amqp://USER:PASSWORD@HOST:5672/)."""  # noqa: E501
+
+
+def unavailable(url: str, exc: BaseException) -> BrokerUnavailableError:
+    """The one-line error for a broker at `url` (its password hidden) that did not answer."""
+    return BrokerUnavailableError(url=redact(url), detail=str(exc) or type(exc).__name__)
+
+
+def client_library(module: str, broker: str, extra: str) -> Any:
+    """The broker's client library `module`, imported when first used (an optional
+    dependency), or `ConfigurationError` naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigurationError(
+            detail=f"{broker} support is not installed; pip install 'sqla-queue[{extra}]'"
+        ) from None
+
+
+def dead_reason(error: str) -> str:
+    """What a dead-lettered message carries of the error that killed it: its last line, at
+    most 500 characters ("?" for none)."""
+    return error.strip().splitlines()[-1][:500] if error.strip() else "?"
 
 
 @dataclass

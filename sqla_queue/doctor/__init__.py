@@ -21,9 +21,6 @@ from sqla_queue.doctor.checks import (
     check_schema,
     check_stuck_jobs,
 )
-from sqla_queue.doctor.checks import (
-    _command as _command,  # tests read it here
-)
 from sqla_queue.doctor.findings import (
     FIX_PERMISSION,
     Check,

@@ -42,17 +42,23 @@ from sqla_queue.enqueue.inserts import refusals, wake
 from sqla_queue.enqueue.inserts.bulk import EnqueuedIds, enqueue_many, enqueue_many_async
 from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS
 from sqla_queue.enqueue.inserts.links import Link, link_jobs, resolve
-from sqla_queue.enqueue.inserts.params import _BIND, DEPENDS, JOB_FIELDS, _plain_params, _row_params
+from sqla_queue.enqueue.inserts.params import (
+    DEPENDS,
+    JOB_BIND,
+    JOB_FIELDS,
+    SERVER_SET,
+    plain_params,
+    row_params,
+)
 from sqla_queue.enqueue.inserts.routed import refuse_routed, routed_refusal
 from sqla_queue.enqueue.inserts.unique import (
-    _SERVER_SET,
     UNIQUE_ROUNDS,
-    _enqueue_unique,
-    _insert_unique,
-    _write_unique,
+    enqueue_unique,
+    insert_unique,
     unique_on_routed,
+    write_unique,
 )
-from sqla_queue.enqueue.inserts.wake import _NOTIFIED_KEY, _NOTIFY_QUEUES
+from sqla_queue.enqueue.inserts.wake import NOTIFIED_KEY, NOTIFY_QUEUES
 from sqla_queue.errors import InvalidJobError
 from sqla_queue.job.new_job import NewJob
 from sqla_queue.job.options import (
@@ -171,9 +177,9 @@ def enqueue_job(
                 "enqueue(unique=...) writes at once, which needs a sync Session; with an "
                 "AsyncSession, `await enqueue_async(session, ...)`"
             )
-        job = _enqueue_unique(session, new)
+        job = enqueue_unique(session, new)
         if new.depends_on is not None and not job.duplicate:
-            _link_now(session.connection(bind_arguments=_BIND), job.id, new)
+            _link_now(session.connection(bind_arguments=JOB_BIND), job.id, new)
             session.expire(job, _LINKED)
         return job
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
@@ -186,7 +192,7 @@ def enqueue_job(
     checked = False
     if isinstance(session, Session) and _not_kept_on_routes(new):
         # refused at the call, not at the flush (an AsyncSession's is, at its flush)
-        refuse_routed(session.connection(bind_arguments=_BIND), [_routed_params(new)])
+        refuse_routed(session.connection(bind_arguments=JOB_BIND), [_routed_params(new)])
         checked = True
     job = Job(**fields)
     job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
@@ -256,16 +262,16 @@ def _check_session(session: object, call: str) -> None:
 
 def _enqueue_core(connection: Connection, new: NewJob) -> int:
     """`enqueue(connection, ...)`: the INSERT and its NOTIFY in one round trip; the id."""
-    params = _row_params(new)
+    params = row_params(new)
     depends = params.pop(DEPENDS, None)
     if new.unique is None:
         refuse_routed(connection, [params])
         job_id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
         duplicate = False
     else:
-        ((job_id, duplicate),) = _insert_unique(connection, [params], depends=[depends])
+        ((job_id, duplicate),) = insert_unique(connection, [params], depends=[depends])
         if not duplicate:
-            connection.execute(_NOTIFY_QUEUES, {"queues": [new.queue]})
+            connection.execute(NOTIFY_QUEUES, {"queues": [new.queue]})
     if depends is not None and not duplicate:
         link_jobs(connection, [Link(job_id, new.task, depends, new.workflow_id)])
     return job_id
@@ -298,7 +304,7 @@ def _run_due_hooks(job: Job) -> NewJob | None:
     options given): refused (`MERGED_JOB`), else it would run without its key or before
     the jobs it depends on. One with an id (a loaded job made transient again) has no
     record of what was given: its hooks run with every field taken as given. Returns the
-    job as prepared if it is unique (it must then be written by `_write_unique`, not by the
+    job as prepared if it is unique (it must then be written by `write_unique`, not by the
     flush), else None.
     """
     if HOOKS_DUE not in job.__dict__ and job.id is None:
@@ -376,7 +382,7 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
             session.expunge(job)
             raise
         if unique is not None:
-            _write_unique(session, job, unique)
+            write_unique(session, job, unique)
     _refuse_routed_jobs(session, [job for job in jobs if job.id is None])
     linked = [job for job in jobs if _links_due(job)]
     for job in enqueued:
@@ -415,7 +421,7 @@ def _refuse_routed_jobs(session: Session, jobs: list[Job]) -> None:
     if not jobs:
         return
     params = [_routed_params(job) for job in jobs]
-    refused = routed_refusal(session.connection(bind_arguments=_BIND), params)
+    refused = routed_refusal(session.connection(bind_arguments=JOB_BIND), params)
     if refused is not None:
         session.expunge(jobs[refused[0]])
         raise refused[1]
@@ -451,7 +457,7 @@ def _link(session: Session, jobs: list[Job]) -> None:
             continue
         pairs = resolve(job.task, depends_on, on_failure)
         links.append(Link(job.id, job.task, pairs, job.__dict__.get("workflow_id")))
-    link_jobs(session.connection(bind_arguments=_BIND), links)
+    link_jobs(session.connection(bind_arguments=JOB_BIND), links)
     for job in jobs:
         if job in session and not job.duplicate:
             session.expire(job, _LINKED)
@@ -514,7 +520,7 @@ def _write_enqueued(session: Session, job: Job) -> bool:
         return False
     else:
         interval = None
-    params = _plain_params(
+    params = plain_params(
         job.task, job.args, job.queue, job.priority, run_at, interval, column_values(job)
     )
     if job.tags or job.meta:
@@ -523,7 +529,7 @@ def _write_enqueued(session: Session, job: Job) -> bool:
         )
     session.expunge(job)
     del job.__dict__[_ENQUEUED]
-    connection = session.connection(bind_arguments=_BIND)
+    connection = session.connection(bind_arguments=JOB_BIND)
     try:
         job.id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
     except BaseException:
@@ -531,8 +537,8 @@ def _write_enqueued(session: Session, job: Job) -> bool:
         raise
     make_transient_to_detached(job)
     session.add(job)
-    session.expire(job, _SERVER_SET)
-    session.info.setdefault(_NOTIFIED_KEY, set()).add(job.queue)
+    session.expire(job, SERVER_SET)
+    session.info.setdefault(NOTIFIED_KEY, set()).add(job.queue)
     return True
 
 

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from sqla_queue.db.models import Job
 from sqla_queue.enqueue import enqueue_many
 from sqla_queue.enqueue.hooks import default_registry
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
+from sqla_queue.enqueue.inserts.params import JOB_BIND
 from sqla_queue.job.options import OPTION_NAMES
 from sqla_queue.job.validation import ON_FAILURE, check_on_failure
 
@@ -54,8 +54,6 @@ SIGNATURE_OPTIONS = tuple(
 )
 """The options a signature takes (`.set(...)`): a job's, but its dependencies and workflow,
 which the canvas gives."""
-
-_BIND = {"mapper": Job}
 
 
 @dataclass(frozen=True)
@@ -292,7 +290,7 @@ class _Plan:
             links.append(Link(ids[index], job.task_name, [(p, edge) for p in parents], workflow_id))
         if links:
             if isinstance(session, Session):
-                link_jobs(session.connection(bind_arguments=_BIND), links)
+                link_jobs(session.connection(bind_arguments=JOB_BIND), links)
             else:
                 link_jobs(session, links)
         waited_on = {i for after in self.parents for i in after}

@@ -26,12 +26,12 @@ from sqlalchemy import (
 
 from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS
 from sqla_queue.db.queries.common import (
-    _is,
     archive,
     cancelled_held,
     job_ids_param,
     jobs,
     of_workflow,
+    status_is,
 )
 from sqla_queue.job.states import JobStatus, statuses, unique_predicate
 from sqla_queue.job.validation import INT4_MAX
@@ -73,7 +73,7 @@ def list_jobs(
     if task:
         statement = statement.where(jobs.c.task == bindparam("task", type_=Text))
     if status is not None:
-        statement = statement.where(_is(status))
+        statement = statement.where(status_is(status))
     if tags:
         statement = statement.where(
             jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))),
@@ -127,7 +127,7 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
         JobStatus(s) for s in (statuses(retry_by_id=True) if by_ids else statuses(retry=True))
     ]
     asked = select(jobs.c.id, jobs.c.status, jobs.c.unique_key).where(
-        or_(*(_is(s) for s in retryable)), ~cancelled_held()
+        or_(*(status_is(s) for s in retryable)), ~cancelled_held()
     )
     if by_ids:
         asked = asked.where(jobs.c.id == any_(job_ids_param()))
@@ -163,7 +163,7 @@ def retry_jobs(*, by_ids: bool, queue: bool = False) -> Select[Any]:
     )
     retried = (
         update(jobs)
-        .where(jobs.c.id == chosen.c.id, or_(*(_is(s) for s in retryable)))
+        .where(jobs.c.id == chosen.c.id, or_(*(status_is(s) for s in retryable)))
         .values(
             status=JobStatus.queued.value,
             run_at=func.now(),
@@ -221,7 +221,7 @@ def delete_jobs() -> Select[Any]:
     ids = job_ids_param()
     live = (
         delete(jobs)
-        .where(jobs.c.id == any_(ids), *(~_is(JobStatus(s)) for s in statuses(delete=False)))
+        .where(jobs.c.id == any_(ids), *(~status_is(JobStatus(s)) for s in statuses(delete=False)))
         .where(~cancelled_held())
         .returning(jobs.c.id, jobs.c.status)
         .cte("live")
@@ -244,11 +244,11 @@ def queue_depth() -> Select[Any]:
     """
     queue = bindparam("queue", type_=Text)
     cap = bindparam("cap", type_=Integer)
-    queued = [jobs.c.queue == queue, _is(JobStatus.queued)]
+    queued = [jobs.c.queue == queue, status_is(JobStatus.queued)]
     one = literal_column("1", Integer)
     due = select(one).where(*queued, jobs.c.run_at <= func.now()).limit(cap).subquery()
     later = select(one).where(*queued, jobs.c.run_at > func.now()).limit(cap).subquery()
-    running = select(func.count()).where(jobs.c.queue == queue, _is(JobStatus.running))
+    running = select(func.count()).where(jobs.c.queue == queue, status_is(JobStatus.running))
     return select(
         select(func.count()).select_from(due).scalar_subquery().label("due"),
         select(func.count()).select_from(later).scalar_subquery().label("scheduled"),

@@ -24,12 +24,12 @@ from sqlalchemy.sql.dml import Delete
 
 from sqla_queue.db.models import BrokerDone, JobStatus
 from sqla_queue.db.queries.common import (
-    _is,
-    _seconds,
     job_ids_param,
     jobs,
     queue_names_param,
     queues,
+    seconds_param,
+    status_is,
 )
 
 done = cast(Table, BrokerDone.__table__)
@@ -96,7 +96,7 @@ def claim_for_relay() -> Select[Any]:
     return (
         select(*RELAYED_COLUMNS)
         .where(
-            _is(JobStatus.queued),  # a literal: a generic plan must match the claim index
+            status_is(JobStatus.queued),  # a literal: a generic plan must match the claim index
             jobs.c.queue == bindparam("queue_name", type_=Text),
             jobs.c.run_at <= func.now(),
         )
@@ -127,7 +127,7 @@ def mark_done() -> Insert:
 
 def prune_done() -> Delete:
     """Forget de-duplication records older than `:older_than` seconds."""
-    cutoff = func.now() - _seconds("older_than")
+    cutoff = func.now() - seconds_param("older_than")
     return delete(done).where(done.c.done_at < cutoff)
 
 

@@ -1,7 +1,7 @@
 """Jobs matching a filter (`sqla_queue.admin.filters.JobFilter`): its conditions, a batch of their
 ids by keyset on id, and their count.
 
-The filter's values go in as bound parameters; its statuses as literals (`_is`), as the
+The filter's values go in as bound parameters; its statuses as literals (`status_is`), as the
 partial indexes need. `args` is matched by containment (`args @> :value`): no index on
 `args` exists by default; `CREATE INDEX ... ON sqla_queue.jobs USING gin (args
 jsonb_path_ops)` serves it (docs/cli.md, "Acting on many jobs at once").
@@ -19,7 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.db.models import NO_TAGS
 from sqla_queue.db.queries.admin import LISTED_COLUMNS
-from sqla_queue.db.queries.common import _is, cancelled_held, jobs
+from sqla_queue.db.queries.common import cancelled_held, jobs, status_is
 from sqla_queue.job.states import JobStatus
 
 LIKE_ESCAPE = "\\"
@@ -87,7 +87,7 @@ def conditions(
     found: list[ColumnElement[bool]] = []
     wanted = where.statuses if statuses is None else tuple(statuses)
     if wanted:
-        found.append(or_(*(_is(s, table) for s in wanted)))
+        found.append(or_(*(status_is(s, table) for s in wanted)))
     if where.queue is not None:
         found.append(table.c.queue == where.queue)
     if where.task is not None:

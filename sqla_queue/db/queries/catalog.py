@@ -21,12 +21,12 @@ from sqlalchemy import (
 
 from sqla_queue.db.models import SCHEMA, JobStatus
 from sqla_queue.db.queries.common import (
-    _is,
-    _seconds,
     catalog_view,
     jobs,
     queues,
+    seconds_param,
     seconds_since,
+    status_is,
 )
 from sqla_queue.db.queries.jobs import deferred_error, stuck_condition
 
@@ -85,7 +85,7 @@ _classes = catalog_view(
     "relfrozenxid",
     "reloptions",
 )
-_table_stats = catalog_view(
+table_stats = catalog_view(
     "pg_stat_user_tables",
     "relid",
     "schemaname",
@@ -95,6 +95,8 @@ _table_stats = catalog_view(
     "last_autovacuum",
     "last_vacuum",
 )
+"""`pg_stat_user_tables`: each table's live and dead rows and its last vacuums (`vacuum`
+reads it too)."""
 _settings = catalog_view("pg_settings", "name", "setting")
 _constraints = catalog_view("pg_constraint", "conname", "conrelid", "confrelid", "contype")
 _prepared = catalog_view("pg_prepared_xacts", "gid", "transaction", "prepared", "database")
@@ -277,7 +279,7 @@ def orphan_queues() -> Select[Any]:
 def table_health() -> Select[Any]:
     """Per table of our schema: live and dead tuples, heap, index and total bytes, last
     autovacuum and vacuum (seconds ago), and its storage parameters (reloptions)."""
-    stats = _table_stats
+    stats = table_stats
     return (
         select(
             stats.c.relname,
@@ -318,8 +320,8 @@ def overdue_jobs() -> Select[Any]:
         )
         .select_from(jobs.outerjoin(queues, queues.c.name == jobs.c.queue))
         .where(
-            _is(JobStatus.queued),
-            jobs.c.run_at < func.now() - _seconds("threshold"),
+            status_is(JobStatus.queued),
+            jobs.c.run_at < func.now() - seconds_param("threshold"),
         )
         .group_by(jobs.c.queue, queues.c.paused)
         .order_by(jobs.c.queue)
@@ -330,7 +332,7 @@ def failed_job_counts() -> Select[Any]:
     """Per queue: (queue, failed jobs, seconds since the latest failure)."""
     return (
         select(jobs.c.queue, func.count(), seconds_since(func.max(jobs.c.finished_at)))
-        .where(_is(JobStatus.failed))
+        .where(status_is(JobStatus.failed))
         .group_by(jobs.c.queue)
         .order_by(jobs.c.queue)
     )
@@ -341,7 +343,7 @@ def unknown_task_counts() -> Select[Any]:
     since the oldest of them was enqueued), most first."""
     return (
         select(jobs.c.task, func.count(), seconds_since(func.min(jobs.c.created_at)))
-        .where(_is(JobStatus.queued), deferred_error())
+        .where(status_is(JobStatus.queued), deferred_error())
         .group_by(jobs.c.task)
         .order_by(func.count().desc(), jobs.c.task)
     )

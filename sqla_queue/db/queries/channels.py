@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Select, Text, bindparam, case, func, select
 
 from sqla_queue.db.models import NOTIFY_CHANNEL, JobStatus
-from sqla_queue.db.queries.common import _is, jobs, queue_names_param
+from sqla_queue.db.queries.common import jobs, queue_names_param, status_is
 
 RESULTS_CHANNEL = f"{NOTIFY_CHANNEL}_results"
 """The channel on which finishing statements name (by id) the jobs that reached a final
@@ -44,7 +44,7 @@ def wake_sequence_successor(sequence: Any, job_id: Any) -> Any:
     n = jobs.alias("n")
     successor = (
         select(func.pg_notify(NOTIFY_CHANNEL, n.c.queue))
-        .where(n.c.sequence == sequence, _is(JobStatus.queued, n), n.c.id > job_id)
+        .where(n.c.sequence == sequence, status_is(JobStatus.queued, n), n.c.id > job_id)
         .order_by(n.c.id)
         .limit(1)
         .scalar_subquery()

@@ -43,15 +43,19 @@ from sqla_queue.db.models import (
 from sqla_queue.db.queries.channels import wake_sequence_successor
 from sqla_queue.db.queries.common import (
     CLAIMED_COLUMNS,
-    _held,
-    _is,
+    ONE,
+    ONE_SECOND,
     cancelled_held,
     claimed_columns,
+    held_rows,
     job_ids_param,
     jobs,
+    jobs_alias,
+    literal_text,
     queue_names_param,
     queue_starts,
     queues,
+    status_is,
 )
 from sqla_queue.db.queries.workflows import deps as job_deps
 from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
@@ -89,24 +93,7 @@ def _task_number(
     return source[table.c.task].astext.cast(type_)
 
 
-def _text(value: str) -> Any:
-    """A constant of our own as an SQL literal, not a bound parameter: hot statements bind
-    only what changes (fewer parameters to convert on every execution)."""
-    return literal_column("'" + value.replace("'", "''") + "'", Text)
-
-
-_ONE: Any = literal_column("1", Integer)
-
-
-def _alias(name: str) -> Any:
-    """The jobs table under a one-letter name, for statements whose text must stay short."""
-    return jobs.alias(name)
-
-
-_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
-
-
-def _bounded_seconds(column: Any) -> Any:
+def bounded_seconds(column: Any) -> Any:
     """A queue's stored seconds within 0 to `MAX_DURATION`: one row written past what an
     interval holds (before input was bounded, or by hand) fails no statement for all queues;
     NULL stays NULL, NaN is the longest."""
@@ -115,7 +102,7 @@ def _bounded_seconds(column: Any) -> Any:
     return case((column > longest, longest), (column < zero, zero), else_=column)
 
 
-def _max_attempts(table: Any = jobs, settings: TaskSettings | None = None) -> Any:
+def effective_max_attempts(table: Any = jobs, settings: TaskSettings | None = None) -> Any:
     """A job's max_attempts: its own, else its task's (`:task_max_attempts`), else the default."""
     return func.coalesce(
         table.c.max_attempts,
@@ -126,16 +113,18 @@ def _max_attempts(table: Any = jobs, settings: TaskSettings | None = None) -> An
 
 def _due(table: Any) -> ColumnElement[bool]:
     """A queued job whose time has come."""
-    return and_(_is(JobStatus.queued, table), table.c.run_at <= func.now())
+    return and_(status_is(JobStatus.queued, table), table.c.run_at <= func.now())
 
 
-def _limited(table: Any = queues) -> ColumnElement[bool]:
-    """A queue with a concurrency or a rate limit, or one that takes turns (`_turns`): its
+def limited_queue(table: Any = queues) -> ColumnElement[bool]:
+    """A queue with a concurrency or a rate limit, or one that takes turns (`takes_turns`): its
     claims go through `claim_slots`."""
-    return or_(table.c.concurrency.is_not(None), table.c.rate_limit.is_not(None), _turns(table))
+    return or_(
+        table.c.concurrency.is_not(None), table.c.rate_limit.is_not(None), takes_turns(table)
+    )
 
 
-def _turns(table: Any = queues) -> ColumnElement[bool]:
+def takes_turns(table: Any = queues) -> ColumnElement[bool]:
     """A fair, partition-limited or aging queue: `sqla_queue.claim_turns` picks its jobs."""
     return or_(table.c.fair, table.c.partition_limit.is_not(None), table.c.aging.is_not(None))
 
@@ -154,36 +143,38 @@ def sequence_free(table: Any) -> ColumnElement[bool]:
     exactly the rows that may hold a sequence: the head of a sequence reads no row; and one
     of `ix_jobs_cancelled_held` (a few rows).
     """
-    e, s = _alias("e"), queues.alias("s")
-    skips = select(_ONE).where(s.c.name == e.c.queue, s.c.sequence_on_failure == _text("skip"))
-    f = _alias("f")
+    e, s = jobs_alias("e"), queues.alias("s")
+    skips = select(ONE).where(
+        s.c.name == e.c.queue, s.c.sequence_on_failure == literal_text("skip")
+    )
+    f = jobs_alias("f")
     cleans_up_after = (
-        select(_ONE)
+        select(ONE)
         .select_from(job_deps.join(f, f.c.id == job_deps.c.parent_id))
         .where(
             job_deps.c.child_id == table.c.id,
-            job_deps.c.on_failure == _text(OnFailure.run.value),
+            job_deps.c.on_failure == literal_text(OnFailure.run.value),
             f.c.status == literal_column(f"'{JobStatus.failed.value}'"),
             f.c.sequence == table.c.sequence,
             f.c.id <= e.c.id,
         )
         .correlate_except(job_deps, f)  # two levels out: `table` and `e`
     )
-    earlier = select(_ONE).where(
+    earlier = select(ONE).where(
         e.c.sequence == table.c.sequence,
         status_in(e.c.status, HOLDS_SEQUENCE),
         e.c.id < table.c.id,
         or_(e.c.status != literal_column(f"'{JobStatus.failed.value}'"), ~exists(skips)),
         or_(e.c.status == literal_column(f"'{JobStatus.running.value}'"), ~exists(cleans_up_after)),
     )
-    r = _alias("sr")  # not "r": the name of claim_turns rows
-    later_running = select(_ONE).where(
+    r = jobs_alias("sr")  # not "r": the name of claim_turns rows
+    later_running = select(ONE).where(
         r.c.sequence == table.c.sequence,
         r.c.status == literal_column(f"'{JobStatus.running.value}'"),
         r.c.id > table.c.id,
     )
-    h = _alias("sh")
-    handler_running = select(_ONE).where(cancelled_held(h), h.c.sequence == table.c.sequence)
+    h = jobs_alias("sh")
+    handler_running = select(ONE).where(cancelled_held(h), h.c.sequence == table.c.sequence)
     return or_(
         table.c.sequence.is_(None),
         and_(~exists(earlier), ~exists(later_running), ~exists(handler_running)),
@@ -199,22 +190,22 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
     finishes, `:job_ids`/`:job_attempts`, when the queue deletes them) and recent starts
     with a fresh snapshot, after the lock. A queue without a due job is not locked.
     """
-    x, q = _alias("x"), queues.alias("q")  # short names keep the text short (see below)
-    finishing = q.c.retention == _text(Retention.delete.value)
+    x, q = jobs_alias("x"), queues.alias("q")  # short names keep the text short (see below)
+    finishing = q.c.retention == literal_text(Retention.delete.value)
     slots = func.sqla_queue.claim_slots(
         q.c.name,
         q.c.concurrency,
         q.c.rate_limit,
-        _bounded_seconds(q.c.rate_window),
+        bounded_seconds(q.c.rate_window),
         case((finishing, job_ids_param(optional=True))),
         case((finishing, bindparam("job_attempts", None, type_=ARRAY(Integer)))),
     )
     conditions = [
-        _limited(q),
+        limited_queue(q),
         ~q.c.paused,
         q.c.route.is_(None),
         # a correlated LIMIT 1, probed per limited queue (an EXISTS could read every due job)
-        select(true()).where(x.c.queue == q.c.name, _due(x)).limit(_ONE).scalar_subquery(),
+        select(true()).where(x.c.queue == q.c.name, _due(x)).limit(ONE).scalar_subquery(),
     ]
     if queue_names is not None:
         conditions.append(q.c.name == any_(queue_names_param()))
@@ -223,10 +214,10 @@ def _limited_queues(queue_names: Sequence[str] | None) -> CTE:
             q.c.name,
             q.c.rate_limit,
             slots.label("slots"),
-            _turns(q).label("turns"),
+            takes_turns(q).label("turns"),
             q.c.fair,
             q.c.partition_limit,
-            _bounded_seconds(q.c.aging).label("aging"),
+            bounded_seconds(q.c.aging).label("aging"),
             finishing.label("finishing"),
         )
         .where(*conditions)
@@ -270,7 +261,7 @@ def claim_jobs(
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
     failed here instead of running: the returned `status` says which.
     """
-    c, k = _alias("c"), _alias("k")
+    c, k = jobs_alias("c"), jobs_alias("k")
     limit: Any = (
         bindparam("limit", type_=Integer)
         if size is None
@@ -278,7 +269,7 @@ def claim_jobs(
     )
     # routed queues' jobs are the relay's (sqla_queue.brokers); limited ones go below
     p = queues.alias("p")
-    held_back = select(p.c.name).where(or_(p.c.paused, p.c.route.is_not(None), _limited(p)))
+    held_back = select(p.c.name).where(or_(p.c.paused, p.c.route.is_not(None), limited_queue(p)))
     if queue_names is None:
         # NOT IN, not NOT EXISTS: a hashed filter the planner cannot turn into an anti join
         # that would sort every due job instead of reading the claim index in order
@@ -327,7 +318,9 @@ def claim_jobs(
         )
 
     if not limits:
-        picked = due_first(c.c.id, c.c.queue, _max_attempts(c, settings).label("max_attempts"))
+        picked = due_first(
+            c.c.id, c.c.queue, effective_max_attempts(c, settings).label("max_attempts")
+        )
         return _claimed(picked.cte("candidates").prefix_with("MATERIALIZED"), settings)
     # FOR UPDATE is not allowed in a UNION's own branches: a subquery each
     free = due_first(*columns(c)).subquery("a")
@@ -342,7 +335,7 @@ def claim_jobs(
     )
     # a fair, partition-limited or aging queue: `claim_turns` picks and locks its jobs, each
     # with its turn and its priority (aged: the priority it has come to)
-    t = _alias("t")
+    t = jobs_alias("t")
     turns = (
         func.sqla_queue.claim_turns(
             limited.c.name,
@@ -388,7 +381,7 @@ def claim_jobs(
         select(
             both.c.id,
             both.c.queue,
-            _max_attempts(both, settings).label("max_attempts"),
+            effective_max_attempts(both, settings).label("max_attempts"),
             func.row_number().over(order_by=order).label("ord"),
         )
         .order_by(*order)
@@ -413,7 +406,7 @@ def claim_jobs(
 def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
     """Mark `candidates` (id, queue, max_attempts, and `ord` if they have one; locked)
     running, in claim order: `ord`'s, else priority, run_at and id."""
-    j = _alias("j")
+    j = jobs_alias("j")
     ordinal = [candidates.c.ord] if "ord" in candidates.c else []
     lease = func.coalesce(
         _task_number("task_leases", Float, j, settings), bindparam("lease", 60.0, type_=Float)
@@ -427,7 +420,7 @@ def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
                 (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
                 else_=literal_column(f"'{JobStatus.running.value}'"),
             ),
-            attempts=j.c.attempts + _ONE,
+            attempts=j.c.attempts + ONE,
             # the budget the worker runs it with, kept for jobs show (the task's, if known)
             max_attempts=func.coalesce(
                 j.c.max_attempts, _task_number("task_max_attempts", Integer, j, settings)
@@ -435,18 +428,18 @@ def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
             locked_at=func.now(),
             heartbeat_at=func.now(),
             locked_by=bindparam("worker_id", type_=Text),
-            lease_expires_at=func.now() + lease * _SECOND,
+            lease_expires_at=func.now() + lease * ONE_SECOND,
             started_at=null(),
             finished_at=case((exhausted, func.now())),
             last_error=case(
                 (
                     exhausted,
                     func.concat(
-                        _text("attempt "),
-                        j.c.attempts + _ONE,
-                        _text(" exceeds max_attempts "),
+                        literal_text("attempt "),
+                        j.c.attempts + ONE,
+                        literal_text(" exceeds max_attempts "),
                         candidates.c.max_attempts,
-                        _text(" (the previous attempt's worker stopped heartbeating)"),
+                        literal_text(" (the previous attempt's worker stopped heartbeating)"),
                     ),
                 ),
                 else_=j.c.last_error,
@@ -480,11 +473,13 @@ def complete_and_claim(
     deleted here match nothing there. The deleted rows were `running`, so they are never
     among the candidates.
     """
-    d = _alias("d")
+    d = jobs_alias("d")
     keeps_rows = exists().where(
-        queues.c.name == d.c.queue, queues.c.retention != _text(Retention.delete.value)
+        queues.c.name == d.c.queue, queues.c.retention != literal_text(Retention.delete.value)
     )
-    removed = delete(d).where(*_held(d), ~keeps_rows).returning(d.c.id, d.c.sequence).cte("removed")
+    removed = (
+        delete(d).where(*held_rows(d), ~keeps_rows).returning(d.c.id, d.c.sequence).cte("removed")
+    )
     finished = select(func.count()).select_from(removed).scalar_subquery().label("finished")
     # this statement's claim sees the removed jobs still holding their sequences: the
     # next of each is claimed by a later claim, which this wakes (a one-time filter: it

@@ -1,4 +1,5 @@
-"""What every statement module shares: the tables, the status literal, the batch arrays.
+"""What every statement module shares: the tables, the status literal, the batch arrays, the
+constants and aliases the statements' text is built of.
 
 The fencing condition: every statement that ends a claim matches the job's id,
 the attempt number the claim returned, and `status = 'running'`. A worker whose
@@ -75,7 +76,7 @@ FINISHED_STATUSES = FINISHED
 """The finished statuses: `sqla_queue.job.states.FINISHED`."""
 
 
-def _is(status: JobStatus, table: Any = jobs) -> ColumnElement[bool]:
+def status_is(status: JobStatus, table: Any = jobs) -> ColumnElement[bool]:
     """`status = 'queued'` with the status as a literal, never a bound parameter.
 
     The partial indexes are defined `WHERE status = '...'`: a generic plan of a prepared
@@ -91,7 +92,7 @@ def cancelled_held(table: Any = jobs) -> ColumnElement[bool]:
     worker said): it still takes its queue's slot (`claim_slots` counts it while its lease
     lasts), so no admin command may make it claimable or delete it until then.
     `ix_jobs_cancelled_held` holds these rows."""
-    return and_(_is(JobStatus.cancelled, table), table.c.lease_expires_at.is_not(None))
+    return and_(status_is(JobStatus.cancelled, table), table.c.lease_expires_at.is_not(None))
 
 
 def seconds_since(moment: Any) -> Any:
@@ -124,7 +125,26 @@ def seconds_interval(seconds: Any) -> Any:
     return func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
-def _seconds(name: str, *, optional: bool = False) -> Any:
+def literal_text(value: str) -> Any:
+    """A constant of our own as an SQL literal, not a bound parameter: hot statements bind
+    only what changes (fewer parameters to convert on every execution)."""
+    return literal_column("'" + value.replace("'", "''") + "'", Text)
+
+
+ONE: Any = literal_column("1", Integer)
+"""The constant 1 as SQL text (`SELECT 1`, `LIMIT 1`), not a bound parameter."""
+
+
+def jobs_alias(name: str) -> Any:
+    """The jobs table under a one-letter name, for statements whose text must stay short."""
+    return jobs.alias(name)
+
+
+ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
+"""The interval of one second as SQL text, not a bound parameter."""
+
+
+def seconds_param(name: str, *, optional: bool = False) -> Any:
     """`make_interval(secs => :name)`, for a bound number of seconds; with `optional` the
     parameter defaults to NULL, and so does the interval."""
     if optional:
@@ -132,7 +152,16 @@ def _seconds(name: str, *, optional: bool = False) -> Any:
     return seconds_interval(bindparam(name, type_=Float))
 
 
-def _claimed_batch(
+def unnested(alias: str, *arrays: tuple[str, str, Any]) -> TableValuedAlias:
+    """`unnest(:param, ...) AS alias(column, ...)`: one row per place of the parallel arrays,
+    each given as (parameter, column, element type), so a batch of any size is one
+    statement."""
+    params = [bindparam(param, type_=ARRAY(type_)) for param, _, type_ in arrays]
+    names = [name for _, name, _ in arrays]
+    return func.unnest(*params).table_valued(*names).render_derived(name=alias)
+
+
+def claimed_batch(
     *extra: tuple[str, str, Any],
     optional: bool = False,
     defaulted: Sequence[tuple[str, str, Any]] = (),
@@ -158,9 +187,9 @@ def _claimed_batch(
     return func.unnest(*arrays).table_valued(*names).render_derived(name="f")
 
 
-def _held(table: Any = jobs) -> tuple[Any, ...]:
+def held_rows(table: Any = jobs) -> tuple[Any, ...]:
     """The rows of `table` that `:job_ids` names and still holds at the attempt given at the
-    same place in `:job_attempts`: `_fenced` without a join, for a statement that needs no
+    same place in `:job_attempts`: `fenced_rows` without a join, for a statement that needs no
     other value per job. A generic plan (psycopg prepares a statement after five runs) of a
     join with `unnest` rescans the function for each running row: 50 x 50 rows per batch."""
     ids = job_ids_param()
@@ -168,14 +197,14 @@ def _held(table: Any = jobs) -> tuple[Any, ...]:
     return (
         table.c.id == any_(ids),
         table.c.attempts == Grouping(attempts)[func.array_position(ids, table.c.id)],
-        _is(JobStatus.running, table),
+        status_is(JobStatus.running, table),
     )
 
 
-def _fenced(batch: TableValuedAlias, table: Any = jobs) -> tuple[Any, ...]:
+def fenced_rows(batch: TableValuedAlias, table: Any = jobs) -> tuple[Any, ...]:
     """The rows of `table` (jobs, or an alias) that `batch` names and still holds."""
     return (
         table.c.id == batch.c.id,
         table.c.attempts == batch.c.attempt,
-        _is(JobStatus.running, table),
+        status_is(JobStatus.running, table),
     )

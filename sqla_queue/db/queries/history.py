@@ -10,8 +10,7 @@ from sqlalchemy import Integer, Text, case, func, literal_column
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.selectable import TableValuedAlias
 
-from sqla_queue.db.queries.claim import _text
-from sqla_queue.db.queries.common import jobs
+from sqla_queue.db.queries.common import jobs, literal_text
 from sqla_queue.job.history import MAX_ENTRIES
 
 ERROR_ENTRY_ARRAYS = (
@@ -22,29 +21,29 @@ ERROR_ENTRY_ARRAYS = (
 """The parallel arrays of a failed attempt's history entry (optional: NULL class, no entry)."""
 
 
-def _error_entry(table: Any, error_class: Any, message: Any, traceback: Any) -> Any:
+def ended_attempt_entry(table: Any, error_class: Any, message: Any, traceback: Any) -> Any:
     """The history entry of the attempt `table`'s row ends now (read before the UPDATE
     clears its claim: SET reads the old row)."""
     started = table.c.started_at if "started_at" in table.c else table.c.locked_at
     return func.jsonb_build_object(
-        _text("attempt"),
+        literal_text("attempt"),
         table.c.attempts,
-        _text("worker"),
+        literal_text("worker"),
         table.c.locked_by,
-        _text("started_at"),
+        literal_text("started_at"),
         func.coalesce(started, table.c.locked_at),
-        _text("finished_at"),
+        literal_text("finished_at"),
         func.now(),
-        _text("class"),
+        literal_text("class"),
         error_class,
-        _text("message"),
+        literal_text("message"),
         message,
-        _text("traceback"),
+        literal_text("traceback"),
         traceback,
     )
 
 
-def _appended_errors(entry: Any, table: Any = jobs) -> Any:
+def appended_errors(entry: Any, table: Any = jobs) -> Any:
     """`table.errors` with `entry` appended, at most `MAX_ENTRIES`: the first entry and the
     latest ones (a jsonb path keeps them; it reads the old array once more, on errors only)."""
     old = table.c.errors
@@ -61,11 +60,13 @@ def _appended_errors(entry: Any, table: Any = jobs) -> Any:
     )
 
 
-def _batch_errors(batch: TableValuedAlias, table: Any = jobs) -> Any:
+def batch_errors(batch: TableValuedAlias, table: Any = jobs) -> Any:
     """`table.errors` with the entry the batch's history arrays give (none: unchanged)."""
-    entry = _error_entry(table, batch.c.error_class, batch.c.error_message, batch.c.error_traceback)
+    entry = ended_attempt_entry(
+        table, batch.c.error_class, batch.c.error_message, batch.c.error_traceback
+    )
     return case(
-        (batch.c.error_class.is_(None), table.c.errors), else_=_appended_errors(entry, table)
+        (batch.c.error_class.is_(None), table.c.errors), else_=appended_errors(entry, table)
     )
 
 

@@ -46,32 +46,28 @@ from sqla_queue.db.models import (
     Retention,
 )
 from sqla_queue.db.queries.channels import RESULTS_CHANNEL, wake_sequence_successor
-from sqla_queue.db.queries.claim import (
-    _ONE,
-    _SECOND,
-    _alias,
-    _bounded_seconds,
-    _limited,
-    _max_attempts,
-    _text,
-)
+from sqla_queue.db.queries.claim import bounded_seconds, effective_max_attempts, limited_queue
 from sqla_queue.db.queries.common import (
-    _claimed_batch,
-    _fenced,
-    _is,
+    ONE,
+    ONE_SECOND,
     archive,
     cancelled_held,
+    claimed_batch,
+    fenced_rows,
     job_ids_param,
     jobs,
+    jobs_alias,
+    literal_text,
     queues,
     seconds_interval,
+    status_is,
     workers,
 )
 from sqla_queue.db.queries.history import (
     ERROR_ENTRY_ARRAYS,
-    _appended_errors,
-    _batch_errors,
-    _error_entry,
+    appended_errors,
+    batch_errors,
+    ended_attempt_entry,
 )
 from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
 from sqla_queue.job.history import LOST_CLASS
@@ -96,14 +92,14 @@ def _started(table: Any = jobs) -> Any:
 
 
 def _update_fenced(batch: TableValuedAlias) -> Update:
-    """An UPDATE of the jobs `batch` names, fenced (`_fenced`: only while their claims
+    """An UPDATE of the jobs `batch` names, fenced (`fenced_rows`: only while their claims
     still hold them): every statement that ends a claim with new values starts here."""
-    return update(jobs).where(*_fenced(batch))
+    return update(jobs).where(*fenced_rows(batch))
 
 
 def complete_keep() -> Update:
     """Mark claimed jobs done (retention `keep`). Parameters: `job_ids`, `job_attempts`."""
-    batch = _claimed_batch()
+    batch = claimed_batch()
     return _update_fenced(batch).values(
         status=JobStatus.done.value, finished_at=func.now(), started_at=_started()
     )
@@ -111,15 +107,15 @@ def complete_keep() -> Update:
 
 def complete_delete() -> Delete:
     """Delete a batch of claimed jobs that succeeded (retention `delete`)."""
-    batch = _claimed_batch()
-    return delete(jobs).where(*_fenced(batch))
+    batch = claimed_batch()
+    return delete(jobs).where(*fenced_rows(batch))
 
 
 def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
     """The archive's column names, and what each takes from `source` (deleted job rows)."""
     names = [c.name for c in archive.c]
     values = [
-        _text(JobStatus.done.value).label("status")
+        literal_text(JobStatus.done.value).label("status")
         if name == "status"
         else func.now().label("finished_at")
         if name == "finished_at"
@@ -131,12 +127,12 @@ def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
 
 def _results_batch() -> TableValuedAlias:
     """The claimed batch with `:job_results`, each a JSON text to keep or NULL (optional)."""
-    return _claimed_batch(("job_results", "result", Text), optional=True)
+    return claimed_batch(("job_results", "result", Text), optional=True)
 
 
 def _limited_queue(queue: Any) -> ColumnElement[bool]:
     """Whether `queue` (a column) names a limited queue: its finishes wake other workers."""
-    named: ColumnElement[bool] = queue.in_(select(queues.c.name).where(_limited()))
+    named: ColumnElement[bool] = queue.in_(select(queues.c.name).where(limited_queue()))
     return named
 
 
@@ -181,7 +177,7 @@ def _completion_ctes() -> tuple[CTE, ...]:
             and_(retention(table) == delete_, batch.c.result.is_not(None)),
         )
 
-    d, k = _alias("d"), _alias("k")  # short names keep the text short (see claim_jobs)
+    d, k = jobs_alias("d"), jobs_alias("k")  # short names keep the text short (see claim_jobs)
     gone, stays = _results_batch(), _results_batch()
     returned = [
         gone.c.result.cast(JSONB).label("result") if column.name == "result" else d.c[column.name]
@@ -189,7 +185,7 @@ def _completion_ctes() -> tuple[CTE, ...]:
     ]
     removed = (
         delete(d)
-        .where(*_fenced(gone, d), ~kept_here(d, gone))
+        .where(*fenced_rows(gone, d), ~kept_here(d, gone))
         .returning(
             *returned,
             retention(d).label("retention"),
@@ -211,9 +207,9 @@ def _completion_ctes() -> tuple[CTE, ...]:
     )
     kept = (
         update(k)
-        .where(*_fenced(stays, k), kept_here(k, stays))
+        .where(*fenced_rows(stays, k), kept_here(k, stays))
         .values(
-            status=_text(JobStatus.done.value),
+            status=literal_text(JobStatus.done.value),
             finished_at=func.now(),
             result=stays.c.result.cast(JSONB),
             **{**_ENDED, "started_at": _started(k)},
@@ -258,7 +254,7 @@ def store_results() -> Select[Any]:
     `RESULTS_CHANNEL` on commit; returns how many it stored."""
 
     def stored(table: Any, name: str) -> CTE:
-        batch = _claimed_batch(
+        batch = claimed_batch(
             ("job_results", "result", Text),
             ("job_errors", "error", Text),
             *ERROR_ENTRY_ARRAYS,
@@ -270,14 +266,14 @@ def store_results() -> Select[Any]:
             .where(
                 table.c.id == batch.c.id,
                 table.c.attempts == batch.c.attempt,
-                _is(JobStatus.done, table),
-                table.c.result == cast(_text(PENDING_RESULT), JSONB),
+                status_is(JobStatus.done, table),
+                table.c.result == cast(literal_text(PENDING_RESULT), JSONB),
             )
             .values(
                 result=batch.c.result.cast(JSONB),
-                status=case((failed, _text(JobStatus.failed.value)), else_=table.c.status),
+                status=case((failed, literal_text(JobStatus.failed.value)), else_=table.c.status),
                 last_error=func.coalesce(batch.c.error, table.c.last_error),
-                errors=_batch_errors(batch, table),
+                errors=batch_errors(batch, table),
             )
             .returning(table.c.id)
             .cte(name)
@@ -290,8 +286,8 @@ def store_results() -> Select[Any]:
 
 def complete_archive() -> Insert:
     """Move a batch of succeeded jobs to the archive table in one statement."""
-    batch = _claimed_batch()
-    moved = delete(jobs).where(*_fenced(batch)).returning(*jobs.c).cte("moved")
+    batch = claimed_batch()
+    moved = delete(jobs).where(*fenced_rows(batch)).returning(*jobs.c).cte("moved")
     names, values = _archived_values(moved)
     return insert(archive).from_select(names, select(*values)).add_cte(moved)
 
@@ -302,7 +298,7 @@ def retry_jobs() -> Update:
     Parameters: `job_ids`, `job_attempts`, `job_delays` (seconds), `job_errors` (tracebacks);
     optionally the history entries' `ERROR_ENTRY_ARRAYS`, appended to `errors`.
     """
-    batch = _claimed_batch(
+    batch = claimed_batch(
         ("job_delays", "delay", Float), ("job_errors", "error", Text), defaulted=ERROR_ENTRY_ARRAYS
     )
     return (
@@ -311,7 +307,7 @@ def retry_jobs() -> Update:
             status=JobStatus.queued.value,
             run_at=func.now() + seconds_interval(batch.c.delay),
             last_error=batch.c.error,
-            errors=_batch_errors(batch),
+            errors=batch_errors(batch),
             locked_at=None,
             **_ENDED,
         )
@@ -326,7 +322,7 @@ def snooze_jobs() -> Update:
     `job_task_max_attempts` (the task's own max_attempts, or NULL). As the reaper's refund
     does, max_attempts grows by one and the attempt number (the fencing token) keeps counting.
     """
-    batch = _claimed_batch(
+    batch = claimed_batch(
         ("job_delays", "delay", Float),
         ("job_errors", "error", Text),
         ("job_task_max_attempts", "task_max", Integer),
@@ -338,7 +334,7 @@ def snooze_jobs() -> Update:
         _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
-            max_attempts=budget + _ONE,
+            max_attempts=budget + ONE,
             run_at=func.now() + seconds_interval(batch.c.delay),
             last_error=batch.c.error,
             locked_at=None,
@@ -377,21 +373,21 @@ def defer_jobs() -> Update:
     fencing token because the deferring worker never ran the job and writes nothing else
     for that attempt; the next claim takes the same number again.
     """
-    batch = _claimed_batch(("job_errors", "error", Text))
-    times = func.coalesce(cast(func.substring(jobs.c.last_error, _DEFERRALS), Integer), 0) + _ONE
+    batch = claimed_batch(("job_errors", "error", Text))
+    times = func.coalesce(cast(func.substring(jobs.c.last_error, _DEFERRALS), Integer), 0) + ONE
     delay = func.least(
         literal_column(repr(UNKNOWN_TASK_MAX_DELAY), Float),
         literal_column(repr(UNKNOWN_TASK_FIRST_DELAY), Float)
-        * func.power(literal_column("2.0", Float), func.least(times - _ONE, 20)),
+        * func.power(literal_column("2.0", Float), func.least(times - ONE, 20)),
     )
     return (
         _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
-            attempts=jobs.c.attempts - _ONE,
+            attempts=jobs.c.attempts - ONE,
             run_at=func.now() + seconds_interval(delay),
             last_error=func.concat(
-                _text(DEFERRED_PREFIX), times, _text(" time(s): "), batch.c.error
+                literal_text(DEFERRED_PREFIX), times, literal_text(" time(s): "), batch.c.error
             ),
             locked_at=None,
             **_ENDED,
@@ -406,7 +402,7 @@ def fail_jobs() -> Update:
 
     On commit it NOTIFYs `RESULTS_CHANNEL` with each job's id (a waiter raises its error),
     and the queue's channel for limited queues."""
-    batch = _claimed_batch(("job_errors", "error", Text), defaulted=ERROR_ENTRY_ARRAYS)
+    batch = claimed_batch(("job_errors", "error", Text), defaulted=ERROR_ENTRY_ARRAYS)
     return (
         _update_fenced(batch)
         .values(
@@ -414,7 +410,7 @@ def fail_jobs() -> Update:
             finished_at=func.now(),
             started_at=_started(),
             last_error=batch.c.error,
-            errors=_batch_errors(batch),
+            errors=batch_errors(batch),
             heartbeat_at=None,
             lease_expires_at=None,
         )
@@ -430,7 +426,7 @@ def release_jobs() -> Update:
     A job that never started gets its attempt back (`refund` 1); one interrupted mid-run
     keeps it (`refund` 0), so a job that always kills its worker still reaches max_attempts.
     """
-    batch = _claimed_batch(("job_refunds", "refund", Integer))
+    batch = claimed_batch(("job_refunds", "refund", Integer))
     return _update_fenced(batch).values(
         status=JobStatus.queued.value,
         attempts=jobs.c.attempts - batch.c.refund,
@@ -450,7 +446,7 @@ def _holding(batch: Any) -> ColumnElement[bool]:
     return and_(
         jobs.c.id == batch.c.id,
         jobs.c.attempts == batch.c.attempt,
-        or_(_is(JobStatus.running), cancelled_held()),
+        or_(status_is(JobStatus.running), cancelled_held()),
     )
 
 
@@ -464,7 +460,7 @@ def heartbeat_jobs() -> Update:
     Rows locked by someone else (a cancel in an open transaction) are skipped, not waited
     for: `held_jobs` tells a skipped job, still ours, from a lost one.
     """
-    batch = _claimed_batch(("job_leases", "lease", Float), ("job_started", "started", Boolean))
+    batch = claimed_batch(("job_leases", "lease", Float), ("job_started", "started", Boolean))
     mine = (
         select(jobs.c.id, batch.c.lease, batch.c.started)
         .select_from(jobs.join(batch, _holding(batch)))
@@ -477,7 +473,7 @@ def heartbeat_jobs() -> Update:
         .where(jobs.c.id == mine.c.id)
         .values(
             heartbeat_at=func.now(),
-            lease_expires_at=func.now() + mine.c.lease * _SECOND,
+            lease_expires_at=func.now() + mine.c.lease * ONE_SECOND,
             started_at=func.coalesce(jobs.c.started_at, case((mine.c.started, func.now()))),
         )
         .returning(jobs.c.id, jobs.c.status)
@@ -487,7 +483,7 @@ def heartbeat_jobs() -> Update:
 def held_jobs() -> Select[Any]:
     """(id, status) of `:job_ids`/`:job_attempts` still held under that attempt: running, or
     cancelled while its handler runs (no lock)."""
-    batch = _claimed_batch()
+    batch = claimed_batch()
     return select(jobs.c.id, jobs.c.status).select_from(jobs.join(batch, _holding(batch)))
 
 
@@ -496,7 +492,7 @@ def free_cancelled_jobs() -> Update:
     their slots of a limited queue are free. Parameters: `job_ids`, `job_attempts`.
 
     NOTIFYs the queue's channel for limited queues on commit."""
-    batch = _claimed_batch()
+    batch = claimed_batch()
     return (
         update(jobs)
         .where(jobs.c.id == batch.c.id, jobs.c.attempts == batch.c.attempt, cancelled_held())
@@ -547,7 +543,7 @@ def stuck_condition() -> ColumnElement[bool]:
         < func.now() - text(f"interval '{LEGACY_LEASE_SECONDS} seconds'"),
     )
     return and_(
-        _is(JobStatus.running),
+        status_is(JobStatus.running),
         or_(
             jobs.c.lease_expires_at < func.now(),
             jobs.c.locked_by.in_(dead.scalar_subquery()),
@@ -580,7 +576,7 @@ def reap_stale_jobs() -> Update:
         jobs.c.started_at.is_(None),
         func.coalesce(jobs.c.last_error, "").not_like(f"{unstarted}%"),
     )
-    exhausted = and_(~refund, jobs.c.attempts >= _max_attempts())
+    exhausted = and_(~refund, jobs.c.attempts >= effective_max_attempts())
     worker = func.coalesce(jobs.c.locked_by, "?")
     why = case(
         (refund, func.concat(unstarted, worker, " stopped heartbeating")),
@@ -592,14 +588,14 @@ def reap_stale_jobs() -> Update:
                 " stopped heartbeating during attempt ",
                 jobs.c.attempts,
                 ", the last of ",
-                _max_attempts(),
+                effective_max_attempts(),
             ),
         ),
         else_=func.concat("lease expired: worker ", worker, " stopped heartbeating"),
     )
     return (
         update(jobs)
-        .where(jobs.c.id == stale.c.id, _is(JobStatus.running))
+        .where(jobs.c.id == stale.c.id, status_is(JobStatus.running))
         .values(
             status=case(
                 (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
@@ -607,14 +603,16 @@ def reap_stale_jobs() -> Update:
             ),
             # The attempt number stays (it is the fencing token); the budget grows instead.
             max_attempts=case(
-                (refund, func.least(_max_attempts(), INT4_MAX - 1) + 1),
+                (refund, func.least(effective_max_attempts(), INT4_MAX - 1) + 1),
                 else_=jobs.c.max_attempts,
             ),
             run_at=func.now(),
             finished_at=case((exhausted, func.now())),
             last_error=why,
             # a lost attempt is an error of its own (even a refunded one: its worker died)
-            errors=_appended_errors(_error_entry(jobs, _text(LOST_CLASS), why, null())),
+            errors=appended_errors(
+                ended_attempt_entry(jobs, literal_text(LOST_CLASS), why, null())
+            ),
             locked_at=None,
             **_ENDED,
         )
@@ -638,7 +636,7 @@ def cancel_jobs() -> Update:
         select(jobs.c.id, jobs.c.status)
         .where(
             jobs.c.id == any_(job_ids_param()),
-            or_(*(_is(JobStatus(status)) for status in statuses(cancel=True))),
+            or_(*(status_is(JobStatus(status)) for status in statuses(cancel=True))),
         )
         .with_for_update()
         .cte("before")
@@ -652,7 +650,7 @@ def cancel_jobs() -> Update:
             heartbeat_at=None,
             # a running job's handler goes on until it returns: it keeps its queue's slot
             # (its worker extends the lease, then clears it: `free_cancelled_jobs`)
-            lease_expires_at=case((_is(JobStatus.running), jobs.c.lease_expires_at)),
+            lease_expires_at=case((status_is(JobStatus.running), jobs.c.lease_expires_at)),
         )
         .returning(jobs.c.id, before.c.status)
     )
@@ -684,10 +682,10 @@ def expire_results() -> Delete:
         select(jobs.c.id)
         .join(queues, queues.c.name == jobs.c.queue)
         .where(
-            _is(JobStatus.done),
+            status_is(JobStatus.done),
             jobs.c.result.is_not(None),
-            queues.c.retention == _text(Retention.delete.value),
-            jobs.c.finished_at < func.now() - _bounded_seconds(queues.c.result_ttl) * _SECOND,
+            queues.c.retention == literal_text(Retention.delete.value),
+            jobs.c.finished_at < func.now() - bounded_seconds(queues.c.result_ttl) * ONE_SECOND,
         )
         .limit(literal_column("500"))
         .with_for_update(of=jobs, skip_locked=True)
@@ -704,7 +702,7 @@ def job_by_id() -> Select[Any]:
 def make_scheduled_due(queue_names: Sequence[str] | None, skip_ids: bool = False) -> Update:
     """Queued jobs due later become due now, in the given queues (None: all); for `drain`.
     With `skip_ids`, not the jobs of parameter `job_ids` (the ones it deferred)."""
-    statement = update(jobs).where(_is(JobStatus.queued), jobs.c.run_at > func.now())
+    statement = update(jobs).where(status_is(JobStatus.queued), jobs.c.run_at > func.now())
     if skip_ids:
         statement = statement.where(jobs.c.id.not_in(bindparam("job_ids", expanding=True)))
     if queue_names is not None:
@@ -721,7 +719,7 @@ def not_yet_due(queue_names: Sequence[str] | None) -> Select[Any]:
         func.min(jobs.c.run_at).label("earliest"),
         func.extract("epoch", func.min(jobs.c.run_at) - func.now()).label("seconds"),
     ]
-    statement = select(*columns).where(_is(JobStatus.queued), jobs.c.run_at > func.now())
+    statement = select(*columns).where(status_is(JobStatus.queued), jobs.c.run_at > func.now())
     if queue_names is not None:
         statement = statement.where(jobs.c.queue.in_(queue_names))
     return statement

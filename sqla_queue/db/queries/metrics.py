@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Select, and_, bindparam, func, or_, select
 
 from sqla_queue.db.models import JobStatus
-from sqla_queue.db.queries.common import _is, jobs, seconds_since, workers
+from sqla_queue.db.queries.common import jobs, seconds_since, status_is, workers
 
 
 def queue_depth() -> Select[Any]:
@@ -18,8 +18,8 @@ def queue_depth() -> Select[Any]:
     Reads only queued, running and waiting rows (the partial indexes' rows), never finished
     ones, so its cost follows the backlog, not the table's history.
     """
-    queued, running = _is(JobStatus.queued), _is(JobStatus.running)
-    waiting = _is(JobStatus.waiting)
+    queued, running = status_is(JobStatus.queued), status_is(JobStatus.running)
+    waiting = status_is(JobStatus.waiting)
     due = and_(queued, jobs.c.run_at <= func.now())
     return (
         select(

@@ -29,9 +29,9 @@ from sqlalchemy.dialects.postgresql import Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.db.models import JobStatus, PartitionWeight
-from sqla_queue.db.queries.claim import _turns
-from sqla_queue.db.queries.common import _is, jobs, queues
-from sqla_queue.db.queries.queues import _set_queue
+from sqla_queue.db.queries.claim import takes_turns
+from sqla_queue.db.queries.common import jobs, queues, status_is
+from sqla_queue.db.queries.queues import set_queue
 from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
 
 weights = cast(Table, PartitionWeight.__table__)
@@ -39,23 +39,23 @@ weights = cast(Table, PartitionWeight.__table__)
 
 def set_queue_fair() -> Any:
     """Make `:queue_name` fair (`:fair` true) or FIFO again."""
-    return _set_queue(fair=bindparam("fair"))
+    return set_queue(fair=bindparam("fair"))
 
 
 def set_queue_partition_limit() -> Any:
     """Set (or clear, with NULL) the running jobs allowed per partition of `:queue_name`."""
-    return _set_queue(partition_limit=bindparam("partition_limit", type_=Integer))
+    return set_queue(partition_limit=bindparam("partition_limit", type_=Integer))
 
 
 def set_queue_aging() -> Any:
     """Set (or clear, with NULL) the seconds per priority step a waiting job of
     `:queue_name` gains."""
-    return _set_queue(aging=bindparam("aging", type_=Float))
+    return set_queue(aging=bindparam("aging", type_=Float))
 
 
 def set_queue_sequence_on_failure() -> Any:
     """Set `:queue_name`'s `sequence_on_failure` (`hold` or `skip`) to `:policy`."""
-    return _set_queue(sequence_on_failure=bindparam("policy", type_=Text))
+    return set_queue(sequence_on_failure=bindparam("policy", type_=Text))
 
 
 def set_partition_weight() -> Insert:
@@ -94,11 +94,11 @@ def top_partitions() -> Select[Any]:
         select(
             jobs.c.queue,
             jobs.c.partition,
-            func.count().filter(_is(JobStatus.queued)).label("queued"),
-            func.count().filter(_is(JobStatus.running)).label("running"),
+            func.count().filter(status_is(JobStatus.queued)).label("queued"),
+            func.count().filter(status_is(JobStatus.running)).label("running"),
         )
         .where(
-            or_(_is(JobStatus.queued), _is(JobStatus.running)),
+            or_(status_is(JobStatus.queued), status_is(JobStatus.running)),
             jobs.c.queue.in_(
                 select(queues.c.name).where(or_(queues.c.fair, queues.c.partition_limit > 0))
             ),
@@ -129,7 +129,7 @@ def _holding_failures() -> tuple[Any, Any]:
     skips = exists().where(queues.c.name == f.c.queue, queues.c.sequence_on_failure == "skip")
     holding = and_(
         f.c.sequence.is_not(None),
-        _is(JobStatus.failed, f),
+        status_is(JobStatus.failed, f),
         ~skips,
         status_in(f.c.status, HOLDS_SEQUENCE),
     )
@@ -141,7 +141,7 @@ def _behind(f: Any) -> Any:
     w = jobs.alias("w")
     return (
         select(func.count())
-        .where(w.c.sequence == f.c.sequence, w.c.id > f.c.id, _is(JobStatus.queued, w))
+        .where(w.c.sequence == f.c.sequence, w.c.id > f.c.id, status_is(JobStatus.queued, w))
         .scalar_subquery()
     )
 
@@ -206,7 +206,7 @@ def aged_jobs() -> Select[Any]:
     j = jobs.alias("j")
     aged = and_(
         j.c.queue == queues.c.name,
-        _is(JobStatus.queued, j),
+        status_is(JobStatus.queued, j),
         j.c.priority > 0,
         j.c.run_at <= func.now() - queues.c.aging * literal_column("interval '1 second'"),
     )
@@ -229,6 +229,6 @@ def turns_queues() -> Select[Any]:
             queues.c.aging,
             queues.c.sequence_on_failure,
         )
-        .where(or_(_turns(queues), queues.c.sequence_on_failure != "hold"))
+        .where(or_(takes_turns(queues), queues.c.sequence_on_failure != "hold"))
         .order_by(queues.c.name)
     )

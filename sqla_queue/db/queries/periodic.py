@@ -25,19 +25,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.db.models import PeriodicSlot
+from sqla_queue.db.queries.common import unnested
 
 slots = cast(Table, PeriodicSlot.__table__)
 
 
 def _wanted(*extra: tuple[str, str, Any]) -> Any:
     """`unnest(:slot_tasks, :slot_times, ...) AS w(task, slot, ...)`."""
-    arrays = [
-        bindparam("slot_tasks", type_=ARRAY(Text)),
-        bindparam("slot_times", type_=ARRAY(DateTime(timezone=True))),
-        *(bindparam(param, type_=ARRAY(type_)) for param, _, type_ in extra),
-    ]
-    names = ["task", "slot", *(name for _, name, _ in extra)]
-    return func.unnest(*arrays).table_valued(*names).render_derived(name="w")
+    return unnested(
+        "w", ("slot_tasks", "task", Text), ("slot_times", "slot", DateTime(timezone=True)), *extra
+    )
 
 
 def database_now() -> Select[Any]:

@@ -29,13 +29,13 @@ from sqlalchemy.sql.dml import ReturningDelete
 from sqla_queue.db.models import JobStatus
 from sqla_queue.db.queries.common import (
     FINISHED_STATUSES,
-    _is,
-    _seconds,
     archive,
     cancelled_held,
     jobs,
     queues,
+    seconds_param,
     seconds_since,
+    status_is,
 )
 from sqla_queue.job.states import UNFINISHED
 
@@ -77,7 +77,7 @@ def insert_queue() -> Insert:
     return insert(queues)
 
 
-def _set_queue(**values: Any) -> Update:
+def set_queue(**values: Any) -> Update:
     """`UPDATE queues SET <values> WHERE name = :queue_name RETURNING name`: no row, no queue."""
     return (
         update(queues)
@@ -89,28 +89,28 @@ def _set_queue(**values: Any) -> Update:
 
 def set_queue_paused(paused: bool) -> Update:
     """Pause or resume the queue `:name`; returns its name if it exists."""
-    return _set_queue(paused=paused)
+    return set_queue(paused=paused)
 
 
 def set_queue_retention() -> Update:
     """Set the retention of the queue `:queue_name` to `:new_retention`."""
-    return _set_queue(retention=bindparam("new_retention"))
+    return set_queue(retention=bindparam("new_retention"))
 
 
 def set_queue_route() -> Update:
     """Set (or clear, with NULL) the route of the queue `:queue_name` to `:new_route`."""
-    return _set_queue(route=bindparam("new_route"))
+    return set_queue(route=bindparam("new_route"))
 
 
 def set_queue_concurrency() -> Update:
     """Set (or clear, with NULL) the concurrency limit of `:queue_name` to `:concurrency`."""
-    return _set_queue(concurrency=bindparam("concurrency", type_=Integer))
+    return set_queue(concurrency=bindparam("concurrency", type_=Integer))
 
 
 def set_queue_rate() -> Update:
     """Set (or clear, with NULLs) the rate limit of `:queue_name`: `:rate_limit` starts per
     `:rate_window` seconds."""
-    return _set_queue(
+    return set_queue(
         rate_limit=bindparam("rate_limit", type_=Integer),
         rate_window=bindparam("rate_window", type_=Float),
     )
@@ -118,14 +118,14 @@ def set_queue_rate() -> Update:
 
 def set_queue_result_ttl() -> Update:
     """Set how long (`:result_ttl` seconds) kept results of `:queue_name` stay readable."""
-    return _set_queue(result_ttl=bindparam("result_ttl", type_=Float))
+    return set_queue(result_ttl=bindparam("result_ttl", type_=Float))
 
 
 def count_unfinished_in_queue() -> Select[Any]:
     """How many jobs of `:queue_name` are unfinished (queued, running or waiting)."""
     return select(func.count()).where(
         jobs.c.queue == bindparam("queue_name"),
-        or_(*(_is(JobStatus(status)) for status in UNFINISHED)),
+        or_(*(status_is(JobStatus(status)) for status in UNFINISHED)),
     )
 
 
@@ -138,7 +138,7 @@ def delete_jobs_of_queue(finished_only: bool) -> Delete:
     """Delete the jobs of the queue `:queue_name`: only finished ones, or all (`--force`)."""
     statement = delete(jobs).where(jobs.c.queue == bindparam("queue_name"))
     if finished_only:
-        statement = statement.where(or_(*(_is(JobStatus(s)) for s in FINISHED_STATUSES)))
+        statement = statement.where(or_(*(status_is(JobStatus(s)) for s in FINISHED_STATUSES)))
     return statement
 
 
@@ -153,7 +153,7 @@ def queue_stats() -> Select[Any]:
     Queues with no jobs appear once with a NULL status and a count of 0.
     """
     oldest_due = func.min(jobs.c.run_at).filter(
-        and_(_is(JobStatus.queued), jobs.c.run_at <= func.now())
+        and_(status_is(JobStatus.queued), jobs.c.run_at <= func.now())
     )
     due_age = seconds_since(oldest_due)
     names = select(queues.c.name).union(select(jobs.c.queue.label("name")).distinct()).subquery()
@@ -178,11 +178,11 @@ def prune_jobs() -> Delete:
     (not a cancelled one whose handler still runs: it holds its queue's slot)."""
     return delete(jobs).where(
         jobs.c.status == any_(bindparam("statuses", type_=ARRAY(Text))),
-        jobs.c.finished_at < func.now() - _seconds("older_than"),
+        jobs.c.finished_at < func.now() - seconds_param("older_than"),
         ~cancelled_held(),
     )
 
 
 def prune_archive() -> Delete:
     """Delete archived jobs older than `:older_than` seconds."""
-    return delete(archive).where(archive.c.finished_at < func.now() - _seconds("older_than"))
+    return delete(archive).where(archive.c.finished_at < func.now() - seconds_param("older_than"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 from sqlalchemy import (
-    ARRAY,
     DateTime,
     Delete,
     Float,
@@ -23,6 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import Insert, insert
 
 from sqla_queue.db.models import JobCount
+from sqla_queue.db.queries.common import unnested
 
 job_counts = cast(Table, JobCount.__table__)
 
@@ -37,18 +37,15 @@ def add_counts() -> Insert:
     """Add the parallel arrays `:minutes, :queues, :tasks, :succeeded, :failed, :retried,
     :run_seconds` to `job_counts`: a new key is inserted, an existing one has each count
     added to its own (so any number of workers write the same minute)."""
-    rows = (
-        func.unnest(
-            bindparam("minutes", type_=ARRAY(DateTime(timezone=True))),
-            bindparam("queues", type_=ARRAY(Text)),
-            bindparam("tasks", type_=ARRAY(Text)),
-            bindparam("succeeded", type_=ARRAY(Integer)),
-            bindparam("failed", type_=ARRAY(Integer)),
-            bindparam("retried", type_=ARRAY(Integer)),
-            bindparam("run_seconds", type_=ARRAY(Float)),
-        )
-        .table_valued("minute", "queue", "task", *COUNTED)
-        .render_derived(name="c")
+    rows = unnested(
+        "c",
+        ("minutes", "minute", DateTime(timezone=True)),
+        ("queues", "queue", Text),
+        ("tasks", "task", Text),
+        ("succeeded", "succeeded", Integer),
+        ("failed", "failed", Integer),
+        ("retried", "retried", Integer),
+        ("run_seconds", "run_seconds", Float),
     )
     statement = insert(job_counts).from_select(
         ["minute", "queue", "task", *COUNTED], select(*rows.c)

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 from sqla_queue.db.models import SCHEMA
-from sqla_queue.db.queries.catalog import _table_stats as _stats
+from sqla_queue.db.queries.catalog import table_stats
 from sqla_queue.db.queries.common import catalog_view, seconds_since
 
 VACUUM_LOCK_SPACE = 1936813174
@@ -56,12 +56,12 @@ def jobs_vacuum_state() -> Select[Any]:
         _locks.c.granted,
     )
     return select(
-        _stats.c.n_live_tup.label("live"),
-        _stats.c.n_dead_tup.label("dead"),
-        seconds_since(_stats.c.last_vacuum).label("vacuum"),
-        seconds_since(_stats.c.last_autovacuum).label("autovacuum"),
+        table_stats.c.n_live_tup.label("live"),
+        table_stats.c.n_dead_tup.label("dead"),
+        seconds_since(table_stats.c.last_vacuum).label("vacuum"),
+        seconds_since(table_stats.c.last_autovacuum).label("autovacuum"),
         vacuuming.label("vacuuming"),
-    ).where(_stats.c.schemaname == SCHEMA, _stats.c.relname == "jobs")
+    ).where(table_stats.c.schemaname == SCHEMA, table_stats.c.relname == "jobs")
 
 
 def try_vacuum_lock() -> Select[Any]:

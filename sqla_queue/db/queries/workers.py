@@ -25,14 +25,14 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.db.models import JobStatus, StoppedWorker
-from sqla_queue.db.queries.claim import _limited
+from sqla_queue.db.queries.claim import limited_queue
 from sqla_queue.db.queries.common import (
-    _is,
-    _seconds,
     jobs,
     queue_names_param,
     queues,
+    seconds_param,
     seconds_since,
+    status_is,
     workers,
 )
 
@@ -48,7 +48,7 @@ def beat_worker() -> Insert:
     or cancel that have not returned (a list as jsonb, or None). Returns `limits`: whether
     any queue has a concurrency or rate limit, or takes turns (the worker's claim then takes
     the statement that honours them, `claim_jobs`)."""
-    expires = func.now() + _seconds("stale_after")
+    expires = func.now() + seconds_param("stale_after")
     statement = pg_insert(workers).values(
         id=bindparam("worker_id", type_=Text),
         hostname=bindparam("hostname", type_=Text),
@@ -56,10 +56,10 @@ def beat_worker() -> Insert:
         queues=queue_names_param(),
         concurrency=bindparam("concurrency", type_=Integer),
         expires_at=expires,
-        loop_blocked_since=func.now() - _seconds("loop_blocked_for", optional=True),
+        loop_blocked_since=func.now() - seconds_param("loop_blocked_for", optional=True),
         overruns=bindparam("overruns", None, type_=JSONB(none_as_null=True)),
     )
-    limited = exists().where(_limited(queues))
+    limited = exists().where(limited_queue(queues))
     return statement.on_conflict_do_update(
         index_elements=[workers.c.id],
         set_={
@@ -119,7 +119,7 @@ def delete_expired_workers() -> Insert:
     recording each in `stopped_workers` as `lost`; the same statement prunes the workers
     that stopped more than `STOPPED_KEPT` ago (an index range of a small table). Returns
     (id, hostname, pid) of each worker found lost."""
-    holds = exists().where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
+    holds = exists().where(jobs.c.locked_by == workers.c.id, status_is(JobStatus.running))
     gone = _removed(workers.c.expires_at < func.now(), ~holds)
     pruned = (
         delete(stopped)
@@ -159,7 +159,7 @@ def running_jobs_of_workers() -> Select[Any]:
             func.row_number().over(partition_by=jobs.c.locked_by, order_by=jobs.c.id).label("rank"),
         )
         .where(
-            _is(JobStatus.running),
+            status_is(JobStatus.running),
             jobs.c.locked_by == any_(bindparam("worker_ids", type_=ARRAY(Text))),
         )
         .subquery("ranked")
@@ -182,7 +182,7 @@ def live_workers() -> Select[Any]:
             func.count().filter(jobs.c.started_at.is_not(None)).label("running"),
             func.count().filter(jobs.c.started_at.is_(None)).label("claimed"),
         )
-        .where(jobs.c.locked_by == workers.c.id, _is(JobStatus.running))
+        .where(jobs.c.locked_by == workers.c.id, status_is(JobStatus.running))
         .lateral("held")
     )
     return (

@@ -37,7 +37,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
 from sqla_queue.db.models import JobDependency
-from sqla_queue.db.queries.common import archive, cancelled_held, jobs, of_workflow, queues
+from sqla_queue.db.queries.common import (
+    archive,
+    cancelled_held,
+    jobs,
+    of_workflow,
+    queues,
+    unnested,
+)
 from sqla_queue.job.states import UNFINISHED, JobStatus, sql_literal, status_in, statuses
 
 deps = cast(Table, JobDependency.__table__)
@@ -60,10 +67,8 @@ def flag_parents() -> Update:
 
     The lock is what makes linking safe against the parent ending meanwhile: a worker's
     finishing statement waits for this transaction, then sees the flag and the edges."""
-    given = (
-        func.unnest(_ids("parent_ids"), _texts("parent_workflows"))
-        .table_valued("id", "workflow_id")
-        .render_derived(name="given")
+    given = unnested(
+        "given", ("parent_ids", "id", BigInteger), ("parent_workflows", "workflow_id", Text)
     )
     locked = (
         select(jobs.c.id)
@@ -113,15 +118,14 @@ def insert_edges() -> Insert:
     """Write the edges of the arrays `:parent_ids`, `:child_ids`, `:positions`,
     `:on_failures`, `:parent_statuses` (NULL for a parent that has not ended)."""
     rows = select(
-        func.unnest(
-            _ids("parent_ids"),
-            _ids("child_ids"),
-            bindparam("positions", type_=ARRAY(Integer)),
-            _texts("on_failures"),
-            _texts("parent_statuses"),
+        unnested(
+            "e",
+            ("parent_ids", "parent_id", BigInteger),
+            ("child_ids", "child_id", BigInteger),
+            ("positions", "position", Integer),
+            ("on_failures", "on_failure", Text),
+            ("parent_statuses", "parent_status", Text),
         )
-        .table_valued("parent_id", "child_id", "position", "on_failure", "parent_status")
-        .render_derived(name="e")
     )
     return (
         pg_insert(deps)
@@ -136,16 +140,13 @@ def set_waiting() -> Update:
     `:reasons` (the cancelled ones' error) and `:workflows` (each one's own or inherited;
     where NULL, the one it has: a job flagged as a parent in the same batch has its own id
     until then)."""
-    given = (
-        func.unnest(
-            _ids("child_ids"),
-            _texts("statuses"),
-            bindparam("deps_left", type_=ARRAY(Integer)),
-            _texts("reasons"),
-            _texts("workflows"),
-        )
-        .table_valued("id", "status", "deps_left", "reason", "workflow_id")
-        .render_derived(name="given")
+    given = unnested(
+        "given",
+        ("child_ids", "id", BigInteger),
+        ("statuses", "status", Text),
+        ("deps_left", "deps_left", Integer),
+        ("reasons", "reason", Text),
+        ("workflows", "workflow_id", Text),
     )
     cancelled = given.c.status == literal_column(sql_literal(JobStatus.cancelled), Text)
     return (

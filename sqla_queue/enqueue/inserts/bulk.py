@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 
     from sqla_queue.job.tasks import TaskLookup
 from sqla_queue.enqueue.inserts import refusals, wake
-from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, _write_plain, is_psycopg
+from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, is_psycopg, write_plain
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
-from sqla_queue.enqueue.inserts.params import _BIND, DEPENDS, _plain_params, _row_params
+from sqla_queue.enqueue.inserts.params import DEPENDS, JOB_BIND, plain_params, row_params
 from sqla_queue.enqueue.inserts.routed import refuse_routed
-from sqla_queue.enqueue.inserts.unique import _insert_unique
-from sqla_queue.enqueue.inserts.wake import _NOTIFY_QUEUES, _notify
+from sqla_queue.enqueue.inserts.unique import insert_unique
+from sqla_queue.enqueue.inserts.wake import NOTIFY_QUEUES, wake_queues
 
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
 _MAY_STAGE = queries.may_stage_jobs()
@@ -48,7 +48,7 @@ _PLAIN_ROW_KEYS = frozenset(
 def _bulk_params(
     rows: Iterable[Mapping[str, Any]], registry: TaskLookup | None
 ) -> list[dict[str, Any]]:
-    """Each row prepared (`prepare_job`) and validated, as `_row_params`.
+    """Each row prepared (`prepare_job`) and validated, as `row_params`.
 
     With no registry in force, a row without tags, meta or `unique` skips `prepare_job`
     (no defaults, hooks or copies to make): half the Python per row of a bulk enqueue.
@@ -73,7 +73,7 @@ def _bulk_params(
                 queue = DEFAULT_QUEUE
             names = (task, queue) if type(task) is str and type(queue) is str else None
             params.append(
-                _plain_params(
+                plain_params(
                     task,
                     args,
                     queue,
@@ -101,7 +101,7 @@ def _bulk_row(row: Mapping[str, Any], registry: TaskLookup | None) -> dict[str, 
     fields = {key: value for key, value in row.items() if key in OPTION_NAMES}
     task = row.get("task")
     options = options_from("enqueue_many()", row.get("options"), fields, invalid_job(task))
-    return _row_params(prepare_job(task, row.get("args"), options, registry=registry))
+    return row_params(prepare_job(task, row.get("args"), options, registry=registry))
 
 
 class EnqueuedIds(list[int]):
@@ -154,14 +154,14 @@ def enqueue_many(
     else:
         if session.autoflush:  # as the INSERT path would: pending queues must exist first
             session.flush()
-        connection = session.connection(bind_arguments=_BIND)
+        connection = session.connection(bind_arguments=JOB_BIND)
     refuse_routed(connection, params)  # before anything is written: the transaction goes on
     plain = [i for i, p in enumerate(params) if p["job_unique_key"] is None]
     unique = [i for i, p in enumerate(params) if p["job_unique_key"] is not None]
     ids = [0] * len(params)
     duplicates = [False] * len(params)
     if plain:
-        written_ids = _write_plain(connection, [params[i] for i in plain])
+        written_ids = write_plain(connection, [params[i] for i in plain])
         for i, job_id in zip(plain, written_ids, strict=True):
             ids[i] = job_id
     if unique:
@@ -173,7 +173,7 @@ def enqueue_many(
             and is_psycopg(driver)
             and connection.execute(_MAY_STAGE).scalar()  # a temporary table too
         )
-        results = _insert_unique(
+        results = insert_unique(
             connection,
             [params[i] for i in unique],
             driver if staged else None,
@@ -195,9 +195,9 @@ def enqueue_many(
         link_jobs(connection, links)
     if written:
         if isinstance(session, Connection):
-            connection.execute(_NOTIFY_QUEUES, {"queues": sorted(written)})
+            connection.execute(NOTIFY_QUEUES, {"queues": sorted(written)})
         else:
-            _notify(session, written)
+            wake_queues(session, written)
     return EnqueuedIds(ids, duplicates)
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from sqla_queue.db import queries
-from sqla_queue.enqueue.inserts.refusals import _explain
+from sqla_queue.enqueue.inserts.refusals import explain
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.job.validation import COLUMN_OPTIONS
 
@@ -31,7 +31,7 @@ def is_psycopg(driver: object) -> TypeGuard[psycopg.Connection[Any]]:
     return module is not None and isinstance(driver, module.Connection)
 
 
-def _write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[int]:
+def write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[int]:
     """Rows that are not unique: COPY from COPY_MIN_ROWS on (psycopg), else INSERT."""
     driver = connection.connection.driver_connection
     if (
@@ -39,7 +39,7 @@ def _write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[i
         and is_psycopg(driver)
         and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
     ):
-        return _copy_jobs(connection, driver, params)
+        return copy_rows(connection, driver, params)
     return list(connection.execute(_INSERT_JOBS, params).scalars())
 
 
@@ -91,7 +91,7 @@ def _run_at_text(p: dict[str, Any], now: dt.datetime, now_text: str) -> str:
     return str((now + delay).isoformat())  # a delay is at most 100 years: no overflow
 
 
-def _copy_jobs(
+def copy_rows(
     connection: Connection,
     driver: psycopg.Connection[Any],
     params: list[dict[str, Any]],
@@ -158,7 +158,7 @@ def _copy_jobs(
                 copy.write("\n".join(lines) + "\n")
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
-        explained = _explain(exc, None)
+        explained = explain(exc, None)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped

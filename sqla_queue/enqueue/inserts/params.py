@@ -15,20 +15,24 @@ from sqla_queue.job.new_job import NewJob
 from sqla_queue.job.options import OPTION_NAMES, column_values, delay_interval
 from sqla_queue.job.validation import COLUMN_OPTIONS, invalid_job
 
-_BIND = {"mapper": Job}
+JOB_BIND = {"mapper": Job}
 """Route our statements to the Job mapper's bind, for sessions set up with `binds=`."""
 JOB_FIELDS = ("task", "args", *(n for n in OPTION_NAMES if n in Job.__table__.c and n != "run_at"))
 """A prepared job's fields that are `Job` columns as they are (run_at is computed from a
 delay): what `enqueue` gives its `Job`, and what a flush copies back from the hooks."""
+# Read from the table, whose columns are Job's attributes one for one: asking the mapper
+# would configure every mapper at import (the application's too), before any is used.
+SERVER_SET = [c.key for c in Job.__table__.columns if c.key not in {"id", *JOB_FIELDS}]
+"""Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
 
 
 _COLUMN_PARAMS = tuple((name, f"job_{name}") for name in COLUMN_OPTIONS)
 """Each column option's name and its parameter's (named once, not per row)."""
 
 
-def _row_params(new: NewJob) -> dict[str, Any]:
+def row_params(new: NewJob) -> dict[str, Any]:
     """A prepared job, validated, as the `job_*` parameters of the insert statements."""
-    params = _plain_params(
+    params = plain_params(
         new.task, new.args, new.queue, new.priority, new.run_at, new.delay, column_values(new)
     )
     if new.tags or new.meta or type(new.tags) is not list or type(new.meta) is not dict:
@@ -48,12 +52,12 @@ def _row_params(new: NewJob) -> dict[str, Any]:
 
 ON_CONFLICT = "_on_conflict"
 """The key of a unique job's `Unique.on_conflict` in its parameters, when not `keep`
-(popped by `_insert_unique` before they are sent)."""
+(popped by `insert_unique` before they are sent)."""
 DEPENDS = "_depends"
 """The key of a job's resolved `depends_on` in its parameters (popped before they are sent)."""
 
 
-def _plain_params(
+def plain_params(
     task: object,
     args: object,
     queue: object,

@@ -102,13 +102,13 @@ def _schema_missing(exc: BaseException) -> SchemaMissingError | None:
     )
 
 
-def _explain(exc: BaseException, parameters: object) -> SqlaQueueError | None:
+def explain(exc: BaseException, parameters: object) -> SqlaQueueError | None:
     """Our clear error for a statement the database refused, if `exc` is one we know."""
     return _unknown_queue(exc) or _refused_by_check(exc, parameters) or _schema_missing(exc)
 
 
 def _explain_refusal(context: ExceptionContext) -> BaseException | None:
-    error = _explain(context.original_exception, context.parameters)
+    error = explain(context.original_exception, context.parameters)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error

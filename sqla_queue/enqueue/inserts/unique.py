@@ -20,11 +20,11 @@ from sqla_queue.db.models import (
     UNIQUE_DUE,
     Job,
 )
-from sqla_queue.enqueue.inserts.copy import _copy_jobs
+from sqla_queue.enqueue.inserts.copy import copy_rows
 from sqla_queue.enqueue.inserts.links import Dependency, resolve
-from sqla_queue.enqueue.inserts.params import _BIND, JOB_FIELDS, ON_CONFLICT, _row_params
+from sqla_queue.enqueue.inserts.params import JOB_BIND, ON_CONFLICT, SERVER_SET, row_params
 from sqla_queue.enqueue.inserts.routed import refuse_routed, refused_on_routed
-from sqla_queue.enqueue.inserts.wake import _notify
+from sqla_queue.enqueue.inserts.wake import wake_queues
 from sqla_queue.errors import DependencyError, SqlaQueueError
 
 if TYPE_CHECKING:
@@ -48,11 +48,6 @@ _REPLACE_UNLOCKED = {
 }
 _RELEASE_RUNNING = queries.release_running_holder()
 _PARENTS_OF = queries.workflows.parents_of()
-_WRITTEN_BY_US = frozenset({"id", *JOB_FIELDS})
-# Read from the table, whose columns are Job's attributes one for one: asking the mapper
-# would configure every mapper at import (the application's too), before any is used.
-_SERVER_SET = [c.key for c in Job.__table__.columns if c.key not in _WRITTEN_BY_US]
-"""Columns of a job we wrote ourselves that the server set: expired, loaded on first use."""
 
 
 def unique_on_routed(queue: str, route: str, held: int = 0) -> str:
@@ -61,7 +56,7 @@ def unique_on_routed(queue: str, route: str, held: int = 0) -> str:
     return refused_on_routed("unique", queue, route, held)
 
 
-def _insert_unique(
+def insert_unique(
     connection: Connection,
     params: list[dict[str, Any]],
     driver: psycopg.Connection[Any] | None = None,
@@ -267,33 +262,33 @@ def _known_parents(new: NewJob) -> list[tuple[int, str]]:
     return [*pairs, (0, "cancel")] if unwritten else pairs
 
 
-def _write_unique(session: Session, job: Job, new: NewJob) -> Job:
+def write_unique(session: Session, job: Job, new: NewJob) -> Job:
     """Write `job` (transient, as prepared in `new`) as a unique job, now; returns it.
 
     Written: it becomes persistent with its id, its server-set columns loaded on first
     use. A duplicate: nothing is written and it leaves the session; its id is the blocking
     job's and `job.duplicate` is True.
     """
-    params = _row_params(replace(new, depends_on=None))  # linked later, by the flush
+    params = row_params(replace(new, depends_on=None))  # linked later, by the flush
     depends = None if new.depends_on is None else _known_parents(new)
     if job in session:
         session.expunge(job)
-    connection = session.connection(bind_arguments=_BIND)
-    ((job_id, duplicate),) = _insert_unique(connection, [params], depends=[depends])
+    connection = session.connection(bind_arguments=JOB_BIND)
+    ((job_id, duplicate),) = insert_unique(connection, [params], depends=[depends])
     job.id = job_id
     job.duplicate = duplicate
     if duplicate:
         return job
     make_transient_to_detached(job)
     session.add(job)
-    session.expire(job, _SERVER_SET)
-    _notify(session, {new.queue})
+    session.expire(job, SERVER_SET)
+    wake_queues(session, {new.queue})
     return job
 
 
-def _enqueue_unique(session: Session, new: NewJob) -> Job:
+def enqueue_unique(session: Session, new: NewJob) -> Job:
     """`enqueue`'s path for a unique job: written at once, or found to be a duplicate."""
-    params = _row_params(new)  # validates before anything is sent
+    params = row_params(new)  # validates before anything is sent
     job = Job(
         task=new.task,
         args=new.args,
@@ -307,7 +302,7 @@ def _enqueue_unique(session: Session, new: NewJob) -> Job:
     job.__dict__.pop(UNIQUE_DUE)
     if session.autoflush:  # as a flush would: pending queues must exist first
         session.flush()
-    return _write_unique(session, job, new)
+    return write_unique(session, job, new)
 
 
 def _copy_unique(
@@ -316,7 +311,7 @@ def _copy_unique(
     """COPY unique rows to the staging table, insert them from there skipping duplicates;
     returns {row index: id} of the rows written."""
     connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
-    reserved = _copy_jobs(connection, driver, params, staged=True)
+    reserved = copy_rows(connection, driver, params, staged=True)
     # An unknown queue or a refused row is explained by the engine's handle_error hook.
     got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
     return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}
