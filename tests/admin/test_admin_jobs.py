@@ -6,8 +6,8 @@ import json
 import threading
 
 import pytest
-from apps.support import enqueue_jobs, jobs_by_id
 from click.testing import CliRunner, Result
+from helpers.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
 from sqla_queue import admin

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.support import invoke_cli
+from helpers.support import invoke_cli
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from apps.support import enqueue_jobs, jobs_by_id
+from helpers.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
 from sqla_queue import Registry, admin

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from broker_kit import (
+from helpers.broker_kit import (
     Broker,
     Effects,
     Process,
@@ -60,7 +60,16 @@ def route_queue(engine: Engine, broker: Broker, name: str = "out") -> None:
 
 
 def from_args(broker: Broker, *extra: str) -> list[str]:
-    return ["worker", "--app", "broker_app:registry", "-q", "out", "--from", broker.url, *extra]
+    return [
+        "worker",
+        "--app",
+        "helpers.apps.broker_app:registry",
+        "-q",
+        "out",
+        "--from",
+        broker.url,
+        *extra,
+    ]
 
 
 def relay_args(broker: Broker, *extra: str) -> list[str]:

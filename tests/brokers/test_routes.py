@@ -180,7 +180,7 @@ def test_queues_create_with_a_bad_route_creates_nothing(database_url: str, engin
 def test_worker_from_a_broker_needs_a_routed_queue_of_that_broker(
     database_url: str, engine: Engine
 ) -> None:
-    base = ["worker", "--app", "apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
+    base = ["worker", "--app", "helpers.apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
     assert "-q NAME" in one_line_error(cli(*base, url=database_url))
     assert "has no route" in one_line_error(cli(*base, "-q", "default", url=database_url))
     with engine.begin() as conn:
@@ -196,7 +196,7 @@ def test_worker_from_a_broker_needs_a_routed_queue_of_that_broker(
 
 
 def test_lease_with_from_is_the_old_spelling_of_ack_wait(database_url: str) -> None:
-    base = ["worker", "--app", "apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
+    base = ["worker", "--app", "helpers.apps.tasks:registry", "--from", "nats://127.0.0.1:4222"]
 
     old = cli(*base, "-q", "default", "--lease", "5", url=database_url)
     new = cli(*base, "-q", "default", "--ack-wait", "5", url=database_url)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 import pytest
-from apps.support import (
+from click.testing import CliRunner, Result
+from helpers.support import (
     SQLA_QUEUE_BIN,
     age_bounds,
     count_where,
@@ -25,9 +26,8 @@ from apps.support import (
     task_log,
     wait_for,
 )
-from click.testing import CliRunner, Result
+from helpers.turns_kit import HELD_SEQUENCE, turns_backlog
 from sqlalchemy import Engine, text
-from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import admin
 from sqla_queue.cli import main
@@ -365,9 +365,9 @@ def test_database_url_is_accepted_before_the_command_too(
     "command",
     [
         ["prune", "--older-than", "1y"],
-        ["worker", "--app", "apps.tasks:registry", "--lease", "5 minutes"],
-        ["worker", "--app", "apps.tasks:registry", "--poll-interval", "-1"],
-        ["worker", "--app", "apps.tasks:registry", "--shutdown-timeout", "inf"],
+        ["worker", "--app", "helpers.apps.tasks:registry", "--lease", "5 minutes"],
+        ["worker", "--app", "helpers.apps.tasks:registry", "--poll-interval", "-1"],
+        ["worker", "--app", "helpers.apps.tasks:registry", "--shutdown-timeout", "inf"],
         ["enqueue", "t", "--delay", "1y"],
         ["doctor", "--backlog-threshold", "1y"],
         ["doctor", "--sample", "nan"],
@@ -400,7 +400,9 @@ def test_duration_options_accept_seconds_and_units(database_url: str, engine: En
 def test_worker_burst_runs_the_jobs_then_exits(database_url: str, engine: Engine) -> None:
     create_task_log(engine)
     ids = enqueue_jobs(engine, "record", 5)
-    result = cli("worker", "--app", "apps.tasks:registry", "--burst", "-c", "2", url=database_url)
+    result = cli(
+        "worker", "--app", "helpers.apps.tasks:registry", "--burst", "-c", "2", url=database_url
+    )
     assert result.exit_code == 0, result.output
     assert "done: 5 succeeded, 0 retried, 0 failed" in result.stderr
     assert sorted(job_id for job_id, _ in task_log(engine)) == ids
@@ -440,7 +442,7 @@ def test_sigterm_returns_unfinished_jobs_to_queued(
 @pytest.mark.parametrize(
     "command",
     [
-        ["worker", "--app", "apps.tasks:registry", "--burst"],
+        ["worker", "--app", "helpers.apps.tasks:registry", "--burst"],
         ["enqueue", "t"],
         ["queues", "list"],
         ["stats"],
@@ -456,7 +458,7 @@ def test_commands_refuse_a_database_without_the_schema(
     assert_one_line_error(result, "sqla-queue migrate")
 
 
-@pytest.mark.parametrize("command", [["worker", "--app", "apps.tasks:registry"], ["stats"]])
+@pytest.mark.parametrize("command", [["worker", "--app", "helpers.apps.tasks:registry"], ["stats"]])
 def test_commands_refuse_an_older_schema_revision(
     database_url: str, engine: Engine, command: list[str]
 ) -> None:
@@ -471,8 +473,8 @@ def test_commands_refuse_an_older_schema_revision(
     [
         ("no_such_package.tasks:registry", "no module named 'no_such_package'"),
         ("apps.tasks", "expected 'package.module:registry'"),
-        ("apps.tasks:missing", "has no attribute 'missing'"),
-        ("apps.tasks:record", "not a sqla_queue.Registry"),
+        ("helpers.apps.tasks:missing", "has no attribute 'missing'"),
+        ("helpers.apps.tasks:record", "not a sqla_queue.Registry"),
     ],
 )
 def test_worker_with_a_bad_app_path_says_what_is_wrong(
@@ -493,7 +495,9 @@ def test_worker_with_a_bad_app_path_says_what_is_wrong(
 def test_worker_with_a_bad_setting_says_what_is_wrong(
     database_url: str, option: list[str], message: str
 ) -> None:
-    result = cli("worker", "--app", "apps.tasks:registry", "--burst", *option, url=database_url)
+    result = cli(
+        "worker", "--app", "helpers.apps.tasks:registry", "--burst", *option, url=database_url
+    )
     assert_one_line_error(result, message)
 
 
@@ -540,7 +544,7 @@ def test_worker_with_a_database_that_does_not_exist_exits_with_one_line() -> Non
     result = cli(
         "worker",
         "--app",
-        "apps.tasks:registry",
+        "helpers.apps.tasks:registry",
         "--database-url",
         "postgresql://postgres@127.0.0.1:5432/sqlaq_no_such_db",
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from apps.support import enqueue_jobs, jobs_by_id
+from admin.test_bulk import really_failed, set_status, statuses
 from click.testing import CliRunner, Result
+from helpers.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine
-from test_bulk import really_failed, set_status, statuses
 
 from sqla_queue import admin
 from sqla_queue.cli import main

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apps.support import enqueue_jobs, invoke_cli, jobs_by_id
+from helpers.support import enqueue_jobs, invoke_cli, jobs_by_id
 from sqlalchemy import Engine, text
 
 from sqla_queue import admin

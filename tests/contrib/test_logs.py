@@ -6,8 +6,8 @@ import json
 import subprocess
 from typing import Any
 
-from apps.support import enqueue_jobs
-from fault_kit import run_cli
+from helpers.fault_kit import run_cli
+from helpers.support import enqueue_jobs
 from sqlalchemy import Engine
 
 
@@ -24,7 +24,7 @@ def test_json_log_lines_carry_each_finished_jobs_fields(engine: Engine, database
     (ok_id,) = enqueue_jobs(engine, "ok", 1)
     (flaky_id,) = enqueue_jobs(engine, "flaky", 1)
     (boom_id,) = enqueue_jobs(engine, "boom", 1)
-    burst = ("worker", "--app", "apps.observed:registry", "--burst", "--log-format", "json")
+    burst = ("worker", "--app", "helpers.apps.observed:registry", "--burst", "--log-format", "json")
 
     result = run_worker(database_url, *burst)
     # A burst worker may stop before it claims the retry it wrote: a second run takes it.
@@ -58,14 +58,20 @@ def test_the_log_format_may_be_given_to_sqla_queue_itself_or_by_environment(
 ) -> None:
     enqueue_jobs(engine, "ok", 1)
     before = run_worker(
-        database_url, "--log-format", "json", "worker", "--app", "apps.observed:registry", "--burst"
+        database_url,
+        "--log-format",
+        "json",
+        "worker",
+        "--app",
+        "helpers.apps.observed:registry",
+        "--burst",
     )
     assert before.returncode == 0, before.stderr
     assert [r["outcome"] for r in json_lines(before.stderr) if "outcome" in r] == ["succeeded"]
 
     by_env = run_worker(
         database_url,
-        *("worker", "--app", "apps.observed:registry", "--burst"),
+        *("worker", "--app", "helpers.apps.observed:registry", "--burst"),
         SQLA_QUEUE_LOG_FORMAT="json",
     )
     assert by_env.returncode == 0, by_env.stderr
@@ -74,7 +80,9 @@ def test_the_log_format_may_be_given_to_sqla_queue_itself_or_by_environment(
 
 def test_the_default_log_format_stays_human_readable(engine: Engine, database_url: str) -> None:
     enqueue_jobs(engine, "ok", 1)
-    result = run_worker(database_url, "worker", "--app", "apps.observed:registry", "--burst")
+    result = run_worker(
+        database_url, "worker", "--app", "helpers.apps.observed:registry", "--burst"
+    )
     assert result.returncode == 0, result.stderr
     started = [line for line in result.stderr.splitlines() if " started: " in line]
     assert started

@@ -12,8 +12,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from apps import observed
-from apps.support import (
+from helpers.apps import observed
+from helpers.fault_kit import TESTS_DIR, cli_env, free_port, run_cli
+from helpers.support import (
     REPO_ROOT,
     WorkerThread,
     age_bounds,
@@ -22,12 +23,11 @@ from apps.support import (
     subprocess_env,
     wait_for,
 )
-from fault_kit import TESTS_DIR, cli_env, free_port, run_cli
+from helpers.turns_kit import turns_backlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from turns_kit import turns_backlog
 
 from sqla_queue import Registry, enqueue
 from sqla_queue.contrib.metrics import QueueMetrics, instrument
@@ -56,7 +56,14 @@ def worker_port(database_url: str) -> Iterator[int]:
     port = free_port()
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "sqla_queue", "worker", "--app", "apps.observed:registry"),
+            *(
+                sys.executable,
+                "-m",
+                "sqla_queue",
+                "worker",
+                "--app",
+                "helpers.apps.observed:registry",
+            ),
             *("--metrics-port", str(port), "--log-level", "warning", "--poll-interval", "0.2"),
         ],
         env=subprocess_env(database_url),
@@ -264,7 +271,14 @@ def test_a_metrics_port_in_use_is_refused_in_one_line(database_url: str) -> None
         taken.listen()
         port = taken.getsockname()[1]
         result = run_cli(
-            ["worker", "--app", "apps.observed:registry", "--burst", "--metrics-port", str(port)],
+            [
+                "worker",
+                "--app",
+                "helpers.apps.observed:registry",
+                "--burst",
+                "--metrics-port",
+                str(port),
+            ],
             database_url,
         )
     assert result.returncode == 1
@@ -280,7 +294,7 @@ def test_metrics_without_prometheus_client_name_the_extra(database_url: str) -> 
     )
     result = subprocess.run(
         [
-            *(sys.executable, "-c", blocked, "worker", "--app", "apps.observed:registry"),
+            *(sys.executable, "-c", blocked, "worker", "--app", "helpers.apps.observed:registry"),
             *("--burst", "--metrics-port", "9100"),
         ],
         env=cli_env(database_url),

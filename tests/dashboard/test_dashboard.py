@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from apps.support import enqueue_jobs, jobs_by_id, wait_for
 from click.testing import CliRunner
-from dashboard_kit import client, csrf_of, make_failed, new_queue, statuses
+from helpers.dashboard_kit import client, csrf_of, make_failed, new_queue, statuses
+from helpers.support import enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 

@@ -7,8 +7,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from apps.support import enqueue_jobs
-from dashboard_kit import client, csrf_of, statuses
+from helpers.dashboard_kit import client, csrf_of, statuses
+from helpers.support import enqueue_jobs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine

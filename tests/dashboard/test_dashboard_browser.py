@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, enqueue_jobs, jobs_by_id, wait_for
+from helpers.support import WorkerThread, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
 from sqla_queue import Registry, admin
@@ -314,7 +314,7 @@ def test_the_workers_page_shows_running_jobs_and_a_stopped_worker(
 def test_retry_every_job_matching_a_filter_after_confirming_the_count(
     engine: Engine, page: Any
 ) -> None:
-    from test_bulk import set_status
+    from admin.test_bulk import set_status
 
     expect = playwright_api.expect
     make_queues(engine)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from apps.support import enqueue_jobs
-from dashboard_kit import client, csrf_of, new_queue, statuses
+from admin.test_bulk import really_failed, set_status
+from helpers.dashboard_kit import client, csrf_of, new_queue, statuses
+from helpers.support import enqueue_jobs
 from sqlalchemy import Engine
-from test_bulk import really_failed, set_status
 
 
 def listed(page: str) -> set[int]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from apps.support import enqueue_jobs
-from dashboard_kit import client, make_failed, new_queue
+from helpers.dashboard_kit import client, make_failed, new_queue
+from helpers.support import enqueue_jobs
 from sqlalchemy import Engine, text
 
 from sqla_queue.dashboard import reads

@@ -7,9 +7,9 @@ from __future__ import annotations
 import html
 import re
 
-from dashboard_kit import client, new_queue
+from helpers.dashboard_kit import client, new_queue
+from helpers.turns_kit import HELD_SEQUENCE, turns_backlog
 from sqlalchemy import Engine, text
-from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import admin
 from sqla_queue.admin import partitions

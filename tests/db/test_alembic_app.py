@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from apps.support import SQLA_QUEUE_BIN, subprocess_env
+from helpers.support import SQLA_QUEUE_BIN, subprocess_env
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.orm import Session
 

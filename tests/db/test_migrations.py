@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from apps.support import REPO_ROOT, SQLA_QUEUE_BIN, subprocess_env
+from helpers.support import REPO_ROOT, SQLA_QUEUE_BIN, subprocess_env
 from sqlalchemy import Engine, MetaData, create_engine, inspect, text
 from sqlalchemy.orm import Session
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from multixact_support import (
+from helpers.multixact_support import (
     admin_engine,
     count_multixacts,
     enqueue_concurrently,

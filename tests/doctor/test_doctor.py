@@ -13,15 +13,15 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
-from multixact_support import (
+from helpers.multixact_support import (
     enqueue_jobs,
     private_databases,
     run_naive_savepoint_worker,
     tagged_engine,
 )
+from helpers.turns_kit import HELD_SEQUENCE, turns_backlog
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
-from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import (
     enqueue,

@@ -11,7 +11,7 @@ import signal
 import subprocess
 
 import pytest
-from apps.support import (
+from helpers.support import (
     SQLA_QUEUE_BIN,
     create_task_log,
     enqueue_jobs,
@@ -20,8 +20,8 @@ from apps.support import (
     task_log,
     wait_for,
 )
+from helpers.turns_kit import HELD_SEQUENCE, turns_backlog
 from sqlalchemy import Engine, create_engine, text
-from turns_kit import HELD_SEQUENCE, turns_backlog
 
 from sqla_queue import admin
 from sqla_queue.db import queries
@@ -38,7 +38,7 @@ FIXES = {
 COMMAND = re.compile(r"`(sqla-queue [^`]*)`")
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]+\b")
 QUEUE = "fix-queue"
-APP = "apps.tasks:registry"
+APP = "helpers.apps.tasks:registry"
 
 
 def printed_commands() -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from apps.support import jobs_by_id
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine

@@ -6,11 +6,11 @@ from typing import Any
 
 import psycopg
 import pytest
-import test_enqueue
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session
-from test_enqueue import received
 
+from enqueue import test_enqueue
+from enqueue.test_enqueue import received
 from sqla_queue import (
     InvalidJobError,
     Job,

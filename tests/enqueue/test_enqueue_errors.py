@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from apps.support import jobs_by_id
-from enqueue_paths import PATHS
+from helpers.enqueue_paths import PATHS
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine, create_engine, insert, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.support import jobs_by_id
-from enqueue_paths import PATHS
+from helpers.enqueue_paths import PATHS
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.orm import Session
 

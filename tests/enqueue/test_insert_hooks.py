@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from apps.support import REPO_ROOT, jobs_by_id
+from helpers.support import REPO_ROOT, jobs_by_id
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session

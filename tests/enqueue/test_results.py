@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, count_where, database_clock, delay_chosen, enqueue_jobs
-from apps.support import wait_for as support_wait_for
+from helpers.support import WorkerThread, count_where, database_clock, delay_chosen, enqueue_jobs
+from helpers.support import wait_for as support_wait_for
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.orm import Session

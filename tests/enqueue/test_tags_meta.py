@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from apps.support import jobs_by_id
 from click.testing import CliRunner
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session

@@ -18,13 +18,13 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from broker_app import EFFECTS_TABLE
 from sqlalchemy.engine import make_url
 
+from helpers.apps.broker_app import EFFECTS_TABLE
 from sqla_queue.brokers.cleanup import delete_route
 from sqla_queue.brokers.routes import Route, parse_route
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 NATS_URL = os.environ.get("SQLA_QUEUE_TEST_NATS_URL", "nats://127.0.0.1:4222")
 AMQP_URL = os.environ.get("SQLA_QUEUE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from apps.support import enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
+from helpers.support import enqueue_jobs, jobs_by_id
 from sqla_queue import Registry, admin
 from sqla_queue.dashboard import create_app
 from sqla_queue.testing import run_until_empty

@@ -17,14 +17,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from fault_app import create_fault_tables
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from helpers.apps.fault_app import create_fault_tables
 from sqla_queue import admin, enqueue_many
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 def libpq_dsn(url: str) -> str:
@@ -67,7 +67,7 @@ class WorkerProcess:
         url: str,
         log_path: Path,
         *options: str,
-        app: str = "fault_app:registry",
+        app: str = "helpers.apps.fault_app:registry",
         app_dsn: str | None = None,
     ):
         self.url = url

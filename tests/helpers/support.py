@@ -23,7 +23,7 @@ from sqla_queue.db import queries
 from sqla_queue.db.database import normalize_url
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
-TESTS_DIR = Path(__file__).resolve().parent.parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
 SQLA_QUEUE_BIN = str(Path(sys.executable).with_name("sqla-queue"))
 
@@ -184,7 +184,15 @@ def subprocess_env(database_url: str | None, **extra: str) -> dict[str, str]:
 def start_worker_process(database_url: str, *args: str) -> subprocess.Popen[str]:
     """`sqla-queue worker --app apps.tasks:registry ARGS` as a subprocess."""
     return subprocess.Popen(
-        [SQLA_QUEUE_BIN, "worker", "--app", "apps.tasks:registry", "--log-level", "warning", *args],
+        [
+            SQLA_QUEUE_BIN,
+            "worker",
+            "--app",
+            "helpers.apps.tasks:registry",
+            "--log-level",
+            "warning",
+            *args,
+        ],
         env=subprocess_env(database_url),
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from races import DEADLINE, Beside, Race, open_transactions
+from helpers.races import DEADLINE, Beside, Race, open_transactions
 from sqlalchemy import Connection, Engine, event, select, text
 from sqlalchemy.orm import Session
 

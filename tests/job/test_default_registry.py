@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Iterator
 
 import pytest
-from apps.support import jobs_by_id
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session

@@ -8,7 +8,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from apps.support import WorkerThread, enqueue_jobs, invoke_cli, jobs_by_id, wait_for
+from helpers.support import WorkerThread, enqueue_jobs, invoke_cli, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
 from sqla_queue import JobContext, Registry, RetryPolicy, Snooze, admin

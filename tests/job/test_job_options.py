@@ -9,8 +9,8 @@ import importlib
 from typing import Any
 
 import pytest
-from apps.support import jobs_by_id
-from enqueue_paths import EVERY_PATH, PATHS
+from helpers.enqueue_paths import EVERY_PATH, PATHS
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 

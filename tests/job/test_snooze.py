@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from apps.support import count_where, database_clock, delay_chosen, enqueue_jobs, jobs_by_id
+from helpers.support import count_where, database_clock, delay_chosen, enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
 from sqla_queue import JobContext, Outcome, OutcomeKind, Registry, Snooze, WorkerConfig

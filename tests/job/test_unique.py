@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.support import jobs_by_id
-from multixact_support import admin_engine, count_multixacts
+from helpers.multixact_support import admin_engine, count_multixacts
+from helpers.support import jobs_by_id
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session

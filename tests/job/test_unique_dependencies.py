@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from enqueue_paths import EVERY_PATH
+from helpers.enqueue_paths import EVERY_PATH
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
-from test_workflows import claim_all, states
+from workflows.test_workflows import claim_all, states
 
 from sqla_queue import DependencyError, Job, Unique, enqueue
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 from click.testing import CliRunner, Result
-from dashboard_kit import client, csrf_of
+from helpers.dashboard_kit import client, csrf_of
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from test_workflows import claim_all, fail, states
+from workflows.test_workflows import claim_all, fail, states
 
 from sqla_queue import Unique, admin, enqueue
 from sqla_queue.admin import filters as bulk

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from multixact_support import admin_engine, count_multixacts
+from helpers.multixact_support import admin_engine, count_multixacts
 from sqlalchemy import Engine, create_engine, select, update
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -228,7 +228,7 @@ PAYER = textwrap.dedent(
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
     sys.path.insert(0, sys.argv[3])
-    from test_on_change import Order
+    from orm.test_on_change import Order
     from sqla_queue import Registry
     registry = Registry()
     registry.on_change(Order.status, to="paid", name="receipt")(lambda id: None)
@@ -252,7 +252,7 @@ def test_eight_processes_paying_1000_orders_enqueue_1000_jobs_and_mint_no_multix
     Shop.metadata.create_all(engine)
     with Session(engine) as session, session.begin():
         session.add_all([Order(id=n) for n in range(1, 1001)])
-    here = str(request.path.parent)
+    here = str(request.path.parents[1])
 
     def pay() -> None:
         processes = [

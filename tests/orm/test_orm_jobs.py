@@ -9,7 +9,7 @@ import sys
 import threading
 
 import pytest
-from multixact_support import admin_engine, count_multixacts
+from helpers.multixact_support import admin_engine, count_multixacts
 from sqlalchemy import Engine, ForeignKeyConstraint, create_engine, delete, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 

@@ -1,4 +1,4 @@
-"""The model's bulk rules (tests/test_model.py's `QueueMachine` takes them in): retry,
+"""The model's bulk rules (tests/system/test_model.py's `QueueMachine` takes them in): retry,
 cancel or delete every job a `JobFilter` drawn from the model's queues, tasks and statuses
 matches, in batches of 1, 2 or 1000, and check that exactly the matching jobs the action
 takes changed, as the model expects, and that the counts it returned say so."""
@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
-from model_kit import TASKS, Row, key_holders, no_raw_database_error
 from sqlalchemy import Engine
 
 from sqla_queue.admin import filters as bulk
 from sqla_queue.admin.filters import JobFilter
 from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.errors import ConfigurationError
+from system.model_kit import TASKS, Row, key_holders, no_raw_database_error
 
 TAKES = {"retry": ("failed", "cancelled"), "cancel": ("queued", "running", "waiting")}
 STATUSES = ("queued", "running", "done", "failed", "cancelled", "waiting")

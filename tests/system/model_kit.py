@@ -1,4 +1,4 @@
-"""Support for the model-based test of the queue (tests/test_model.py).
+"""Support for the model-based test of the queue (tests/system/test_model.py).
 
 - `Recorder`: what handlers did, written by the handlers themselves: one `Run` per
   (job, attempt), with the behaviour asked for, how the handler ended and when, and the
@@ -121,7 +121,7 @@ class Recorder:
     executing_sequences: dict[str, list[int]] = field(default_factory=dict)
     overtaken: frozenset[int] = frozenset()
     """Jobs retried while a later job of their sequence ran: that one may still run as they
-    start (a known defect the model excuses, "overtaking retry" in tests/test_model.py)."""
+    start (a known defect the model excuses, "overtaking retry" in tests/system/test_model.py)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, ctx: JobContext, task: str, behaviour: str) -> Run:

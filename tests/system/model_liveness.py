@@ -1,4 +1,4 @@
-"""Progress checks of the model-based test (tests/test_model.py): beside its safety
+"""Progress checks of the model-based test (tests/system/test_model.py): beside its safety
 invariants, something must keep moving.
 
 - `unblocked`: the due, queued jobs of a queue that no rule of the model blocks (its queue
@@ -19,11 +19,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from model_kit import Row, sequence_holders
-from races import open_transactions
+from helpers.races import open_transactions
 from sqlalchemy import Engine
 
 from sqla_queue.db import queries
+from system.model_kit import Row, sequence_holders
 
 SCRATCH_WORKER = "model-liveness"
 CLAIMS_PER_QUEUE = 3

@@ -1,8 +1,8 @@
-"""The model's race rule (tests/test_model.py's `QueueMachine` takes it in): one transaction
-is held at a chosen point, after its statements and before its commit (tests/races.py), while
-another command runs beside it on a thread of its own; then the held one commits or rolls
-back, and the other must return within the race's deadline (a wedge fails the test, naming
-what each session waits on, instead of hanging it).
+"""The model's race rule (tests/system/test_model.py's `QueueMachine` takes it in): one
+transaction is held at a chosen point, after its statements and before its commit
+(tests/helpers/races.py), while another command runs beside it on a thread of its own; then
+the held one commits or rolls back, and the other must return within the race's deadline (a
+wedge fails the test, naming what each session waits on, instead of hanging it).
 
 The two commands are drawn from: a worker's claim (as a killed worker's: its jobs stay
 running until reaped), a `replace`/`replace_args` enqueue (debounce), a cancel, a retry, a
@@ -20,13 +20,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from model_kit import Row, kill_claim
-from races import DEADLINE, Race
+from helpers.races import DEADLINE, Race
 from sqlalchemy import Connection, Engine
 
 from sqla_queue import Dependency, Registry, SqlaQueueError, Unique, admin, enqueue
 from sqla_queue.db import queries
 from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
+from system.model_kit import Row, kill_claim
 
 HELD = ("claim", "replace", "cancel", "retry", "finish", "dependent")
 """What the held transaction does before it waits."""

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from apps.support import invoke_cli as cli
-from fault_kit import PrivateCluster, WorkerProcess, run_cli, wait_until
+from helpers.fault_kit import PrivateCluster, WorkerProcess, run_cli, wait_until
+from helpers.support import invoke_cli as cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -97,7 +97,7 @@ HUNDRED_YEARS = "must be a number of seconds from 0 to 3155760000 s (100 years)"
             [
                 "worker",
                 "--app",
-                "apps.tasks:registry",
+                "helpers.apps.tasks:registry",
                 "--metrics-port",
                 "65535",
                 "--processes",
@@ -215,9 +215,18 @@ def test_unknown_task_puts_back_its_own_job_and_no_other(engine: Engine) -> None
 @pytest.mark.parametrize(
     ("app", "message"),
     [
-        ("fault_app:not_a_registry", "'not_a_registry' is a dict, not a sqla_queue.Registry"),
-        ("fault_app:nothing_here", "module 'fault_app' has no attribute 'nothing_here'"),
-        ("fault_app_broken:registry", "importing it raised RuntimeError('fault_app_broken"),
+        (
+            "helpers.apps.fault_app:not_a_registry",
+            "'not_a_registry' is a dict, not a sqla_queue.Registry",
+        ),
+        (
+            "helpers.apps.fault_app:nothing_here",
+            "module 'fault_app' has no attribute 'nothing_here'",
+        ),
+        (
+            "helpers.apps.fault_app_broken:registry",
+            "importing it raised RuntimeError('fault_app_broken",
+        ),
         ("no_such_module:registry", "no module named 'no_such_module'"),
         ("fault_app", "expected 'package.module:registry'"),
     ],
@@ -235,7 +244,7 @@ def test_wrong_database_or_host_is_a_clear_error(
     database_url: str, workers: Callable[..., WorkerProcess]
 ) -> None:
     missing = make_url(database_url).set(database="no_such_database").render_as_string(False)
-    for command in (["stats"], ["worker", "--app", "fault_app:registry"]):
+    for command in (["stats"], ["worker", "--app", "helpers.apps.fault_app:registry"]):
         result = run_cli(command, missing)
         assert result.returncode == 1
         assert 'database "no_such_database" does not exist' in result.stderr
@@ -277,7 +286,7 @@ def password_cluster() -> Iterator[PrivateCluster]:
 def test_wrong_password_is_a_clear_error(password_cluster: PrivateCluster) -> None:
     url = make_url(password_cluster.url).set(database="postgres")
     wrong = url.set(password="wrong-password").render_as_string(hide_password=False)
-    for command in (["stats"], ["migrate"], ["worker", "--app", "fault_app:registry"]):
+    for command in (["stats"], ["migrate"], ["worker", "--app", "helpers.apps.fault_app:registry"]):
         result = run_cli(command, wrong)
         assert result.returncode == 1, result.stderr
         assert 'password authentication failed for user "postgres"' in result.stderr

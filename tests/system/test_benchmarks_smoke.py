@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the harness lives in the checkout, not in the package
 
 from benchmarks import optional, report  # noqa: E402

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from apps.support import REPO_ROOT
+from helpers.support import REPO_ROOT
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 

@@ -25,7 +25,7 @@ from sqla_queue import Registry, enqueue, enqueue_many
 from sqla_queue.testing import enqueued_jobs
 from sqla_queue.worker import Worker, WorkerConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "deploy"
 SQLA_QUEUE_BIN = str(Path(sys.executable).with_name("sqla-queue"))
 DEPLOY_FILES = [

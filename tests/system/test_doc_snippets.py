@@ -41,7 +41,7 @@ from pathlib import Path
 
 import click
 import pytest
-from apps.support import REPO_ROOT
+from helpers.support import REPO_ROOT
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 

@@ -6,7 +6,7 @@ import re
 import sys
 
 import pytest
-from apps.support import REPO_ROOT
+from helpers.support import REPO_ROOT
 
 if sys.version_info < (3, 11):
     pytest.skip("tomllib is new in Python 3.11", allow_module_level=True)

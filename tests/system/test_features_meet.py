@@ -1,4 +1,4 @@
-"""Where two features meet (issue 33, section 3; the table is tests/pairs.toml).
+"""Where two features meet (issue 33, section 3; the table is tests/system/pairs.toml).
 
 `test_each_kind_of_job_keeps_its_rule_through_each_run_feature` takes one job J of a *kind*
 (an option it is enqueued with, or a setting of its queue, with the companion jobs the kind's
@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, invoke_cli, jobs_by_id
-from apps.support import wait_for as wait_until
-from enqueue_paths import EVERY_PATH
+from helpers.enqueue_paths import EVERY_PATH
+from helpers.support import WorkerThread, invoke_cli, jobs_by_id
+from helpers.support import wait_for as wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from test_fairness import claim, finish
-from test_periodic import record_run
+from worker.test_fairness import claim, finish
+from worker.test_periodic import record_run
 
 from sqla_queue import (
     ConfigurationError,

@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from apps import first_use
-from apps.support import (
+from click.testing import Result
+from helpers.apps import first_use
+from helpers.support import (
     WorkerThread,
     count_where,
     create_task_log,
@@ -29,7 +30,6 @@ from apps.support import (
     task_log,
     wait_for,
 )
-from click.testing import Result
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
@@ -102,7 +102,7 @@ def test_every_queue_given_to_the_worker_is_served(
     served = enqueue_jobs(engine, "record", 1) + enqueue_jobs(engine, "record", 1, queue="emails")
     (unserved,) = enqueue_jobs(engine, "record", 1, queue="reports")
     result = invoke_cli(
-        database_url, "worker", "--app", "apps.tasks:registry", "--burst", *queue_options
+        database_url, "worker", "--app", "helpers.apps.tasks:registry", "--burst", *queue_options
     )
     assert result.exit_code == 0, result.output
     assert sorted(job_id for job_id, _ in task_log(engine)) == sorted(served)
@@ -245,7 +245,7 @@ def test_task_enqueue_without_a_session_names_the_mistake(engine: Engine) -> Non
 
 
 def test_an_app_that_raises_on_import_says_where(database_url: str) -> None:
-    app = ("--app", "apps.raises_on_import:registry", "--burst")
+    app = ("--app", "helpers.apps.raises_on_import:registry", "--burst")
     line = one_error_line(invoke_cli(database_url, "worker", *app))
     assert "KeyError('DATABASE')" in line
     assert re.search(r"apps/raises_on_import\.py:10\b", line), line
@@ -339,7 +339,9 @@ def test_a_burst_worker_says_which_retry_it_left_and_when_it_is_due(
     database_url: str, engine: Engine
 ) -> None:
     (job_id,) = enqueue_jobs(engine, "first_use.fail_once", 1)
-    result = invoke_cli(database_url, "worker", "--app", "apps.first_use:registry", "--burst")
+    result = invoke_cli(
+        database_url, "worker", "--app", "helpers.apps.first_use:registry", "--burst"
+    )
     assert result.exit_code == 0, result.output
     job = jobs_by_id(engine, [job_id])[job_id]
     assert (job.status, job.attempts) == ("queued", 1)
@@ -358,7 +360,7 @@ def test_burst_wait_runs_a_retry_that_falls_due_within_it(
         database_url,
         "worker",
         "--app",
-        "apps.first_use:registry",
+        "helpers.apps.first_use:registry",
         "--burst",
         "--burst-wait",
         "60",
@@ -375,7 +377,13 @@ def test_burst_wait_beyond_the_next_due_job_exits_and_says_so(
 ) -> None:
     enqueue_jobs(engine, "first_use.pick", 2, args={"a": 1}, delay=3600)
     result = invoke_cli(
-        database_url, "worker", "--app", "apps.first_use:registry", "--burst", "--burst-wait", "60"
+        database_url,
+        "worker",
+        "--app",
+        "helpers.apps.first_use:registry",
+        "--burst",
+        "--burst-wait",
+        "60",
     )
     assert result.exit_code == 0, result.output
     assert "done: 0 succeeded, 0 retried, 0 failed; left 2 jobs not yet due" in result.stderr
@@ -384,7 +392,7 @@ def test_burst_wait_beyond_the_next_due_job_exits_and_says_so(
 
 def test_burst_wait_without_burst_is_refused(database_url: str) -> None:
     result = invoke_cli(
-        database_url, "worker", "--app", "apps.first_use:registry", "--burst-wait", "10"
+        database_url, "worker", "--app", "helpers.apps.first_use:registry", "--burst-wait", "10"
     )
     line = one_error_line(result)
     assert "burst_wait" in line

@@ -119,13 +119,22 @@ VALUED_OPTIONS: list[tuple[list[str], str]] = [
     (["doctor", "--sample", "0"], "--lease"),
     (["doctor", "--sample", "0"], "--backlog-threshold"),
     (["doctor", "--sample", "0"], "--long-transaction"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "-c"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--batch"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--max-batch"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--lease"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--poll-interval"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--shutdown-timeout"),
-    (["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only"], "--give-up-after"),
+    (["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"], "-c"),
+    (["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"], "--batch"),
+    (["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"], "--max-batch"),
+    (["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"], "--lease"),
+    (
+        ["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"],
+        "--poll-interval",
+    ),
+    (
+        ["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"],
+        "--shutdown-timeout",
+    ),
+    (
+        ["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only"],
+        "--give-up-after",
+    ),
 ]
 
 
@@ -172,7 +181,7 @@ NAMED = [
     ["queues", "set", "{}", "--max-running", "2"],
     ["queues", "resume", "{}"],
     ["queues", "weight", "default", "{}", "2"],
-    ["worker", "--app", "apps.tasks:registry", "--burst", "--poll-only", "-q", "{}"],
+    ["worker", "--app", "helpers.apps.tasks:registry", "--burst", "--poll-only", "-q", "{}"],
 ]
 
 

@@ -19,7 +19,7 @@ concurrency and rate limits, result TTLs; `wait_for(timeout=0)`; time passing; e
 with `depends_on` (1-3 jobs still in the table or the archive, each edge on_failure
 'cancel' or 'run'), whose parents then run, fail, are cancelled, retried or deleted by the
 rules above; bulk retry, cancel and delete by a filter of queue, task and status
-(tests/model_bulk.py: exactly the matching jobs change); jobs with a partition, a sequence
+(tests/system/model_bulk.py: exactly the matching jobs change); jobs with a partition, a sequence
 and a priority (issue 24), and queue settings: fair, partition_limit 1 or 2, aging, and
 sequence_on_failure hold or skip ("keep" starts fair).
 
@@ -62,28 +62,28 @@ What must hold (checked after each step; a rule checks what its own command prom
   holder's args or run_at. The three defects of the claim it found are fixed
   (`KNOWN_DEFECTS`).
 
-Progress (issue 33), beside safety, after each step (`progresses`, tests/model_liveness.py):
+Progress (issue 33), beside safety, after each step (`progresses`, tests/system/model_liveness.py):
 no session of the test database is left in a transaction (row locks) after the call that
 opened it returned; a due job that no rule blocks (its sequence, its partition's limit, a
 pause, a dependency, its queue's max-running or rate) is claimable by an idle worker
 serving its queue: each of up to 3 claims of one job (on a scratch transaction rolled back)
 returns one while the model says one is claimable; and every admin command and replacing
-enqueue returns within tests/races.py's deadline (`_ends`), else the test fails naming what
+enqueue returns within tests/helpers/races.py's deadline (`_ends`), else the test fails naming what
 each session waits on.
 
-Races (issue 33, tests/model_races.py): a rule holds one transaction after its statements
+Races (issue 33, tests/system/model_races.py): a rule holds one transaction after its statements
 (a worker's claim, a replacing enqueue, a cancel, a retry, a worker's finish, an enqueue with
 depends_on) while another command (the same kinds, or a delete) runs beside it on the same
 jobs, then commits or rolls back the held one; the other must return within the deadline,
 and the model takes what both did before every invariant runs.
 
-The stress run (tests/test_model_stress.py, slow) checks the same invariants on the final
+The stress run (tests/system/test_model_stress.py, slow) checks the same invariants on the final
 state of 4 real worker processes, SIGKILLed and restarted, with every feature at once.
 
 Profiles (tests/conftest.py): "default" (short, in the README's fast test run) and
 "long" (`SQLA_QUEUE_HYPOTHESIS_PROFILE=long`; `test_queue_model_long` runs it under the
 slow marker, in `.ci/run`). Failing examples are kept as tests in
-tests/test_model_regressions.py.
+tests/system/test_model_regressions.py.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import pytest
+from helpers.races import DEADLINE, Race
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -106,8 +107,27 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from model_bulk import BulkRules
-from model_kit import (
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session
+
+from sqla_queue import (
+    Dependency,
+    JobFailedError,
+    ResultMissingError,
+    ResultTimeoutError,
+    SqlaQueueError,
+    Unique,
+    WorkerConfig,
+    admin,
+    enqueue,
+    enqueue_many,
+    wait_for,
+)
+from sqla_queue.admin import partitions
+from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
+from sqla_queue.testing import TemplateDatabases, run_until_empty
+from system.model_bulk import BulkRules
+from system.model_kit import (
     BEHAVIOURS,
     KILL_LEASE,
     KILL_STALE_AFTER,
@@ -128,28 +148,8 @@ from model_kit import (
     sequence_holders,
     shift_clock,
 )
-from model_liveness import Rules, Stall, leftover_transactions, stalled_claims
-from model_races import BESIDE, HELD, Draw, RaceRules
-from races import DEADLINE, Race
-from sqlalchemy import Connection, text
-from sqlalchemy.orm import Session
-
-from sqla_queue import (
-    Dependency,
-    JobFailedError,
-    ResultMissingError,
-    ResultTimeoutError,
-    SqlaQueueError,
-    Unique,
-    WorkerConfig,
-    admin,
-    enqueue,
-    enqueue_many,
-    wait_for,
-)
-from sqla_queue.admin import partitions
-from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS
-from sqla_queue.testing import TemplateDatabases, run_until_empty
+from system.model_liveness import Rules, Stall, leftover_transactions, stalled_claims
+from system.model_races import BESIDE, HELD, Draw, RaceRules
 
 T = TypeVar("T")
 
@@ -222,7 +222,7 @@ FAIR = ("keep",)
 """The queues that start fair (`take_turns` changes any queue's settings)."""
 KNOWN_DEFECTS: frozenset[str] = frozenset()
 """Defects the model found and excuses, narrowly, until they are fixed (each with a replay
-in tests/test_model_regressions.py that runs without the excuse, a strict xfail while the
+in tests/system/test_model_regressions.py that runs without the excuse, a strict xfail while the
 defect lives: when its fix merges, the xfail fails; remove the mark and the name here).
 None is open. Issue 33's two are fixed: "held-sequence starvation" (defect 2: a fair claim
 read the least served partitions only, and those whose due jobs all waited behind a failed
@@ -896,7 +896,7 @@ class QueueMachine(BulkRules, RaceRules, RuleBasedStateMachine):
         commit=st.booleans(),
     )
     def race(self, held: str, beside: str, commit: bool, **draw: Any) -> None:
-        """Two commands at once (tests/model_races.py): `held` runs and waits, its locks
+        """Two commands at once (tests/system/model_races.py): `held` runs and waits, its locks
         held, while `beside` runs; then `held` commits (or rolls back) and `beside` must
         return within the deadline."""
         TALLY["races"] += 1

@@ -1,4 +1,4 @@
-"""Examples the model-based test (tests/test_model.py) found, kept as plain tests.
+"""Examples the model-based test (tests/system/test_model.py) found, kept as plain tests.
 
 Each replays the shrunk steps Hypothesis printed on a `QueueMachine` of its own database,
 checking the model's invariants after every step, as the state machine does. Each names
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from model_kit import Clones
-from test_model import QueueMachine
 
 from sqla_queue.testing import TemplateDatabases
+from system.model_kit import Clones
+from system.test_model import QueueMachine
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_a_handler_that_overran_its_timeout_is_not_a_success(machine: QueueMachi
     0.15 s timeout) ended `done` (archived): the producer's watch (`Producer._time_out`) was
     in a statement when the handler returned late. Now the handler's own thread compares
     the clock with the deadline (`Executor._past_deadline`); a deterministic version is
-    tests/test_worker_handlers.py::
+    tests/worker/test_worker_handlers.py::
     test_a_handler_that_returns_past_its_deadline_unseen_by_a_busy_worker_timed_out."""
     replay(
         machine,
@@ -278,7 +278,7 @@ def test_a_job_cancelled_while_it_runs_keeps_its_partition_slot(machine: QueueMa
     )
 
 
-# Races of issue 33, section 3 (tests/model_races.py): each holds one command after its
+# Races of issue 33, section 3 (tests/system/model_races.py): each holds one command after its
 # statements while another runs on the same job; every invariant runs after.
 
 

@@ -1,6 +1,6 @@
 """The stress run of the model: every feature at once on 4 real worker processes, some of
 them SIGKILLed and restarted while jobs run, then a drain, then the model's invariants on
-the final state and on the run intervals the handlers recorded (tests/fault_app.py's
+the final state and on the run intervals the handlers recorded (tests/helpers/apps/fault_app.py's
 `stress` task notes "start" and "end" of every run, server clock).
 
 Features mixed: unique (a key's duplicates return its holder), debounce (`replace` with a
@@ -39,8 +39,8 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from fault_app import registry as fault_registry
-from fault_kit import FaultDatabase, WorkerProcess, wait_until
+from helpers.apps.fault_app import registry as fault_registry
+from helpers.fault_kit import FaultDatabase, WorkerProcess, wait_until
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import Dependency, Unique, admin, enqueue

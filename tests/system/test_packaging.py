@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from sqla_queue.db.migrate import SCHEMA_REVISION
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

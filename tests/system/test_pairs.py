@@ -1,4 +1,4 @@
-"""The table of feature pairs (tests/pairs.toml) is complete and names only tests that exist:
+"""The table of feature pairs (tests/system/pairs.toml) is complete and names only tests that exist:
 every unordered pair of its features has one cell, and each cell names tests (the pair
 together), a refusal and its test, or why the pair cannot occur.
 No database: the test files are read with `ast`, not collected."""
@@ -13,12 +13,12 @@ from typing import Any
 
 import tomllib
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPO_ROOT = TESTS_DIR.parent
-TABLE = TESTS_DIR / "pairs.toml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TABLE = Path(__file__).with_name("pairs.toml")
 KINDS = {"test", "refused", "cannot"}
 MATRIX = (
-    "tests/test_features_meet.py::test_each_kind_of_job_keeps_its_rule_through_each_run_feature"
+    "tests/system/test_features_meet.py"
+    "::test_each_kind_of_job_keeps_its_rule_through_each_run_feature"
 )
 """Its cases are `KIND-OTHER` (test_features_meet.CASES), checked by name too."""
 
@@ -48,7 +48,7 @@ def names_of_tests(path: Path) -> frozenset[str]:
 
 
 def missing_test(test_id: str) -> str | None:
-    """Why `tests/test_x.py::[Class::]name[params]` names no test (None: it names one)."""
+    """Why `tests/<folder>/test_x.py::[Class::]name[params]` names no test (None: it names one)."""
     path, _, name = test_id.partition("::")
     if not name:
         return f"{test_id!r} is not file::test"
@@ -59,7 +59,7 @@ def missing_test(test_id: str) -> str | None:
     if function not in names_of_tests(file):
         return f"{test_id!r}: no test {function} in {path}"
     if case and function == MATRIX.split("::")[1]:
-        from test_features_meet import CASES
+        from system.test_features_meet import CASES
 
         if case.rstrip("]") not in {f"{a}-{b}" for a, b in CASES}:
             return f"{test_id!r}: no case {case.rstrip(']')} in {path}"
@@ -116,18 +116,20 @@ def test_every_pair_of_features_has_a_cell_naming_tests_that_exist() -> None:
 
 
 def test_the_check_finds_a_missing_cell_an_empty_one_and_a_test_that_does_not_exist() -> None:
-    here = "tests/test_pairs.py::test_every_pair_of_features_has_a_cell_naming_tests_that_exist"
+    here = (
+        "tests/system/test_pairs.py::test_every_pair_of_features_has_a_cell_naming_tests_that_exist"
+    )
     table = {
         "features": {"a": "", "b": "", "c": ""},
         "pairs": {
-            "a": {"b": {"test": [here, "tests/test_pairs.py::test_nothing_of_the_kind[x]"]}},
+            "a": {"b": {"test": [here, "tests/system/test_pairs.py::test_nothing_of_the_kind[x]"]}},
             "c": {"b": {}},
         },
     }
     assert table_problems(table) == [
         "c x b: write it [pairs.b.c]",
-        "a x b: 'tests/test_pairs.py::test_nothing_of_the_kind[x]': "
-        "no test test_nothing_of_the_kind in tests/test_pairs.py",
+        "a x b: 'tests/system/test_pairs.py::test_nothing_of_the_kind[x]': "
+        "no test test_nothing_of_the_kind in tests/system/test_pairs.py",
         "a x c: no cell [pairs.a.c]",
         "b x c: no cell [pairs.b.c]",
     ]

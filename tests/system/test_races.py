@@ -1,9 +1,10 @@
-"""The race harness itself (tests/races.py): it sees a wait, reports a wedge, never hangs."""
+"""The race harness itself (tests/helpers/races.py): it sees a wait, reports a wedge, never
+hangs."""
 
 from __future__ import annotations
 
 import pytest
-from races import Race, open_transactions
+from helpers.races import Race, open_transactions
 from sqlalchemy import Connection, Engine, text
 
 

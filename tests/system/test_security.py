@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from fault_kit import (
+from helpers.fault_kit import (
     FaultDatabase,
     WorkerProcess,
     wait_until,

@@ -131,7 +131,7 @@ def test_drain_runs_due_jobs_inside_the_test_transaction_and_counts_outcomes(
 def test_drain_knows_the_tasks_of_the_registrys_included_modules(
     sqla_queue_session: Session,
 ) -> None:
-    from apps.drain_included import registry as including
+    from helpers.apps.drain_included import registry as including
 
     enqueue(sqla_queue_session, "included.count", {"n": 7})
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from races import Race, open_transactions
+from helpers.races import Race, open_transactions
+from helpers.turns_kit import claim, fail, finish, make_queue
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
-from turns_kit import claim, fail, finish, make_queue
 
 from sqla_queue import Dependency, admin, enqueue, enqueue_many
 from sqla_queue.admin import partitions

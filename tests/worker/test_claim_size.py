@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from apps.support import WorkerThread
+from helpers.support import WorkerThread
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from apps.support import (
+from helpers.support import (
     WorkerThread,
     create_task_log,
     enqueue_jobs,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_kit import (
+from helpers.fault_kit import (
     PG_BIN,
     FaultDatabase,
     PrivateCluster,
@@ -130,7 +130,7 @@ def test_server_crash_under_asynchronous_commits_loses_no_job(
         tmp_path / "worker.log",
         *("-q", "durable", "-c", "4", "--batch", "20", "--lease", "2"),
         *("--poll-interval", "0.5", "--no-synchronous-commit"),
-        app="durability_app:registry",
+        app="helpers.apps.durability_app:registry",
     ).start()
     try:
         wait_until(

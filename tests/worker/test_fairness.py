@@ -8,9 +8,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from helpers.turns_kit import claim, fail, finish, make_queue
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from turns_kit import claim, fail, finish, make_queue
 
 from sqla_queue import Job, admin, enqueue, enqueue_many
 from sqla_queue.admin import partitions

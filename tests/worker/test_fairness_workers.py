@@ -1,8 +1,9 @@
 """Fair queues, partition limits, priority aging, sequences and debounce (issue 24) with real
-`sqla-queue worker` processes (tests/fault_kit.py), whose handlers (tests/fault_app.py, task
-`keyed`) note each attempt's start and end in `public.fault_runs`, the test's own ledger.
+`sqla-queue worker` processes (tests/helpers/fault_kit.py), whose handlers
+(tests/helpers/apps/fault_app.py, task `keyed`) note each attempt's start and end in
+`public.fault_runs`, the test's own ledger.
 
-The claim statement enforces all of it (tests/test_fairness.py checks it claim by claim);
+The claim statement enforces all of it (tests/worker/test_fairness.py checks it claim by claim);
 these tests check what a user sees of it across worker processes: killed ones included.
 """
 
@@ -16,15 +17,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from apps.support import WorkerThread, count_where, wait_for
-from fault_kit import (
+from helpers.fault_kit import (
     FaultDatabase,
     WorkerProcess,
     holding_workers,
     run_cli,
     wait_until,
 )
-from multixact_support import admin_engine, count_multixacts
+from helpers.multixact_support import admin_engine, count_multixacts
+from helpers.support import WorkerThread, count_where, wait_for
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 

@@ -1,9 +1,9 @@
 """Fault injection against real `sqla-queue worker` processes: nothing committed is ever lost.
 
 Each test kills, pauses, disconnects or starves real worker processes while they drain jobs
-whose handlers (tests/fault_app.py) record every execution (job id, attempt) in a table of
-the test's own, then checks the accounting: every job finished, every job ran at least once,
-and re-runs stay within what the faults can explain.
+whose handlers (tests/helpers/apps/fault_app.py) record every execution (job id, attempt) in a
+table of the test's own, then checks the accounting: every job finished, every job ran at
+least once, and re-runs stay within what the faults can explain.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_kit import (
+from helpers.fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,

@@ -18,8 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, invoke_cli, wait_for
-from fault_kit import TESTS_DIR, PrivateCluster, WorkerProcess, cli_env, free_port, free_port_run
+from helpers.fault_kit import (
+    TESTS_DIR,
+    PrivateCluster,
+    WorkerProcess,
+    cli_env,
+    free_port,
+    free_port_run,
+)
+from helpers.support import WorkerThread, invoke_cli, wait_for
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import ConfigurationError, Registry
@@ -40,8 +47,8 @@ def browser_sees(port: int, path: str) -> tuple[int, str] | None:
     """(status, body text) of `path` as Debian's chromium shows it (Playwright), or None
     when the browser is not installed (the HTTP checks around it still run)."""
     try:
+        from dashboard.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
         from playwright.sync_api import sync_playwright
-        from test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
     except (ImportError, pytest.skip.Exception):
         return None
     if not Path(CHROMIUM).exists():
@@ -256,7 +263,7 @@ def test_a_worker_waiting_for_its_database_is_live_not_ready() -> None:
 def test_bad_health_options_are_one_line_errors(
     database_url: str, args: tuple[str, ...], fragment: str
 ) -> None:
-    result = invoke_cli(database_url, "worker", "--app", "fault_app:registry", *args)
+    result = invoke_cli(database_url, "worker", "--app", "helpers.apps.fault_app:registry", *args)
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert fragment in result.output
@@ -286,7 +293,14 @@ def test_the_parent_of_processes_answers_for_its_children(database_url: str) -> 
     port = free_port_run(3)  # the parent's and its two children's
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "sqla_queue", "worker", "--app", "fault_app:registry"),
+            *(
+                sys.executable,
+                "-m",
+                "sqla_queue",
+                "worker",
+                "--app",
+                "helpers.apps.fault_app:registry",
+            ),
             *("--processes", "2", "--health-port", str(port), "--health-host", "127.0.0.1"),
             *("--log-level", "warning"),
         ],

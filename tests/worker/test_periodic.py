@@ -13,16 +13,16 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from apps.support import WorkerThread
 from click.testing import CliRunner
+from helpers.support import WorkerThread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from sqla_queue import ConfigurationError, Registry, admin
 from sqla_queue.cli import main
-from sqla_queue.worker import Worker, WorkerConfig, periodic
 from sqla_queue.job.schedule import Schedule
+from sqla_queue.worker import Worker, WorkerConfig, periodic
 from sqla_queue.worker.periodic import LATE_MARGIN, MAX_TICK, MIN_TICK, Scheduler
 
 UTC = dt.timezone.utc
@@ -178,7 +178,7 @@ def test_periodic_list_shows_each_schedule_with_its_next_and_last_run(
     record_run(engine, "rates", T0)
     result = CliRunner().invoke(
         main,
-        ["periodic", "list", "--app", "apps.periodic_app:registry", "--json"],
+        ["periodic", "list", "--app", "helpers.apps.periodic_app:registry", "--json"],
         env={"SQLA_QUEUE_DATABASE_URL": database_url},
     )
     assert result.exit_code == 0, result.output
@@ -420,14 +420,16 @@ def test_periodic_tasks_of_a_registrys_included_modules_are_listed_and_run(
 ) -> None:
     env = {"SQLA_QUEUE_DATABASE_URL": database_url}
     listed = CliRunner().invoke(
-        main, ["periodic", "list", "--app", "apps.included_app:registry", "--json"], env=env
+        main, ["periodic", "list", "--app", "helpers.apps.included_app:registry", "--json"], env=env
     )
     assert listed.exit_code == 0, listed.output
     assert [row["task"] for row in json.loads(listed.stdout)] == ["hourly_report"]
     last = dt.datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     record_run(engine, "hourly_report", last - dt.timedelta(hours=2))
     worked = CliRunner().invoke(
-        main, ["worker", "--app", "apps.included_app:registry", "--burst", "--poll-only"], env=env
+        main,
+        ["worker", "--app", "helpers.apps.included_app:registry", "--burst", "--poll-only"],
+        env=env,
     )
     assert worked.exit_code == 0, worked.output
     assert "done: 1 succeeded, 0 retried, 0 failed" in worked.stderr
@@ -438,12 +440,12 @@ def test_an_included_module_that_cannot_be_imported_is_named_in_one_line(
 ) -> None:
     result = CliRunner().invoke(
         main,
-        ["periodic", "list", "--app", "apps.included_app:broken"],
+        ["periodic", "list", "--app", "helpers.apps.included_app:broken"],
         env={"SQLA_QUEUE_DATABASE_URL": database_url},
     )
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: Cannot load the task registry 'apps.included_app:broken': its include "
+        "Error: Cannot load the task registry 'helpers.apps.included_app:broken': its include "
         "'apps.no_such_reports': no module named 'apps.no_such_reports' (is it on PYTHONPATH? "
         "run from its folder)"
     ]

@@ -7,11 +7,11 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, count_where, enqueue_jobs, wait_for
 from click.testing import CliRunner, Result
+from helpers.support import WorkerThread, count_where, enqueue_jobs, wait_for
+from helpers.turns_kit import claim
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
-from turns_kit import claim
 
 from sqla_queue import Registry, admin, enqueue_many
 from sqla_queue.cli import main

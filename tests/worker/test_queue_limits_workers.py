@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from apps.support import (
+from helpers.support import (
     count_where,
     create_task_log,
     enqueue_jobs,

@@ -9,14 +9,14 @@ import datetime as dt
 import logging
 
 import pytest
-from apps.support import WorkerThread, count_where, invoke_cli, wait_for
-from fault_kit import free_port
+from helpers.fault_kit import free_port
+from helpers.support import WorkerThread, count_where, invoke_cli, wait_for
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from test_health import answers, get
 
 from sqla_queue import Registry, SchemaUnknownError, enqueue
 from sqla_queue.db import migrate
+from worker.test_health import answers, get
 
 UNKNOWN = "sqlaq_9999"
 VERSIONS = f"{migrate.VERSION_TABLE_SCHEMA}.{migrate.VERSION_TABLE}"
@@ -40,7 +40,7 @@ def head(engine: Engine) -> str:
 
 
 @pytest.mark.parametrize("where", ["version table", "marker"])
-@pytest.mark.parametrize("command", [["worker", "--app", "apps.tasks:registry"], ["stats"]])
+@pytest.mark.parametrize("command", [["worker", "--app", "helpers.apps.tasks:registry"], ["stats"]])
 def test_a_schema_revision_this_code_does_not_know_is_refused_in_one_line(
     database_url: str, engine: Engine, command: list[str], where: str
 ) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from apps.support import age_bounds, database_clock, enqueue_jobs, invoke_cli
-from dashboard_kit import client
-from fault_kit import FaultDatabase, WorkerProcess, wait_until
+from helpers.dashboard_kit import client
+from helpers.fault_kit import FaultDatabase, WorkerProcess, wait_until
+from helpers.support import age_bounds, database_clock, enqueue_jobs, invoke_cli
 from sqlalchemy import Connection, Engine, text
 
 from sqla_queue import Registry

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from fault_kit import (
+from helpers.fault_kit import (
     FaultDatabase,
     WorkerProcess,
     enqueue_jobs,
@@ -26,7 +26,7 @@ from sqla_queue.cli import main
 from sqla_queue.job.retry import RetryPolicy
 from sqla_queue.worker.supervisor import EXIT_CONFIG, EXIT_USAGE, RestartPolicy, Supervisor
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 StartWorker = Callable[..., WorkerProcess]
 QUICK = RestartPolicy(
@@ -97,7 +97,7 @@ def test_burst_children_that_finish_are_not_restarted(tmp_path: Path) -> None:
 
 
 def invoke_worker(*args: str) -> Result:
-    return CliRunner().invoke(main, ["worker", "--app", "fault_app:registry", *args])
+    return CliRunner().invoke(main, ["worker", "--app", "helpers.apps.fault_app:registry", *args])
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])
@@ -123,8 +123,14 @@ def test_a_bad_worker_option_is_refused_before_any_child_starts() -> None:
 @pytest.mark.parametrize(
     ("app", "error"),
     [
-        ("fault_app_broken:registry", "Cannot load the task registry 'fault_app_broken:registry'"),
-        ("fault_app:not_a_registry", "'not_a_registry' is a dict, not a sqla_queue.Registry"),
+        (
+            "helpers.apps.fault_app_broken:registry",
+            "Cannot load the task registry 'helpers.apps.fault_app_broken:registry'",
+        ),
+        (
+            "helpers.apps.fault_app:not_a_registry",
+            "'not_a_registry' is a dict, not a sqla_queue.Registry",
+        ),
     ],
 )
 def test_children_with_a_configuration_error_are_not_restarted(
@@ -143,7 +149,8 @@ def test_children_on_a_database_without_the_schema_are_not_restarted(
     empty_database_url: str,
 ) -> None:
     done = run_cli(
-        ["worker", "--app", "fault_app:registry", "--processes", "2"], url=empty_database_url
+        ["worker", "--app", "helpers.apps.fault_app:registry", "--processes", "2"],
+        url=empty_database_url,
     )
 
     assert done.returncode == 1
@@ -292,7 +299,9 @@ def test_a_child_that_always_crashes_at_start_makes_the_parent_give_up(
     database_url: str,
 ) -> None:
     done = run_cli(
-        ["worker", "--app", "crash_app:registry", "--processes", "2"], url=database_url, timeout=120
+        ["worker", "--app", "helpers.apps.crash_app:registry", "--processes", "2"],
+        url=database_url,
+        timeout=120,
     )
 
     assert done.returncode == 1
@@ -306,7 +315,16 @@ def test_burst_children_drain_the_queue_and_the_parent_exits_0(
 ) -> None:
     ids = enqueue_jobs(fault_db.url, "burst", "record", [{"n": n} for n in range(100)])
     done = run_cli(
-        ["worker", "--app", "fault_app:registry", "--processes", "2", "-q", "burst", "--burst"],
+        [
+            "worker",
+            "--app",
+            "helpers.apps.fault_app:registry",
+            "--processes",
+            "2",
+            "-q",
+            "burst",
+            "--burst",
+        ],
         url=fault_db.url,
         timeout=120,
     )

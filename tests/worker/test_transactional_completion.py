@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import (
+from helpers.support import (
     WorkerThread,
     count_where,
     create_task_log,

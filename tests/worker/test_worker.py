@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import (
+from helpers.support import (
     WorkerThread,
     count_where,
     database_clock,

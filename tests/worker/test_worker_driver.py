@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from apps.support import enqueue_jobs
+from helpers.support import enqueue_jobs
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
+from helpers.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
+from helpers.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
 from sqla_queue import JobContext, Registry, RetryPolicy, admin

@@ -7,7 +7,7 @@ import logging
 import time
 
 import pytest
-from apps.support import WorkerThread, enqueue_jobs, wait_for
+from helpers.support import WorkerThread, enqueue_jobs, wait_for
 from sqlalchemy import Engine, create_engine, text
 
 from sqla_queue import Registry, RetryPolicy, WorkerConfig

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
+from helpers.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
 from sqla_queue import (

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_kit import (
+from helpers.fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,
@@ -174,7 +174,7 @@ def test_a_burst_worker_gives_up_on_an_unreachable_database() -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
     started = time.monotonic()
     result = run_cli(
-        ["worker", "--app", "fault_app:registry", "--burst", "--give-up-after", "1.5"],
+        ["worker", "--app", "helpers.apps.fault_app:registry", "--burst", "--give-up-after", "1.5"],
         url,
         timeout=60,
     )

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from apps.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
+from helpers.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
 from sqla_queue import JobContext, Registry, RetryPolicy, WorkerConfig, admin

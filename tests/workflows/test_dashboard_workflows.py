@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from dashboard_kit import client, csrf_of
+from helpers.dashboard_kit import client, csrf_of
 from markupsafe import escape
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session

@@ -1,6 +1,6 @@
 """Workflows run by real `sqla-queue worker` processes (issue 23's "done means").
 
-The handlers (tests/workflow_app.py) write a ledger of their starts and ends by the
+The handlers (tests/helpers/apps/workflow_app.py) write a ledger of their starts and ends by the
 database's clock; the tests check it against the graph: for every edge the parent's
 completing attempt ended before any attempt of the child started, every node ran (to the
 end) exactly once, failures cancel what depends on them and run the clean-ups, a retry
@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from fault_kit import FaultDatabase, WorkerProcess, libpq_dsn, wait_until
-from multixact_support import admin_engine, count_multixacts
+from helpers.apps.workflow_app import create_ledger
+from helpers.fault_kit import FaultDatabase, WorkerProcess, libpq_dsn, wait_until
+from helpers.multixact_support import admin_engine, count_multixacts
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
-from workflow_app import create_ledger
 
 from sqla_queue import Dependency, Queue, admin, enqueue, enqueue_many
 from sqla_queue.db.migrate import drop_queue_fk
 
 StartWorker = Callable[..., WorkerProcess]
-APP = "workflow_app:registry"
+APP = "helpers.apps.workflow_app:registry"
 QUEUE = "wf"
 ENDED = ("done", "failed", "cancelled")
 

@@ -1,4 +1,4 @@
-"""Tasks for the broker tests' worker processes (`--app broker_app:registry`).
+"""Tasks for the broker tests' worker processes (`--app helpers.apps.broker_app:registry`).
 
 Each run of a handler inserts (job_id, attempt, pid) into `public.broker_effects` of the
 database in BROKER_APP_DSN, so a test counts side effects per job.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.drain_included import registry
+from helpers.apps.drain_included import registry
 
 ran: list[int] = []
 

@@ -1,11 +1,11 @@
-"""The task registry of the server-crash test (tests/test_durability.py), run in a real
+"""The task registry of the server-crash test (tests/worker/test_durability.py), run in a real
 `sqla-queue worker` process.
 
 Its handler appends the job's id and attempt to the file named by $DURABILITY_RUNS: a
 record outside the database the test crashes, so that no commit of the record makes the
 worker's own asynchronous commits durable before the crash.
 
-Run as `sqla-queue worker --app durability_app:registry` with tests/ on PYTHONPATH.
+Run as `sqla-queue worker --app helpers.apps.durability_app:registry` with tests/ on PYTHONPATH.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ schema (created by `create_fault_tables`), over a psycopg connection of its own:
 worker's connections carry the application name "sqla-queue worker", these do not, so a
 test can terminate the worker's connections without touching the record.
 
-Run as `sqla-queue worker --app fault_app:registry` with tests/ on PYTHONPATH and
+Run as `sqla-queue worker --app helpers.apps.fault_app:registry` with tests/ on PYTHONPATH and
 FAULT_APP_DSN set to a libpq URL of the test database.
 """
 
@@ -171,7 +171,7 @@ STRESS_TIMEOUT = 1.0
     keep_result=True,
 )
 async def stress(ctx: JobContext, n: int, mode: str = "ok", seconds: float = 0.05) -> object:
-    """The stress run's task (tests/test_model_stress.py): notes "start" and, as its run
+    """The stress run's task (tests/system/test_model_stress.py): notes "start" and, as its run
     ends however it ends (a timeout cancels it), "end"; so the test rebuilds every run's
     interval. `mode`: ok (returns {"n": n}, kept), fail, snooze (once, then ok), slow
     (sleeps `seconds`, past its timeout)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from apps.included_app import registry
+from helpers.apps.included_app import registry
 
 
 @registry.periodic(every=dt.timedelta(hours=1), name="hourly_report")

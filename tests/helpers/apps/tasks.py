@@ -12,7 +12,7 @@ import time
 
 from sqlalchemy import text
 
-from apps.support import record_attempt
+from helpers.support import record_attempt
 from sqla_queue import JobContext, Registry
 
 registry = Registry()

@@ -1,11 +1,12 @@
-"""The task registry of the workflow tests with real workers (tests/test_workflow_workers.py).
+"""The task registry of the workflow tests with real workers
+(tests/workflows/test_workflow_workers.py).
 
 Every handler that matters records its attempt in `public.wf_ledger`, a table of the test's
-own, over one psycopg connection per worker process (as tests/fault_app.py does): the
+own, over one psycopg connection per worker process (as tests/helpers/apps/fault_app.py does): the
 start when the handler begins and the end just before it returns, both by the database's
 clock (`clock_timestamp()`), so starts and ends of handlers in different processes compare.
 
-Run as `sqla-queue worker --app workflow_app:registry` with tests/ on PYTHONPATH and
+Run as `sqla-queue worker --app helpers.apps.workflow_app:registry` with tests/ on PYTHONPATH and
 FAULT_APP_DSN set to a libpq URL of the test database (the `workers` fixture does both).
 """
 
