@@ -6,21 +6,13 @@ import json
 import threading
 
 import pytest
-from click.testing import CliRunner, Result
-from helpers.support import enqueue_jobs, jobs_by_id
+from helpers.support import cli, enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
 from sqla_queue import admin
-from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.bounds import MAX_ATTEMPTS
-
-
-def cli(url: str, *args: str) -> Result:
-    return CliRunner().invoke(
-        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
-    )
 
 
 def set_status(engine: Engine, ids: list[int], status: str, attempts: int = 5) -> None:
@@ -244,26 +236,26 @@ def test_queue_depth_counts_due_scheduled_and_running_of_one_queue_up_to_the_cap
 def test_cli_jobs_list_json_show_retry_and_delete(database_url: str, engine: Engine) -> None:
     ids = enqueue_jobs(engine, "app.a", 3, args={"n": 1})
     set_status(engine, ids[:1], "failed")
-    listed = cli(database_url, "jobs", "list", "--json", "--status", "failed")
+    listed = cli("jobs", "list", "--json", "--status", "failed", url=database_url)
     assert listed.exit_code == 0, listed.output
     (row,) = json.loads(listed.stdout)
     assert {"id", "task", "queue", "status", "attempts", "run_at"} <= set(row)
     assert (row["id"], row["status"], row["attempts"]) == (ids[0], "failed", 5)
-    shown = cli(database_url, "jobs", "show", str(ids[0]))
+    shown = cli("jobs", "show", str(ids[0]), url=database_url)
     assert shown.exit_code == 0
     assert "Traceback" in shown.stdout
     assert '"n": 1' in shown.stdout
-    as_json = json.loads(cli(database_url, "jobs", "show", "--json", str(ids[0])).stdout)
+    as_json = json.loads(cli("jobs", "show", "--json", str(ids[0]), url=database_url).stdout)
     assert as_json["args"] == {"n": 1}
     assert as_json["status"] == "failed"
-    retried = cli(database_url, "jobs", "retry", str(ids[0]), str(ids[1]))
+    retried = cli("jobs", "retry", str(ids[0]), str(ids[1]), url=database_url)
     assert retried.exit_code == 1  # ids[1] is queued: refused, and said so
     assert f"job {ids[0]}: retried (was failed)" in retried.stdout
     assert (
         f"job {ids[1]}: not retried, it is not failed or cancelled, or its handler still runs "
         "(queued)" in retried.stdout
     )
-    deleted = cli(database_url, "jobs", "delete", "--json", str(ids[2]))
+    deleted = cli("jobs", "delete", "--json", str(ids[2]), url=database_url)
     assert deleted.exit_code == 0
     assert json.loads(deleted.stdout) == {str(ids[2]): "queued"}
     assert sorted(jobs_by_id(engine)) == ids[:2]
@@ -284,7 +276,7 @@ def test_cli_jobs_list_json_show_retry_and_delete(database_url: str, engine: Eng
 def test_cli_jobs_commands_refuse_bad_input_in_one_line(
     database_url: str, args: tuple[str, ...], fragment: str
 ) -> None:
-    result = cli(database_url, *args)
+    result = cli(*args, url=database_url)
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert fragment in result.stderr, result.stderr
@@ -300,7 +292,7 @@ def test_cli_retry_names_each_job_whose_unique_key_is_held_and_retries_the_rest(
         ids.append(job_id)
     (plain,) = enqueue_jobs(engine, "app.a", 1)
     set_status(engine, [plain], "failed")
-    result = cli(database_url, "jobs", "retry", "--failed")
+    result = cli("jobs", "retry", "--failed", url=database_url)
     assert result.exit_code == 1, result.output
     assert "retried 2 failed job(s)" in result.stdout
     assert f"job {ids[1]}: not retried, its unique key is held by job {ids[0]} (failed)" in (
@@ -312,7 +304,7 @@ def test_cli_retry_names_each_job_whose_unique_key_is_held_and_retries_the_rest(
         ids[1]: "failed",
         plain: "queued",
     }
-    by_id = cli(database_url, "jobs", "retry", "--json", str(ids[1]))
+    by_id = cli("jobs", "retry", "--json", str(ids[1]), url=database_url)
     assert by_id.exit_code == 1
     assert json.loads(by_id.stdout) == {}
     assert f"job {ids[1]}: not retried, its unique key is held by job {ids[0]}" in by_id.stderr
@@ -346,7 +338,7 @@ def test_retry_of_a_job_with_a_huge_budget_caps_max_attempts_instead_of_overflow
 def test_jobs_list_piped_prints_every_task_name_whole(database_url: str, engine: Engine) -> None:
     name = "reports.monthly." + "long_segment_" * 10  # 146 characters
     (job_id,) = enqueue_jobs(engine, name, 1)
-    listed = cli(database_url, "jobs", "list")  # CliRunner's stdout is not a terminal
+    listed = cli("jobs", "list", url=database_url)  # CliRunner's stdout is not a terminal
     assert listed.exit_code == 0, listed.output
     (row,) = [line for line in listed.stdout.splitlines() if name in line]
     assert str(job_id) in row
@@ -368,13 +360,13 @@ def test_jobs_show_shows_a_kept_result_and_the_attempts_the_worker_allows(
 
     (job_id,) = enqueue_jobs(engine, "calc", 1, args={"n": 21})
     run_until_empty(engine, registry)
-    shown = cli(database_url, "jobs", "show", str(job_id))
+    shown = cli("jobs", "show", str(job_id), url=database_url)
     assert shown.exit_code == 0, shown.output
     assert "attempts: 1 of 4\n" in shown.stdout
     assert 'result: {"double": 42}\n' in shown.stdout
-    as_json = json.loads(cli(database_url, "jobs", "show", "--json", str(job_id)).stdout)
+    as_json = json.loads(cli("jobs", "show", "--json", str(job_id), url=database_url).stdout)
     assert (as_json["attempts"], as_json["max_attempts"]) == (1, 4)
     assert as_json["result"] == {"double": 42}
-    listed = cli(database_url, "jobs", "list", "--task", "calc")
+    listed = cli("jobs", "list", "--task", "calc", url=database_url)
     assert "1/4" in listed.stdout
     assert "1/-" not in listed.stdout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers.support import invoke_cli
+from helpers.support import cli
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -42,11 +42,13 @@ def test_deleting_a_queue_with_only_finished_jobs_removes_them_with_it(engine: E
 
 def test_rerunning_queues_create_keeps_the_retention(database_url: str) -> None:
     assert (
-        invoke_cli(database_url, "queues", "create", "audit", "--retention", "archive").exit_code
+        cli(
+            "queues", "create", "audit", "--retention", "archive", url=database_url, catch=True
+        ).exit_code
         == 0
     )
-    again = invoke_cli(database_url, "queues", "create", "audit")
+    again = cli("queues", "create", "audit", url=database_url, catch=True)
     assert again.exit_code == 0, again.output
     assert "exists (retention archive)" in again.output
-    changed = invoke_cli(database_url, "queues", "create", "audit", "--retention", "keep")
+    changed = cli("queues", "create", "audit", "--retention", "keep", url=database_url, catch=True)
     assert "exists (retention keep)" in changed.output

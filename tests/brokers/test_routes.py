@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
+from helpers.support import cli
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -29,7 +30,6 @@ from sqla_queue import (
 )
 from sqla_queue.brokers.routes import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.worker import BrokerWorkerConfig
-from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.db.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
@@ -42,12 +42,6 @@ def _restore_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-def cli(*args: str, url: str | None = None) -> Result:
-    return CliRunner().invoke(
-        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
-    )
 
 
 def one_line_error(result: Result) -> str:

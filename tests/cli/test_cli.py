@@ -11,10 +11,11 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from helpers.support import (
     SQLA_QUEUE_BIN,
     age_bounds,
+    cli,
     count_where,
     create_task_log,
     database_clock,
@@ -41,12 +42,6 @@ from sqla_queue.job.options import OPTION_NAMES
 @pytest.fixture(autouse=True)
 def _restore_logging_and_engines() -> Iterator[None]:
     yield from restored_logging_and_engines()
-
-
-def cli(*args: str, url: str | None = None, **env: str | None) -> Result:
-    """Run `sqla-queue ARGS` in-process, with SQLA_QUEUE_DATABASE_URL set to `url`."""
-    environment = {"SQLA_QUEUE_DATABASE_URL": url, **env}
-    return CliRunner().invoke(main, list(args), env=environment, catch_exceptions=False)
 
 
 def assert_one_line_error(result: Result, *fragments: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.support import enqueue_jobs, invoke_cli, jobs_by_id
+from helpers.support import cli, enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
 from sqla_queue import admin
@@ -22,7 +22,7 @@ from sqla_queue.admin import partitions
 def test_cli_bad_values_are_one_line_errors(
     database_url: str, args: tuple[str, ...], fragment: str
 ) -> None:
-    result = invoke_cli(database_url, *args)
+    result = cli(*args, url=database_url, catch=True)
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert fragment in result.output
@@ -62,7 +62,7 @@ def test_a_value_no_job_can_have_is_a_usage_error_naming_the_option_and_loses_no
             text("UPDATE sqla_queue.jobs SET status = 'failed' WHERE id = :id"), {"id": ids[0]}
         )
     before = jobs_by_id(engine)
-    result = invoke_cli(database_url, *args)
+    result = cli(*args, url=database_url, catch=True)
     assert result.exit_code == 2, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1, result.output

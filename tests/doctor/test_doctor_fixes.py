@@ -13,9 +13,9 @@ import subprocess
 import pytest
 from helpers.support import (
     SQLA_QUEUE_BIN,
+    cli,
     create_task_log,
     enqueue_jobs,
-    invoke_cli,
     subprocess_env,
     task_log,
     wait_for,
@@ -109,7 +109,7 @@ def test_every_command_a_doctor_fix_prints_runs_as_printed(
             _, err = worker.communicate(timeout=60)
         assert worker.returncode == 0, err
         return
-    result = invoke_cli(database_url, *words[1:])
+    result = cli(*words[1:], url=database_url, catch=True)
     assert result.exit_code == 0, f"{command!r} -> {words}: {result.output}"
 
 
@@ -129,7 +129,7 @@ def test_a_fix_doctor_fills_in_runs_as_printed_whatever_the_queue_name(
     assert f"sqla-queue jobs retry {failed_id}" in commands
     # retry, then delete: each runs as printed on the job doctor named
     for command in commands:
-        result = invoke_cli(database_url, *shlex.split(command)[1:])
+        result = cli(*shlex.split(command)[1:], url=database_url, catch=True)
         assert result.exit_code == 0, f"{command!r}: {result.output}"
     with engine.connect() as conn:
         (info,) = [q for q in admin.list_queues(conn) if q.name == queue]

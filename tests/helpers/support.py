@@ -97,9 +97,21 @@ def task_log(engine: Engine) -> list[tuple[int, int]]:
         return [(job_id, attempt) for job_id, attempt in rows]
 
 
-def invoke_cli(url: str, *args: str) -> Result:
-    """`sqla-queue ARGS` in this process (CliRunner), against the test's database."""
-    return CliRunner().invoke(main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url})
+def cli(
+    *args: str,
+    url: str | None = None,
+    answer: str | None = None,
+    catch: bool = False,
+    **env: str | None,
+) -> Result:
+    """`sqla-queue ARGS` in this process (CliRunner), with SQLA_QUEUE_DATABASE_URL set to `url`
+    and the other `env` variables; `answer` is typed at its prompts. An exception the command
+    lets out is raised here (failing the test with its traceback) unless `catch`: then it is
+    the result's `exception`, as for a user, who sees an exit code."""
+    environment = {"SQLA_QUEUE_DATABASE_URL": url, **env}
+    return CliRunner().invoke(
+        main, list(args), env=environment, input=answer, catch_exceptions=catch
+    )
 
 
 def enqueue_jobs(engine: Engine, task: str, count: int, **fields: Any) -> list[int]:

@@ -8,7 +8,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from helpers.support import WorkerThread, enqueue_jobs, invoke_cli, jobs_by_id, wait_for
+from helpers.support import WorkerThread, cli, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
 from sqla_queue import JobContext, Registry, RetryPolicy, Snooze, admin
@@ -252,7 +252,7 @@ def failed_job(engine: Engine, message: str, attempts: int = 2) -> int:
 
 def test_jobs_show_prints_each_attempt(database_url: str, engine: Engine) -> None:
     job_id = failed_job(engine, "no such account")
-    shown = invoke_cli(database_url, "jobs", "show", str(job_id))
+    shown = cli("jobs", "show", str(job_id), url=database_url, catch=True)
     assert shown.exit_code == 0, shown.output
     history = shown.output.split("errors (2 kept):\n", 1)[1]
     lines = history.splitlines()
@@ -260,10 +260,12 @@ def test_jobs_show_prints_each_attempt(database_url: str, engine: Engine) -> Non
     assert lines[0].endswith("ValueError: no such account")
     assert lines[1].startswith("  attempt 2 ")
     assert "Traceback" not in history.split("last_error:")[0]  # one line each by default
-    full = invoke_cli(database_url, "jobs", "show", str(job_id), "--traceback")
+    full = cli("jobs", "show", str(job_id), "--traceback", url=database_url, catch=True)
     assert full.exit_code == 0, full.output
     assert full.output.count("Traceback (most recent call last)") >= 3  # 2 entries + last_error
-    as_json = json.loads(invoke_cli(database_url, "jobs", "show", str(job_id), "--json").output)
+    as_json = json.loads(
+        cli("jobs", "show", str(job_id), "--json", url=database_url, catch=True).output
+    )
     assert [e["attempt"] for e in as_json["errors"]] == [1, 2]
 
 

@@ -7,23 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner, Result
 from helpers.dashboard_kit import client, csrf_of
+from helpers.support import cli
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 from workflows.test_workflows import claim_all, fail, states
 
 from sqla_queue import Unique, admin, enqueue
 from sqla_queue.admin import filters as bulk
-from sqla_queue.cli import main
 
 PER_ACCOUNT = Unique(args=["account"])
-
-
-def cli(url: str, *args: str) -> Result:
-    return CliRunner().invoke(
-        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
-    )
 
 
 def held_dependent(engine: Engine) -> dict[str, int]:
@@ -101,7 +94,7 @@ def test_the_retry_command_names_the_dependent_left_cancelled(
         "id": [str(ids["parent"]), str(ids["unrelated"])],
         "filter": ["--status", "failed", "--yes"],
     }[how]
-    result = cli(database_url, "jobs", "retry", *args)
+    result = cli("jobs", "retry", *args, url=database_url)
     assert "took the unique keys" not in result.output
     if how == "filter":
         assert "retried 2 jobs, 1 dependent left cancelled: unique key held" in result.output
@@ -119,7 +112,7 @@ def test_retry_json_output_keeps_its_shape_and_says_what_was_not_revived(
     database_url: str, engine: Engine
 ) -> None:
     ids = held_dependent(engine)
-    result = cli(database_url, "jobs", "retry", "--failed", "--json")
+    result = cli("jobs", "retry", "--failed", "--json", url=database_url)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
         str(ids["parent"]): "failed",

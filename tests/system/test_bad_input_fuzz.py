@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from helpers.fault_kit import PrivateCluster, WorkerProcess, run_cli, wait_until
-from helpers.support import invoke_cli as cli
+from helpers.support import cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -118,7 +118,7 @@ def test_cli_refuses_bad_input_clearly_and_touches_no_other_job(
 ) -> None:
     monkeypatch.setattr(limits, "max_args_bytes", 100)
     before = bystanders()
-    result = cli(database_url, *args)
+    result = cli(*args, url=database_url, catch=True)
     assert result.exit_code == exit_code, result.output
     assert message in result.output
     assert "Traceback" not in result.output
@@ -144,8 +144,20 @@ ODD_NAMES = [
 def test_odd_but_valid_task_and_queue_names_just_work(
     database_url: str, engine: Engine, name: str
 ) -> None:
-    assert cli(database_url, "queues", "create", name, "--retention", "keep").exit_code == 0
-    result = cli(database_url, "enqueue", name, "--queue", name, "--args", json.dumps({"v": name}))
+    assert (
+        cli("queues", "create", name, "--retention", "keep", url=database_url, catch=True).exit_code
+        == 0
+    )
+    result = cli(
+        "enqueue",
+        name,
+        "--queue",
+        name,
+        "--args",
+        json.dumps({"v": name}),
+        url=database_url,
+        catch=True,
+    )
     assert result.exit_code == 0, result.output
     job_id = int(result.output.strip())
 
@@ -159,11 +171,11 @@ def test_odd_but_valid_task_and_queue_names_just_work(
     stats = run_until_empty(engine, registry, WorkerConfig(queues=[name], concurrency=1))
     assert (stats.succeeded, seen) == (1, [(job_id, name, name)])
 
-    listed = json.loads(cli(database_url, "stats", "--json").output)
+    listed = json.loads(cli("stats", "--json", url=database_url, catch=True).output)
     assert {"queue": name, "done": 1} in [{"queue": r["queue"], "done": r["done"]} for r in listed]
     for command in ("pause", "resume"):
-        assert cli(database_url, "queues", command, name).exit_code == 0
-    assert cli(database_url, "queues", "delete", name, "--force").exit_code == 0
+        assert cli("queues", command, name, url=database_url, catch=True).exit_code == 0
+    assert cli("queues", "delete", name, "--force", url=database_url, catch=True).exit_code == 0
 
 
 def test_run_at_needs_a_time_zone_and_keeps_the_instant(

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from helpers.enqueue_paths import EVERY_PATH
-from helpers.support import WorkerThread, invoke_cli, jobs_by_id
+from helpers.support import WorkerThread, cli, jobs_by_id
 from helpers.support import wait_for as wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
@@ -405,7 +405,7 @@ def write_on(path: str, engine: Engine, row: dict[str, Any]) -> None:
     if row.get("unique"):
         options.append("--unique")
     url = engine.url.render_as_string(hide_password=False)
-    result = invoke_cli(url, "enqueue", row["task"], *options)
+    result = cli("enqueue", row["task"], *options, url=url, catch=True)
     assert result.exit_code == 0, result.output
 
 

@@ -21,10 +21,10 @@ from click.testing import Result
 from helpers.apps import first_use
 from helpers.support import (
     WorkerThread,
+    cli,
     count_where,
     create_task_log,
     enqueue_jobs,
-    invoke_cli,
     jobs_by_id,
     restored_logging_and_engines,
     task_log,
@@ -101,8 +101,14 @@ def test_every_queue_given_to_the_worker_is_served(
     create_task_log(engine)
     served = enqueue_jobs(engine, "record", 1) + enqueue_jobs(engine, "record", 1, queue="emails")
     (unserved,) = enqueue_jobs(engine, "record", 1, queue="reports")
-    result = invoke_cli(
-        database_url, "worker", "--app", "helpers.apps.tasks:registry", "--burst", *queue_options
+    result = cli(
+        "worker",
+        "--app",
+        "helpers.apps.tasks:registry",
+        "--burst",
+        *queue_options,
+        url=database_url,
+        catch=True,
     )
     assert result.exit_code == 0, result.output
     assert sorted(job_id for job_id, _ in task_log(engine)) == sorted(served)
@@ -122,7 +128,7 @@ def test_processes_hand_every_repeated_queue_to_their_children() -> None:
 def test_args_that_cannot_fit_the_handler_fail_at_once_naming_its_signature(
     database_url: str, engine: Engine
 ) -> None:
-    result = invoke_cli(database_url, "enqueue", "first_use.pick", "--args", '{"b": 1}')
+    result = cli("enqueue", "first_use.pick", "--args", '{"b": 1}', url=database_url, catch=True)
     assert result.exit_code == 0, result.output
     job_id = int(result.stdout.strip())
     run_burst(engine, first_use.registry)
@@ -246,10 +252,10 @@ def test_task_enqueue_without_a_session_names_the_mistake(engine: Engine) -> Non
 
 def test_an_app_that_raises_on_import_says_where(database_url: str) -> None:
     app = ("--app", "helpers.apps.raises_on_import:registry", "--burst")
-    line = one_error_line(invoke_cli(database_url, "worker", *app))
+    line = one_error_line(cli("worker", *app, url=database_url, catch=True))
     assert "KeyError('DATABASE')" in line
     assert re.search(r"apps/raises_on_import\.py:10\b", line), line
-    debug = invoke_cli(database_url, "worker", *app, "--log-level", "debug")
+    debug = cli("worker", *app, "--log-level", "debug", url=database_url, catch=True)
     assert debug.exit_code != 0
     assert "Traceback (most recent call last)" in debug.stderr
     assert 'DATABASE = SETTINGS["DATABASE"]' in debug.stderr
@@ -285,7 +291,7 @@ def test_doctor_in_a_file_wraps_its_findings_and_keeps_commands_whole(
     enqueue_jobs(engine, "t", 3)
     with engine.begin() as conn:
         conn.execute(FAIL_EVERY_JOB)
-    result = invoke_cli(database_url, "doctor", "--sample", "0")
+    result = cli("doctor", "--sample", "0", url=database_url, catch=True)
     lines = result.stdout.splitlines()
     assert max(map(len, lines)) <= 100
     assert any(re.match(r"warn +failed_jobs: 3 failed", line) for line in lines), lines
@@ -320,9 +326,11 @@ def test_a_worker_shows_its_claimed_jobs_apart_from_the_running_ones(
                     return [(w.running, w.claimed) for w in admin_workers.live_workers(conn)]
 
             wait_for(lambda: held() == [(1, 9)], timeout=20)
-            (listed,) = json.loads(invoke_cli(database_url, "workers", "list", "--json").stdout)
+            (listed,) = json.loads(
+                cli("workers", "list", "--json", url=database_url, catch=True).stdout
+            )
             assert (listed["running"], listed["claimed"]) == (1, 9)
-            table = invoke_cli(database_url, "workers", "list").stdout
+            table = cli("workers", "list", url=database_url, catch=True).stdout
             assert "claimed" in table
             (workers,) = [
                 f for f in diagnose(engine, DoctorOptions(sample=0)) if f.name == "workers"
@@ -339,8 +347,13 @@ def test_a_burst_worker_says_which_retry_it_left_and_when_it_is_due(
     database_url: str, engine: Engine
 ) -> None:
     (job_id,) = enqueue_jobs(engine, "first_use.fail_once", 1)
-    result = invoke_cli(
-        database_url, "worker", "--app", "helpers.apps.first_use:registry", "--burst"
+    result = cli(
+        "worker",
+        "--app",
+        "helpers.apps.first_use:registry",
+        "--burst",
+        url=database_url,
+        catch=True,
     )
     assert result.exit_code == 0, result.output
     job = jobs_by_id(engine, [job_id])[job_id]
@@ -356,8 +369,7 @@ def test_burst_wait_runs_a_retry_that_falls_due_within_it(
     database_url: str, engine: Engine
 ) -> None:
     (job_id,) = enqueue_jobs(engine, "first_use.fail_once", 1)
-    result = invoke_cli(
-        database_url,
+    result = cli(
         "worker",
         "--app",
         "helpers.apps.first_use:registry",
@@ -365,6 +377,8 @@ def test_burst_wait_runs_a_retry_that_falls_due_within_it(
         "--burst-wait",
         "60",
         "--poll-only",
+        url=database_url,
+        catch=True,
     )
     assert result.exit_code == 0, result.output
     assert "done: 1 succeeded, 1 retried, 0 failed" in result.stderr
@@ -376,14 +390,15 @@ def test_burst_wait_beyond_the_next_due_job_exits_and_says_so(
     database_url: str, engine: Engine
 ) -> None:
     enqueue_jobs(engine, "first_use.pick", 2, args={"a": 1}, delay=3600)
-    result = invoke_cli(
-        database_url,
+    result = cli(
         "worker",
         "--app",
         "helpers.apps.first_use:registry",
         "--burst",
         "--burst-wait",
         "60",
+        url=database_url,
+        catch=True,
     )
     assert result.exit_code == 0, result.output
     assert "done: 0 succeeded, 0 retried, 0 failed; left 2 jobs not yet due" in result.stderr
@@ -391,8 +406,14 @@ def test_burst_wait_beyond_the_next_due_job_exits_and_says_so(
 
 
 def test_burst_wait_without_burst_is_refused(database_url: str) -> None:
-    result = invoke_cli(
-        database_url, "worker", "--app", "helpers.apps.first_use:registry", "--burst-wait", "10"
+    result = cli(
+        "worker",
+        "--app",
+        "helpers.apps.first_use:registry",
+        "--burst-wait",
+        "10",
+        url=database_url,
+        catch=True,
     )
     line = one_error_line(result)
     assert "burst_wait" in line

@@ -26,7 +26,7 @@ from helpers.fault_kit import (
     free_port,
     free_port_run,
 )
-from helpers.support import WorkerThread, invoke_cli, wait_for
+from helpers.support import WorkerThread, cli, wait_for
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import ConfigurationError, Registry
@@ -263,7 +263,9 @@ def test_a_worker_waiting_for_its_database_is_live_not_ready() -> None:
 def test_bad_health_options_are_one_line_errors(
     database_url: str, args: tuple[str, ...], fragment: str
 ) -> None:
-    result = invoke_cli(database_url, "worker", "--app", "helpers.apps.fault_app:registry", *args)
+    result = cli(
+        "worker", "--app", "helpers.apps.fault_app:registry", *args, url=database_url, catch=True
+    )
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     assert fragment in result.output

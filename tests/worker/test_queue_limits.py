@@ -7,23 +7,15 @@ import time
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from helpers.support import WorkerThread, count_where, enqueue_jobs, wait_for
+from helpers.support import WorkerThread, cli, count_where, enqueue_jobs, wait_for
 from helpers.turns_kit import claim
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, admin, enqueue_many
-from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
 from sqla_queue.job.durations import describe_rate, parse_rate
-
-
-def cli(*args: str, url: str | None = None) -> Result:
-    return CliRunner().invoke(
-        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
-    )
 
 
 def make_queue(engine: Engine, name: str, **limits: Any) -> None:

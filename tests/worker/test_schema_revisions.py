@@ -10,7 +10,7 @@ import logging
 
 import pytest
 from helpers.fault_kit import free_port
-from helpers.support import WorkerThread, count_where, invoke_cli, wait_for
+from helpers.support import WorkerThread, cli, count_where, wait_for
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -47,7 +47,7 @@ def test_a_schema_revision_this_code_does_not_know_is_refused_in_one_line(
     record_revision(engine, UNKNOWN, where)
     with pytest.raises(SchemaUnknownError, match=UNKNOWN):
         migrate.check_schema(engine)
-    result = invoke_cli(database_url, *command)
+    result = cli(*command, url=database_url, catch=True)
     assert result.exit_code != 0, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from helpers.dashboard_kit import client
 from helpers.fault_kit import FaultDatabase, WorkerProcess, wait_until
-from helpers.support import age_bounds, database_clock, enqueue_jobs, invoke_cli
+from helpers.support import age_bounds, cli, database_clock, enqueue_jobs
 from sqlalchemy import Connection, Engine, text
 
 from sqla_queue import Registry
@@ -142,29 +142,34 @@ def test_workers_list_prints_live_and_stopped_workers(database_url: str, engine:
         register(conn, "w-live", queues=["mail"])
         register(conn, "w-gone")
         conn.execute(queries.deregister_worker(), {"worker_id": "w-gone"})
-    live = invoke_cli(database_url, "workers", "list")
+    live = cli("workers", "list", url=database_url, catch=True)
     assert live.exit_code == 0, live.output
     assert "w-live" in live.output
     assert "mail" in live.output
     assert "w-gone" not in live.output
-    stopped = invoke_cli(database_url, "workers", "list", "--stopped")
+    stopped = cli("workers", "list", "--stopped", url=database_url, catch=True)
     assert stopped.exit_code == 0, stopped.output
     assert re.search(r"w-gone .* graceful", stopped.output)
     assert "w-live" not in stopped.output
-    (row,) = json.loads(invoke_cli(database_url, "workers", "list", "--stopped", "--json").output)
+    (row,) = json.loads(
+        cli("workers", "list", "--stopped", "--json", url=database_url, catch=True).output
+    )
     assert (row["id"], row["how"], row["pid"]) == ("w-gone", "graceful", 42)
     assert dt.datetime.fromisoformat(row["stopped_at"]).tzinfo is not None
-    (worker,) = json.loads(invoke_cli(database_url, "workers", "list", "--json").output)
+    (worker,) = json.loads(cli("workers", "list", "--json", url=database_url, catch=True).output)
     after = database_clock(engine)
     assert (worker["id"], worker["running"], worker["queues"]) == ("w-live", 0, ["mail"])
     assert worker["silent_seconds"] in age_bounds(0, before, after)  # registered, not heard
 
 
 def test_workers_list_says_when_there_is_none(database_url: str) -> None:
-    assert "no live worker" in invoke_cli(database_url, "workers", "list").output
-    result = invoke_cli(database_url, "workers", "list", "--stopped")
+    assert "no live worker" in cli("workers", "list", url=database_url, catch=True).output
+    result = cli("workers", "list", "--stopped", url=database_url, catch=True)
     assert "no worker stopped in the last day" in result.output
-    assert invoke_cli(database_url, "workers", "list", "--stopped", "--limit", "0").exit_code == 2
+    assert (
+        cli("workers", "list", "--stopped", "--limit", "0", url=database_url, catch=True).exit_code
+        == 2
+    )
 
 
 def test_workers_page_shows_running_jobs_under_each_worker_and_the_stopped(

@@ -9,20 +9,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from click.testing import CliRunner, Result
+from helpers.support import cli
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import Dependency, admin, enqueue
-from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
-
-
-def cli(url: str, *args: str) -> Result:
-    return CliRunner().invoke(
-        main, list(args), env={"SQLA_QUEUE_DATABASE_URL": url}, catch_exceptions=False
-    )
 
 
 def diamond(engine: Engine, workflow_id: str = "wf-1") -> dict[str, int]:
@@ -182,12 +175,12 @@ def test_cancelling_a_waiting_job_by_id_cancels_its_dependents(engine: Engine) -
 def test_jobs_list_workflow_and_status_waiting(database_url: str, engine: Engine) -> None:
     ids = diamond(engine)
     diamond(engine, "wf-other")
-    result = cli(database_url, "jobs", "list", "--workflow", "wf-1", "--json")
+    result = cli("jobs", "list", "--workflow", "wf-1", "--json", url=database_url)
     assert result.exit_code == 0, result.output
     listed = json.loads(result.stdout)
     assert [j["id"] for j in listed] == sorted(ids.values(), reverse=True)
     assert {j["workflow_id"] for j in listed} == {"wf-1"}
-    waiting = cli(database_url, "jobs", "list", "--workflow", "wf-1", "--status", "waiting")
+    waiting = cli("jobs", "list", "--workflow", "wf-1", "--status", "waiting", url=database_url)
     assert waiting.exit_code == 0, waiting.output
     assert f"{ids['d']}" in waiting.stdout
     assert "waiting" in waiting.stdout
@@ -196,11 +189,11 @@ def test_jobs_list_workflow_and_status_waiting(database_url: str, engine: Engine
 
 def test_stats_count_waiting_jobs(database_url: str, engine: Engine) -> None:
     diamond(engine)
-    result = cli(database_url, "stats", "--json")
+    result = cli("stats", "--json", url=database_url)
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
     assert (row["queued"], row["waiting"]) == (1, 3)
-    assert "waiting" in cli(database_url, "stats").stdout
+    assert "waiting" in cli("stats", url=database_url).stdout
 
 
 def test_jobs_show_names_the_workflow_parents_and_children(
@@ -208,7 +201,7 @@ def test_jobs_show_names_the_workflow_parents_and_children(
 ) -> None:
     ids = diamond(engine)
     succeed(engine, claim(engine))  # a ends done and is deleted: c and b are due
-    result = cli(database_url, "jobs", "show", str(ids["b"]))
+    result = cli("jobs", "show", str(ids["b"]), url=database_url)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "workflow_id: wf-1" in lines
@@ -218,7 +211,7 @@ def test_jobs_show_names_the_workflow_parents_and_children(
     at = lines.index("children:")
     assert lines[at + 1] == f"  {ids['d']} t.d waiting"
 
-    as_json = json.loads(cli(database_url, "jobs", "show", str(ids["d"]), "--json").stdout)
+    as_json = json.loads(cli("jobs", "show", str(ids["d"]), "--json", url=database_url).stdout)
     assert as_json["workflow_id"] == "wf-1"
     assert as_json["deps_left"] == 2
     assert [(p["id"], p["state"]) for p in as_json["parents"]] == [
@@ -228,36 +221,36 @@ def test_jobs_show_names_the_workflow_parents_and_children(
     assert as_json["children"] == []
     assert as_json["more_children"] is False
 
-    plain = cli(database_url, "jobs", "show", str(ids["c"]))
+    plain = cli("jobs", "show", str(ids["c"]), url=database_url)
     assert f"  {ids['a']} - gone (ended done) on_failure=run" in plain.stdout.splitlines()
 
 
 def test_jobs_cancel_workflow_prints_counts_per_status(database_url: str, engine: Engine) -> None:
     ids = diamond(engine)
     diamond(engine, "wf-other")
-    result = cli(database_url, "jobs", "cancel", "--workflow", "wf-1")
+    result = cli("jobs", "cancel", "--workflow", "wf-1", url=database_url)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "workflow wf-1: cancelled 4 job(s) (1 queued, 3 waiting)"
     assert statuses(engine, *ids.values()) == ["cancelled"] * 4
 
-    again = cli(database_url, "jobs", "cancel", "--workflow", "wf-1")
+    again = cli("jobs", "cancel", "--workflow", "wf-1", url=database_url)
     assert again.exit_code == 0, again.output
     assert again.stdout.strip() == "workflow wf-1: cancelled 0 job(s); none was unfinished"
 
-    unknown = cli(database_url, "jobs", "cancel", "--workflow", "wf-typo")
+    unknown = cli("jobs", "cancel", "--workflow", "wf-typo", url=database_url)
     assert unknown.exit_code == 1
     assert "no job of workflow 'wf-typo'" in unknown.output
 
 
 @pytest.mark.parametrize("args", [[], ["--workflow", "wf-1", "1"]], ids=["neither", "both"])
 def test_jobs_cancel_takes_ids_or_a_workflow(database_url: str, args: list[str]) -> None:
-    result = cli(database_url, "jobs", "cancel", *args)
+    result = cli("jobs", "cancel", *args, url=database_url)
     assert result.exit_code == 2
     assert "pass job ids, --workflow or filter options" in result.output
 
 
 def test_jobs_cancel_by_id_cancels_a_waiting_job(database_url: str, engine: Engine) -> None:
     ids = diamond(engine)
-    result = cli(database_url, "jobs", "cancel", str(ids["d"]))
+    result = cli("jobs", "cancel", str(ids["d"]), url=database_url)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == f"job {ids['d']}: cancelled (was waiting)"
