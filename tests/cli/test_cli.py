@@ -467,7 +467,7 @@ def test_commands_refuse_an_older_schema_revision(
     ("app", "message"),
     [
         ("no_such_package.tasks:registry", "no module named 'no_such_package'"),
-        ("apps.tasks", "expected 'package.module:registry'"),
+        ("helpers.apps.tasks", "expected 'package.module:registry'"),
         ("helpers.apps.tasks:missing", "has no attribute 'missing'"),
         ("helpers.apps.tasks:record", "not a sqla_queue.Registry"),
     ],

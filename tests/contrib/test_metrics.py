@@ -52,7 +52,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def worker_port(database_url: str) -> Iterator[int]:
-    """A `sqla-queue worker --metrics-port PORT` running apps.observed; yields PORT."""
+    """A `sqla-queue worker --metrics-port PORT` running helpers.apps.observed; yields PORT."""
     port = free_port()
     proc = subprocess.Popen(
         [

@@ -233,7 +233,7 @@ def test_unknown_task_puts_back_its_own_job_and_no_other(engine: Engine) -> None
         ),
         (
             "helpers.apps.fault_app:nothing_here",
-            "module 'fault_app' has no attribute 'nothing_here'",
+            "module 'helpers.apps.fault_app' has no attribute 'nothing_here'",
         ),
         (
             "helpers.apps.fault_app_broken:registry",

@@ -5,4 +5,4 @@ from __future__ import annotations
 
 from sqla_queue import Registry
 
-registry = Registry(include=["apps.drain_included_tasks"])
+registry = Registry(include=["helpers.apps.drain_included_tasks"])

@@ -1,4 +1,4 @@
-"""Tasks a new user's first worker runs: `sqla-queue worker --app apps.first_use:registry`.
+"""Tasks a new user's first worker runs: `sqla-queue worker --app helpers.apps.first_use:registry`.
 
 `fail_once` raises on its first attempt and is retried after `first_use.RETRY_AFTER`
 seconds (no jitter); the tests read when it is due again from the job row.

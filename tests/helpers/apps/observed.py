@@ -1,4 +1,4 @@
-"""Tasks for the metrics, tracing and log tests: `--app apps.observed:registry`."""
+"""Tasks for the metrics, tracing and log tests: `--app helpers.apps.observed:registry`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Periodic tasks for `sqla-queue periodic list --app apps.periodic_app:registry`."""
+"""Periodic tasks for `sqla-queue periodic list --app helpers.apps.periodic_app:registry`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A task registry for worker subprocesses: `sqla-queue worker --app apps.tasks:registry`.
+"""A task registry for worker subprocesses: `sqla-queue worker --app helpers.apps.tasks:registry`.
 
 Handlers write each attempt they run into `public.task_log` of the database named by
 SQLA_QUEUE_DATABASE_URL, so a test can check what ran, where, and how many times.
