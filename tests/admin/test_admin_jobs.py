@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
 import pytest
+from helpers import support
 from helpers.support import cli, enqueue_jobs, jobs_by_id
 from sqlalchemy import Engine, text
 
@@ -14,20 +16,9 @@ from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.bounds import MAX_ATTEMPTS
 
-
-def set_status(engine: Engine, ids: list[int], status: str, attempts: int = 5) -> None:
-    """Test-only: put jobs where a worker would have left them."""
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE sqla_queue.jobs SET status = :status, attempts = :attempts, "
-                "max_attempts = 5, last_error = 'Traceback (most recent call last):\n  boom', "
-                "finished_at = CASE WHEN :status IN ('done', 'failed', 'cancelled') "
-                "THEN now() END, locked_by = CASE WHEN :status = 'running' THEN 'w1' END "
-                "WHERE id = ANY(:ids)"
-            ),
-            {"status": status, "attempts": attempts, "ids": ids},
-        )
+TRACEBACK = "Traceback (most recent call last):\n  boom"
+set_status = functools.partial(support.set_status, attempts=5, max_attempts=5, error=TRACEBACK)
+"""This file's jobs as a worker leaves them: five attempts of five by default, a traceback."""
 
 
 def test_list_jobs_filters_by_queue_task_and_status_newest_first(engine: Engine) -> None:

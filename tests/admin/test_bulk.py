@@ -6,34 +6,13 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from helpers.support import enqueue_jobs, jobs_by_id
+from helpers.support import enqueue_jobs, jobs_by_id, really_failed, set_status, statuses
 from sqlalchemy import Engine, text
 
-from sqla_queue import Registry, admin
+from sqla_queue import admin
 from sqla_queue.admin import filters as bulk
 from sqla_queue.admin.filters import JobFilter
 from sqla_queue.errors import ConfigurationError, SqlaQueueError
-from sqla_queue.testing import run_until_empty
-from sqla_queue.worker import WorkerConfig
-
-
-def set_status(engine: Engine, ids: list[int], status: str, error: str = "boom") -> None:
-    """Test-only: put jobs where a worker would have left them, with `error` as last error."""
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE sqla_queue.jobs SET status = :status, attempts = 1, max_attempts = 1, "
-                "last_error = :error, finished_at = CASE WHEN :status IN "
-                "('done', 'failed', 'cancelled') THEN now() END, locked_by = CASE WHEN "
-                ":status = 'running' THEN 'w1' END, lease_expires_at = CASE WHEN "
-                ":status = 'running' THEN now() + interval '1 hour' END WHERE id = ANY(:ids)"
-            ),
-            {"status": status, "ids": ids, "error": error},
-        )
-
-
-def statuses(engine: Engine) -> dict[int, str]:
-    return {i: j.status for i, j in jobs_by_id(engine).items()}
 
 
 def matching(engine: Engine, where: JobFilter) -> set[int]:
@@ -200,28 +179,6 @@ def test_bad_actions_are_refused_by_name(engine: Engine) -> None:
         bulk.bulk_cancel(engine, JobFilter(), batch=0)
     with engine.connect() as conn, pytest.raises(ConfigurationError, match="takes an Engine"):
         bulk.bulk_delete(conn, JobFilter())  # type: ignore[arg-type]
-
-
-def really_failed(engine: Engine) -> tuple[int, int, int]:
-    """(a KeyError of task `smtp_send`, an SMTP error of task `mail`, a job cancelled with a
-    reason), the first two failed by a real worker: their last_error is the traceback."""
-    registry = Registry()
-
-    @registry.task(name="smtp_send", max_attempts=1)
-    def smtp_send(order: int) -> None:
-        raise KeyError("order")
-
-    @registry.task(name="mail", max_attempts=1)
-    def mail() -> None:
-        raise ConnectionError("SMTP server said 421: try later")
-
-    (key_error,) = enqueue_jobs(engine, "smtp_send", 1, args={"order": 1}, max_attempts=1)
-    (smtp,) = enqueue_jobs(engine, "mail", 1, max_attempts=1)
-    run_until_empty(engine, registry, WorkerConfig(poll_only=True))
-    (reason,) = enqueue_jobs(engine, "report", 1)
-    set_status(engine, [reason], "cancelled", "cancelled: the row it was about was deleted")
-    assert statuses(engine) == {key_error: "failed", smtp: "failed", reason: "cancelled"}
-    return key_error, smtp, reason
 
 
 def test_error_matches_the_class_and_message_and_traceback_the_rest(engine: Engine) -> None:

@@ -7,10 +7,9 @@ import threading
 import time
 
 import pytest
-from helpers.support import enqueue_jobs, jobs_by_id
+from helpers.support import enqueue_jobs, jobs_by_id, set_status
 from sqlalchemy import Engine, create_engine, text
 
-from admin.test_bulk import set_status
 from sqla_queue.admin import filters as bulk
 from sqla_queue.admin.filters import JobFilter
 

@@ -21,8 +21,8 @@ from helpers.broker_kit import (
     Process,
     broker_fixture,
     processes_fixture,
-    wait_until,
 )
+from helpers.fault_kit import wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -148,7 +148,7 @@ def test_committed_half_of_20000_jobs_reaches_the_broker_once_and_runs_once(
                 committed.update(ids)
     assert len(committed) == len(rolled_back) == 10_000
 
-    wait_until(lambda: left_in_table(engine) == 0, 120, "the relay to empty the table")
+    wait_until(lambda: left_in_table(engine) == 0, 120, what="the relay to empty the table")
     relay.stop()
     in_broker = broker.ids_in_route() if broker.kind == "nats" else None
     if in_broker is not None:  # read without consuming: the exact contents
@@ -188,7 +188,7 @@ def test_relay_killed_every_half_second_loses_no_job(
     deadline = time.monotonic() + 600
     while left_in_table(engine) and time.monotonic() < deadline:
         relay = processes(database_url, *relay_args(broker, "--batch", "200"))
-        wait_until(lambda r=relay: r.started() or not r.alive(), 60, "the relay to start")
+        wait_until(lambda r=relay: r.started() or not r.alive(), 60, what="the relay to start")
         time.sleep(0.5)
         if relay.alive():
             relay.kill()
@@ -217,7 +217,7 @@ def test_broker_worker_killed_mid_job_gets_it_delivered_again(
     assert processes(database_url, *relay_args(broker, "--burst")).wait(60) == 0
 
     first = processes(database_url, *from_args(broker, "--ack-wait", "2"))
-    wait_until(lambda: effects.attempts(job_id) == [1], 60, "the first attempt to start")
+    wait_until(lambda: effects.attempts(job_id) == [1], 60, what="the first attempt to start")
     first.kill()
     second = processes(database_url, *from_args(broker, "--ack-wait", "2", "--burst"))
     assert second.wait(90) == 0, second.log()
@@ -330,11 +330,11 @@ def test_two_relays_at_once_publish_each_job_once(
     with engine.begin() as conn:  # hold the jobs back until both relays are up
         admin.set_paused(conn, "out", True)
     relays = [processes(database_url, *relay_args(broker, "--batch", "50")) for _ in range(2)]
-    wait_until(lambda: all(r.started() for r in relays), 60, "both relays to start")
+    wait_until(lambda: all(r.started() for r in relays), 60, what="both relays to start")
     with engine.begin() as conn:
         admin.set_paused(conn, "out", False)
 
-    wait_until(lambda: left_in_table(engine) == 0, 120, "the relays to empty the table")
+    wait_until(lambda: left_in_table(engine) == 0, 120, what="the relays to empty the table")
     for relay in relays:
         relay.stop()
 
@@ -452,7 +452,7 @@ def test_a_broker_job_of_an_unknown_task_is_put_back_not_failed(
     runner = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
     runner.start()
     try:
-        wait_until(lambda: worker.stats.snoozed >= 1, 60, "the job to be put back")
+        wait_until(lambda: worker.stats.snoozed >= 1, 60, what="the job to be put back")
     finally:
         worker.stop()
         runner.join(60)

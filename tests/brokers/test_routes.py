@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import Result
+from helpers.statements import claim_rows
 from helpers.support import cli
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
@@ -30,7 +31,6 @@ from sqla_queue import (
 )
 from sqla_queue.brokers.routes import BROKER_KINDS, broker_kind, parse_route
 from sqla_queue.brokers.worker import BrokerWorkerConfig
-from sqla_queue.db import queries
 from sqla_queue.db.database import normalize_url
 from sqla_queue.enqueue import COPY_MIN_ROWS
 
@@ -52,14 +52,11 @@ def one_line_error(result: Result) -> str:
     return lines[0]
 
 
-def claim_all(engine: Engine, queue_names: list[str] | None) -> list[str]:
+def tasks_claimed(engine: Engine, queue_names: list[str] | None) -> list[str]:
     """Task names a table worker's claim takes (from `queue_names`, or every queue)."""
-    params: dict[str, object] = {"limit": 100, "worker_id": "test"}
-    if queue_names is not None:
-        params["queues"] = queue_names
     with engine.begin() as conn:
-        rows = conn.execute(queries.claim_jobs(queue_names), params).all()
-    return sorted(row.task for row in rows)
+        rows = claim_rows(conn, 100, queue_names, worker_id="test")
+    return sorted(row["task"] for row in rows)
 
 
 def test_table_workers_never_claim_jobs_of_a_routed_queue(engine: Engine) -> None:
@@ -70,8 +67,8 @@ def test_table_workers_never_claim_jobs_of_a_routed_queue(engine: Engine) -> Non
         enqueue(session, "for_the_broker", queue="out")
         enqueue(session, "for_the_table")
 
-    assert claim_all(engine, ["out"]) == []
-    assert claim_all(engine, None) == ["for_the_table"]
+    assert tasks_claimed(engine, ["out"]) == []
+    assert tasks_claimed(engine, None) == ["for_the_table"]
     with engine.connect() as conn:
         left = conn.execute(text("SELECT task, status FROM sqla_queue.jobs WHERE queue = 'out'"))
         assert left.all() == [("for_the_broker", "queued")]
@@ -83,12 +80,12 @@ def test_clearing_the_route_gives_the_jobs_back_to_table_workers(engine: Engine)
         admin.set_route(conn, "out", "amqp:jobs/out")
     with Session(engine) as session, session.begin():
         enqueue(session, "waiting", queue="out")
-    assert claim_all(engine, ["out"]) == []
+    assert tasks_claimed(engine, ["out"]) == []
 
     with engine.begin() as conn:
         admin.set_route(conn, "out", None)
 
-    assert claim_all(engine, ["out"]) == ["waiting"]
+    assert tasks_claimed(engine, ["out"]) == ["waiting"]
 
 
 @pytest.mark.parametrize(

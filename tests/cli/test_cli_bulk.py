@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from admin.test_bulk import really_failed, set_status, statuses
-from helpers.support import cli, enqueue_jobs, jobs_by_id
+from helpers.support import cli, enqueue_jobs, jobs_by_id, really_failed, set_status, statuses
 from sqlalchemy import Engine
 
 from sqla_queue import admin

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers.dashboard_kit import client, csrf_of, make_failed, new_queue, statuses
-from helpers.support import enqueue_jobs, jobs_by_id, wait_for
+from helpers.dashboard_kit import client, csrf_of, make_failed, new_queue
+from helpers.support import enqueue_jobs, jobs_by_id, statuses, wait_for
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 

@@ -7,8 +7,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from helpers.dashboard_kit import client, csrf_of, statuses
-from helpers.support import enqueue_jobs
+from helpers.dashboard_kit import client, csrf_of
+from helpers.support import enqueue_jobs, statuses
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine

@@ -8,7 +8,6 @@ README's screenshots from these tests.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.fault_kit import free_port
 from helpers.support import WorkerThread, enqueue_jobs, jobs_by_id, wait_for
 from sqlalchemy import Engine, text
 
@@ -37,12 +37,6 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
 
 from sqla_queue.dashboard import create_app  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -314,7 +308,7 @@ def test_the_workers_page_shows_running_jobs_and_a_stopped_worker(
 def test_retry_every_job_matching_a_filter_after_confirming_the_count(
     engine: Engine, page: Any
 ) -> None:
-    from admin.test_bulk import set_status
+    from helpers.support import set_status
 
     expect = playwright_api.expect
     make_queues(engine)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 
-from admin.test_bulk import really_failed, set_status
-from helpers.dashboard_kit import client, csrf_of, new_queue, statuses
-from helpers.support import enqueue_jobs
+from helpers.dashboard_kit import client, csrf_of, new_queue
+from helpers.support import enqueue_jobs, really_failed, set_status, statuses
 from sqlalchemy import Engine
 
 

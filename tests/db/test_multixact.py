@@ -16,10 +16,10 @@ from helpers.multixact_support import (
     admin_engine,
     count_multixacts,
     enqueue_concurrently,
-    enqueue_jobs,
     run_naive_savepoint_worker,
     tagged_engine,
 )
+from helpers.support import enqueue_jobs
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 
@@ -107,11 +107,11 @@ def test_worker_claim_heartbeat_finish_retry_and_reap_mint_no_multixacts(
         create_queue(conn, "archived", "archive")
     plain = TOTAL_JOBS - FLAKY - DOOMED - SLOW - STALE
     for queue in ("default", "kept", "archived"):
-        enqueue_jobs(queue_engine, plain // 3, queue=queue)
-    enqueue_jobs(queue_engine, plain - 3 * (plain // 3))
-    enqueue_jobs(queue_engine, FLAKY, task="flaky")
-    enqueue_jobs(queue_engine, DOOMED, task="doomed")
-    enqueue_jobs(queue_engine, SLOW, task="slow")
+        enqueue_jobs(queue_engine, "noop", plain // 3, queue=queue)
+    enqueue_jobs(queue_engine, "noop", plain - 3 * (plain // 3))
+    enqueue_jobs(queue_engine, "flaky", FLAKY)
+    enqueue_jobs(queue_engine, "doomed", DOOMED)
+    enqueue_jobs(queue_engine, "slow", SLOW)
     _insert_stale_running_jobs(queue_engine, STALE)
     heartbeats: list[bool] = []
     registry = _mixed_registry(heartbeats)
@@ -171,7 +171,7 @@ def test_concurrent_enqueue_mints_multixacts_with_the_fk_and_none_without(
 def test_naive_savepoint_worker_mints_a_multixact_per_job(
     queue_engine: Engine, admin: Engine
 ) -> None:
-    enqueue_jobs(queue_engine, 200)
+    enqueue_jobs(queue_engine, "noop", 200)
 
     minted = count_multixacts(admin, lambda: run_naive_savepoint_worker(queue_engine))
 
@@ -192,7 +192,7 @@ def test_worker_holds_no_transaction_open_while_a_handler_runs(
         started.set()
         release.wait(30)
 
-    enqueue_jobs(engine, 2, task="slow")
+    enqueue_jobs(engine, "slow", 2)
     worker = Worker(engine, registry, WorkerConfig(concurrency=2, batch=2, lease=60))
     thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
     thread.start()

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 from helpers.multixact_support import (
-    enqueue_jobs,
     private_databases,
     run_naive_savepoint_worker,
     tagged_engine,
 )
+from helpers.support import enqueue_jobs
 from helpers.turns_kit import HELD_SEQUENCE, turns_backlog
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
@@ -119,7 +119,7 @@ def test_transactions_held_open_elsewhere_are_named_with_their_age(private_url: 
 
 
 def test_savepoint_load_minting_multixacts_is_reported(engine: Engine) -> None:
-    enqueue_jobs(engine, 3000)
+    enqueue_jobs(engine, "noop", 3000)
     stop = threading.Event()
     naive = threading.Thread(target=run_naive_savepoint_worker, args=(engine, stop))
     naive.start()

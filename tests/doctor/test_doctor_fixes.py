@@ -61,7 +61,7 @@ def test_the_fixes_name_commands_and_doctor_prints_no_other_fix(
     assert unknown == {}, "a fix outside findings.FIX_*: this test would not run its commands"
 
 
-def failed_job(engine: Engine) -> int:
+def month_old_failed_job(engine: Engine) -> int:
     (job_id,) = enqueue_jobs(engine, "app.fix", 1, queue=QUEUE)
     with engine.begin() as conn:
         conn.execute(
@@ -89,7 +89,7 @@ def test_every_command_a_doctor_fix_prints_runs_as_printed(
 ) -> None:
     with engine.begin() as conn:
         admin.create_queue(conn, QUEUE)
-    job_id = failed_job(engine)
+    job_id = month_old_failed_job(engine)
     words = filled(command, job_id)
     assert words[0] == "sqla-queue"
     if words[1] == "worker":  # runs until stopped: it must start, serve, and stop cleanly

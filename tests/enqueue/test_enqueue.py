@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers.support import jobs_by_id
+from helpers.support import jobs_by_id, order_count, received
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
@@ -43,11 +43,6 @@ def listener(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     conn.close()
 
 
-def received(conn: psycopg.Connection[Any], wait: float = 0.3) -> list[str]:
-    """Payloads of the notifications that arrive within `wait` seconds."""
-    return [n.payload for n in conn.notifies(timeout=wait)]
-
-
 # -- the two stable ways to write a job -------------------------------------------------------
 
 
@@ -66,11 +61,6 @@ class Order(AppBase):
 def orders(engine: Engine) -> type[Order]:
     AppBase.metadata.create_all(engine)
     return Order
-
-
-def order_count(engine: Engine) -> int:
-    with Session(engine) as session:
-        return int(session.scalar(select(func.count()).select_from(Order)) or 0)
 
 
 def test_job_added_to_the_session_commits_with_the_domain_write(

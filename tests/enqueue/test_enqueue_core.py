@@ -6,11 +6,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, event, select
+from helpers.support import jobs_by_id, received
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session
 
 from enqueue import test_enqueue
-from enqueue.test_enqueue import received
 from sqla_queue import (
     InvalidJobError,
     Job,
@@ -27,11 +27,6 @@ from sqla_queue.testing import run_until_empty
 listener = test_enqueue.listener  # the fixture, shared
 
 
-def stored(engine: Engine) -> dict[int, Job]:
-    with Session(engine) as session:
-        return {job.id: job for job in session.scalars(select(Job))}
-
-
 def test_core_enqueue_writes_in_the_callers_transaction_and_returns_the_id(
     engine: Engine,
 ) -> None:
@@ -42,9 +37,9 @@ def test_core_enqueue_writes_in_the_callers_transaction_and_returns_the_id(
             conn, "send", {"to": "a@b.c"}, queue="emails", priority=3, tags=["x"], meta={"m": 1}
         )
         assert isinstance(job_id, int)
-        assert stored(engine) == {}  # not committed: another session sees nothing yet
+        assert jobs_by_id(engine) == {}  # not committed: another session sees nothing yet
         conn.commit()
-    job = stored(engine)[job_id]
+    job = jobs_by_id(engine)[job_id]
     assert (job.task, job.args, job.queue, job.priority, job.tags, job.meta) == (
         "send", {"to": "a@b.c"}, "emails", 3, ["x"], {"m": 1},
     )  # fmt: skip
@@ -57,7 +52,7 @@ def test_core_enqueue_rolled_back_leaves_nothing_and_notifies_nobody(
     with engine.connect() as conn:
         enqueue(conn, "send")
         conn.rollback()
-    assert stored(engine) == {}
+    assert jobs_by_id(engine) == {}
     assert received(listener) == []
 
 
@@ -82,7 +77,7 @@ def test_core_enqueue_refuses_bad_input_before_sending_anything(engine: Engine) 
             enqueue(conn, "send", {"when": object()})
         job_id = enqueue(conn, "send")  # the transaction goes on
         conn.commit()
-    assert list(stored(engine)) == [job_id]
+    assert list(jobs_by_id(engine)) == [job_id]
 
 
 def test_core_enqueue_of_an_unknown_queue_says_so(engine: Engine) -> None:
@@ -103,7 +98,7 @@ def test_core_enqueue_runs_registry_defaults_and_hooks(engine: Engine) -> None:
         job_id = enqueue(conn, "report", registry=registry)
         with pytest.raises(UnknownTaskError):
             enqueue(conn, "reprot", registry=registry)
-    job = stored(engine)[job_id]
+    job = jobs_by_id(engine)[job_id]
     assert (job.priority, job.meta) == (7, {"hooked": True})
     run_until_empty(engine, registry)
     assert seen == ["ran"]
@@ -115,7 +110,7 @@ def test_core_enqueue_unique_returns_the_blocking_jobs_id(engine: Engine) -> Non
         again = enqueue(conn, "send", {"k": 1}, unique=True)
         other = enqueue(conn, "send", {"k": 2}, unique=True)
     assert first == again != other
-    assert sorted(stored(engine)) == sorted([first, other])
+    assert sorted(jobs_by_id(engine)) == sorted([first, other])
 
 
 @pytest.mark.parametrize("count", [3, COPY_MIN_ROWS + 5], ids=["insert", "copy"])
@@ -129,7 +124,7 @@ def test_core_enqueue_many_writes_in_order_and_notifies_on_commit(
         ids = enqueue_many(conn, rows)
         assert received(listener, 0.1) == []
         conn.commit()
-    jobs = stored(engine)
+    jobs = jobs_by_id(engine)
     assert [jobs[i].args["n"] for i in ids] == list(range(count))
     assert [jobs[i].tags for i in ids] == [["t"] if n % 2 else [] for n in range(count)]
     assert received(listener) == ["default"]
@@ -141,7 +136,7 @@ def test_core_enqueue_many_refuses_a_bad_row_and_writes_none(engine: Engine) -> 
         with pytest.raises(InvalidJobError, match="task"):
             enqueue_many(conn, rows)
         conn.commit()
-    assert stored(engine) == {}
+    assert jobs_by_id(engine) == {}
 
 
 # -- enqueue(session, ...) at flush: the same one-statement INSERT + NOTIFY ----------------------

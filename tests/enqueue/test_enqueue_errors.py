@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.enqueue_paths import PATHS
-from helpers.support import jobs_by_id
+from helpers.support import jobs_by_id, order_count
 from sqlalchemy import Engine, create_engine, insert, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -42,11 +42,6 @@ def orders(engine: Engine) -> Engine:
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE public.orders (id serial PRIMARY KEY)"))
     return engine
-
-
-def order_count(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.scalar(text("SELECT count(*) FROM public.orders")) or 0)
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))

@@ -6,24 +6,19 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select, text
+from helpers.support import count_jobs
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
     InvalidJobError,
-    Job,
     Queue,
     QueueBase,
     enqueue,
     enqueue_many,
 )
 from sqla_queue.enqueue import COPY_MIN_ROWS
-
-
-def count_jobs(engine: Engine) -> int:
-    with Session(engine) as session:
-        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 def test_enqueue_works_in_a_session_with_per_mapper_binds(engine: Engine) -> None:

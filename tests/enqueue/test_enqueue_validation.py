@@ -10,21 +10,13 @@ from typing import Any
 
 import pytest
 from helpers.enqueue_paths import PATHS
-from helpers.support import jobs_by_id
+from helpers.support import jobs_by_id, nested
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, InvalidJobError, Job, Queue, enqueue, limits
 from sqla_queue.db import migrate
 from sqla_queue.db.models import MAX_INT_DIGITS, validate_job
-
-
-def nested(depth: int) -> dict[str, Any]:
-    value: Any = 1
-    for _ in range(depth):
-        value = [value]
-    return {"v": value}
-
 
 # -- args of [], "", 0 ----------------------------------------------------------------------
 
@@ -77,7 +69,7 @@ def test_a_delay_past_100_years_is_the_same_clear_error_on_every_path(
 
 def test_args_nested_deeper_than_python_can_encode_are_an_invalid_job_not_recursion_error() -> None:
     with pytest.raises(InvalidJobError, match="nested more than 100 levels deep"):
-        validate_job("t", nested(100_000), "default", 0, None, {})
+        validate_job("t", {"v": nested(100_000)}, "default", 0, None, {})
     looped: dict[str, Any] = {}
     looped["self"] = looped
     with pytest.raises(InvalidJobError, match="nested more than 100 levels deep"):
@@ -90,13 +82,13 @@ def test_args_nested_past_the_depth_limit_are_refused_and_at_it_stored(
 ) -> None:
     with Session(engine) as session:
         with pytest.raises(InvalidJobError, match=r"limits\.max_args_depth"):
-            PATHS[path](session, {"task": "t", "args": nested(limits.max_args_depth)})
+            PATHS[path](session, {"task": "t", "args": {"v": nested(limits.max_args_depth)}})
         session.rollback()
     with Session(engine) as session, session.begin():
-        PATHS[path](session, {"task": "t", "args": nested(limits.max_args_depth - 1)})
+        PATHS[path](session, {"task": "t", "args": {"v": nested(limits.max_args_depth - 1)}})
     stored = list(jobs_by_id(engine).values())
     assert stored
-    assert stored[0].args == nested(limits.max_args_depth - 1)
+    assert stored[0].args == {"v": nested(limits.max_args_depth - 1)}
 
 
 @pytest.fixture

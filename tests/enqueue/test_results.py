@@ -5,14 +5,21 @@ their jobs are kept for the queue's result_ttl."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import threading
 import time
 from typing import Any
 
 import pytest
-from helpers.support import WorkerThread, count_where, database_clock, delay_chosen, enqueue_jobs
+from helpers.statements import claim_all, succeed
+from helpers.support import (
+    WorkerThread,
+    count_where,
+    database_clock,
+    delay_chosen,
+    enqueue_jobs,
+    nested,
+)
 from helpers.support import wait_for as support_wait_for
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -35,25 +42,6 @@ from sqla_queue.worker import WorkerConfig
 
 NO_POLLING = 600.0
 """A recheck interval no test waits out: a waiter that returns was woken by NOTIFY."""
-
-
-def claim_all(engine: Engine) -> dict[int, int]:
-    """Claim every due job; {id: attempt}."""
-    with engine.begin() as conn:
-        rows = conn.execute(queries.claim_jobs(None), {"limit": 1000, "worker_id": "w"}).all()
-    return {row.id: row.attempts for row in rows}
-
-
-def succeed(engine: Engine, claimed: dict[int, int], results: dict[int, Any]) -> int:
-    """Finish claimed jobs as succeeded, keeping `results[id]` (JSON) where given."""
-    ids = list(claimed)
-    params = {
-        "job_ids": ids,
-        "job_attempts": [claimed[i] for i in ids],
-        "job_results": [json.dumps(results[i]) if i in results else None for i in ids],
-    }
-    with engine.begin() as conn:
-        return int(conn.execute(queries.complete_jobs(), params).scalar_one())
 
 
 def later(delay: float, action: Any) -> threading.Thread:
@@ -331,13 +319,6 @@ class deep_recursion:
         sys.setrecursionlimit(self.limit)
 
 
-def nested(depth: int) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
 def refusing_registry(calls: dict[str, int]) -> Registry:
     registry = Registry()
 
@@ -354,7 +335,7 @@ def refusing_registry(calls: dict[str, int]) -> Registry:
     counted("nan", {"ratio": float("nan")})
     counted("infinity", [float("inf")])
     counted("nul", "a\x00b")
-    counted("too_deep", nested(30_000))
+    counted("too_deep", nested(30_000, leaf=[]))
     counted("odd_error", ValueError("bad \x00 byte in caf\udce9"), max_attempts=1)
     counted("fine", {"ok": True})
     return registry

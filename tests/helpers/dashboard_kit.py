@@ -47,7 +47,3 @@ def make_failed(engine: Engine, count: int = 1, message: str = "boom", **args: A
 def new_queue(engine: Engine, name: str) -> None:
     with engine.begin() as conn:
         admin.create_queue(conn, name)
-
-
-def statuses(engine: Engine, ids: list[int]) -> dict[int, str]:
-    return {job_id: job.status for job_id, job in jobs_by_id(engine, ids).items()}

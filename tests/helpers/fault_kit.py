@@ -200,7 +200,7 @@ def holding_workers(db: FaultDatabase, pool: list[WorkerProcess]) -> list[Worker
     return [w for w in pool if w.alive() and any(f":{w.pid}:" in h for h in holders)]
 
 
-def enqueue_jobs(url: str, queue: str, task: str, args: list[dict[str, Any]]) -> list[int]:
+def fill_kept_queue(url: str, queue: str, task: str, args: list[dict[str, Any]]) -> list[int]:
     """Create `queue` (retention keep, so finished rows stay to be counted) and fill it."""
     engine = create_engine(url)
     try:
@@ -237,12 +237,14 @@ def free_port_run(count: int) -> int:
     rng = random.Random()
     for _ in range(1000):
         first = rng.randrange(10_000, low - count)
-        if all(_bindable(port) for port in range(first, first + count)):
+        if all(port_is_free(port) for port in range(first, first + count)):
             return first
     raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on PORT now (SO_REUSEADDR, as http.server sets: the
+    connections the health server closed linger in TIME_WAIT)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

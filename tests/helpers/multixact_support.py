@@ -12,7 +12,6 @@ import atexit
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -22,7 +21,8 @@ from collections.abc import Callable
 from sqlalchemy import Engine, create_engine, pool, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, enqueue, enqueue_many
+from helpers.fault_kit import free_port
+from sqla_queue import Job, enqueue
 from sqla_queue.testing import TemplateDatabases
 
 SHARED_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -38,12 +38,6 @@ def _bindir() -> str | None:
     return os.path.dirname(candidates[0]) if candidates else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_cluster() -> str | None:
     """initdb + pg_ctl start in a temporary directory; returns the admin URL, or None."""
     bindir = _bindir()
@@ -55,7 +49,7 @@ def _start_cluster() -> str | None:
     if os.geteuid() == 0:
         prefix = ["runuser", "-u", "postgres", "--"]
     data = os.path.join(workdir, "data")
-    port = _free_port()
+    port = free_port()
     log = os.path.join(workdir, "log")
     options = (
         f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1 -c fsync=off "
@@ -147,12 +141,6 @@ def run_naive_savepoint_worker(engine: Engine, stop: threading.Event | None = No
                 job.attempts += 1
         processed += 1
     return processed
-
-
-def enqueue_jobs(engine: Engine, count: int, task: str = "noop", **fields: object) -> None:
-    """Enqueue `count` jobs of `task` in one transaction."""
-    with Session(engine) as session, session.begin():
-        enqueue_many(session, ({"task": task, "args": {}, **fields} for _ in range(count)))
 
 
 def enqueue_concurrently(

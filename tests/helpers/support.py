@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Job, Registry, enqueue_many
+from sqla_queue import Dependency, Job, Registry, admin, enqueue, enqueue_many
+from sqla_queue.admin import partitions
 from sqla_queue.cli import main
 from sqla_queue.db import queries
 from sqla_queue.db.database import normalize_url
+from sqla_queue.testing import enqueued_jobs, run_until_empty
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -194,7 +200,7 @@ def subprocess_env(database_url: str | None, **extra: str) -> dict[str, str]:
 
 
 def start_worker_process(database_url: str, *args: str) -> subprocess.Popen[str]:
-    """`sqla-queue worker --app apps.tasks:registry ARGS` as a subprocess."""
+    """`sqla-queue worker --app helpers.apps.tasks:registry ARGS` as a subprocess."""
     return subprocess.Popen(
         [
             SQLA_QUEUE_BIN,
@@ -269,3 +275,186 @@ class WorkerThread:
             raise self.error
         assert self.stats is not None
         return self.stats
+
+
+def make_queue(engine: Engine, name: str = "tenants", **settings: Any) -> None:
+    """Create queue `name` with `settings`: concurrency, rate, fair, partition_limit, aging,
+    sequence_on_failure."""
+    unknown = set(settings) - {
+        "concurrency",
+        "rate",
+        "fair",
+        "partition_limit",
+        "aging",
+        "sequence_on_failure",
+    }
+    assert not unknown, f"make_queue: no setting {sorted(unknown)}"
+    with engine.begin() as conn:
+        admin.create_queue(conn, name)
+        if "concurrency" in settings:
+            admin.set_max_running(conn, name, settings["concurrency"])
+        if "rate" in settings:
+            admin.set_rate(conn, name, settings["rate"])
+        if settings.get("fair"):
+            partitions.set_fair(conn, name, True)
+        if "partition_limit" in settings:
+            partitions.set_partition_limit(conn, name, settings["partition_limit"])
+        if "aging" in settings:
+            partitions.set_aging(conn, name, settings["aging"])
+        if "sequence_on_failure" in settings:
+            partitions.set_sequence_on_failure(conn, name, settings["sequence_on_failure"])
+
+
+def set_status(
+    engine: Engine,
+    ids: list[int],
+    status: str,
+    error: str = "boom",
+    attempts: int = 1,
+    max_attempts: int | None = None,
+) -> None:
+    """Test-only: put jobs where a worker would have left them: `status` after `attempts` of
+    `max_attempts` (default: `attempts`), `error` as last error; a running one locked by "w1"
+    with an hour's lease."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET status = :status, attempts = :attempts, "
+                "max_attempts = :max_attempts, "
+                "last_error = :error, finished_at = CASE WHEN :status IN "
+                "('done', 'failed', 'cancelled') THEN now() END, locked_by = CASE WHEN "
+                ":status = 'running' THEN 'w1' END, lease_expires_at = CASE WHEN "
+                ":status = 'running' THEN now() + interval '1 hour' END WHERE id = ANY(:ids)"
+            ),
+            {
+                "status": status,
+                "ids": ids,
+                "error": error,
+                "attempts": attempts,
+                "max_attempts": attempts if max_attempts is None else max_attempts,
+            },
+        )
+
+
+def statuses(engine: Engine, ids: list[int] | None = None) -> dict[int, str]:
+    """Each job's status by id (every job when `ids` is None)."""
+    return {job_id: job.status for job_id, job in jobs_by_id(engine, ids).items()}
+
+
+def task_statuses(target: Session | Connection | Engine) -> list[tuple[str, str, int]]:
+    """(task, status, attempts) of every job, oldest first."""
+    jobs = enqueued_jobs(target, status=None)
+    return [(job.task, job.status, job.attempts) for job in jobs]
+
+
+def count_jobs(engine: Engine) -> int:
+    """How many jobs the table holds."""
+    with engine.connect() as conn:
+        return int(conn.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def order_count(engine: Engine) -> int:
+    """How many rows the applications' `public.orders` table holds."""
+    with engine.connect() as conn:
+        return int(conn.scalar(text("SELECT count(*) FROM public.orders")) or 0)
+
+
+def jobs_of_task(engine: Engine, task: str = "sync") -> list[Job]:
+    """The jobs of `task`, detached, oldest first."""
+    with Session(engine, expire_on_commit=False) as session:
+        return list(session.scalars(select(Job).where(Job.task == task).order_by(Job.id)))
+
+
+def really_failed(engine: Engine) -> tuple[int, int, int]:
+    """(a KeyError of task `smtp_send`, an SMTP error of task `mail`, a job cancelled with a
+    reason), the first two failed by a real worker: their last_error is the traceback."""
+    registry = Registry()
+
+    @registry.task(name="smtp_send", max_attempts=1)
+    def smtp_send(order: int) -> None:
+        raise KeyError("order")
+
+    @registry.task(name="mail", max_attempts=1)
+    def mail() -> None:
+        raise ConnectionError("SMTP server said 421: try later")
+
+    (key_error,) = enqueue_jobs(engine, "smtp_send", 1, args={"order": 1}, max_attempts=1)
+    (smtp,) = enqueue_jobs(engine, "mail", 1, max_attempts=1)
+    run_until_empty(engine, registry, WorkerConfig(poll_only=True))
+    (reason,) = enqueue_jobs(engine, "report", 1)
+    set_status(engine, [reason], "cancelled", "cancelled: the row it was about was deleted")
+    assert statuses(engine) == {key_error: "failed", smtp: "failed", reason: "cancelled"}
+    return key_error, smtp, reason
+
+
+def make_due(engine: Engine) -> None:
+    """Pretend the retry delay has passed: every queued job is due now."""
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now() WHERE status = 'queued'"))
+
+
+def received(
+    conn: psycopg.Connection[Any], wait: float = 0.3, first_within: float | None = None
+) -> list[str]:
+    """Payloads of the notifications that arrive within `wait` seconds (after the first, when
+    `first_within` bounds the wait for that one: a deadline, never a duration asserted)."""
+    got: list[str] = []
+    if first_within is not None:
+        got += [n.payload for n in conn.notifies(timeout=first_within, stop_after=1)]
+    return got + [n.payload for n in conn.notifies(timeout=wait)]
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    """`leaf` inside `depth` lists."""
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def record_run(engine: Engine, task: str, slot: dt.datetime) -> None:
+    """Test-only: the periodic table as a worker that ran `slot` leaves it."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO sqla_queue.periodic_slots (task, slot) VALUES (:t, :s)"),
+            {"t": task, "s": slot},
+        )
+
+
+def diamond(engine: Engine, workflow_id: str = "wf-1", task: str = "t") -> dict[str, int]:
+    """a -> (b, c) -> d, c run on a's failure."""
+    with Session(engine) as session, session.begin():
+        a = enqueue(session, f"{task}.a", {}, workflow_id=workflow_id)
+        b = enqueue(session, f"{task}.b", {}, depends_on=[a])
+        c = enqueue(session, f"{task}.c", {}, depends_on=[Dependency(a, on_failure="run")])
+        d = enqueue(session, f"{task}.d", {}, depends_on=[b, c])
+        session.flush()
+        return {"a": a.id, "b": b.id, "c": c.id, "d": d.id}
+
+
+def seq_jobs(
+    engine: Engine, sequence: str, count: int, queue: str = "default", **extra: Any
+) -> list[int]:
+    with Session(engine) as session, session.begin():
+        handles = [
+            enqueue(session, "t", {"n": n}, queue=queue, sequence=sequence, **extra)
+            for n in range(count)
+        ]
+        session.flush()
+        return [h.id for h in handles]
+
+
+def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, dict[str, Any]]:
+    """GET http://127.0.0.1:PORT/PATH: its status and JSON body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def answers_with(port: int, path: str, status: int) -> bool:
+    try:
+        return http_get(port, path)[0] == status
+    except OSError:
+        return False

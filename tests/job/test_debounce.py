@@ -12,30 +12,26 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from helpers.support import jobs_of_task
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import ConfigurationError, Job, Registry, Unique, admin, enqueue, enqueue_many
+from sqla_queue import ConfigurationError, Registry, Unique, admin, enqueue, enqueue_many
 from sqla_queue.testing import drain
 
 DEBOUNCE = Unique(args=["account"], on_conflict="replace")
 THROTTLE = Unique(args=["account"], on_conflict="replace_args")
 
 
-def jobs_of(engine: Engine, task: str = "sync") -> list[Job]:
-    with Session(engine) as session:
-        return list(session.scalars(select(Job).where(Job.task == task).order_by(Job.id)))
-
-
 def test_replace_gives_the_waiting_job_the_last_calls_args_and_run_at(engine: Engine) -> None:
     with Session(engine) as session, session.begin():
         first = enqueue(session, "sync", {"account": 3, "page": 1}, unique=DEBOUNCE, delay=60)
         first_id = first.id
-    (before,) = jobs_of(engine)
+    (before,) = jobs_of_task(engine)
     with Session(engine) as session, session.begin():
         again = enqueue(session, "sync", {"account": 3, "page": 2}, unique=DEBOUNCE, delay=600)
         assert (again.id, again.duplicate) == (first_id, True)
-    (after,) = jobs_of(engine)
+    (after,) = jobs_of_task(engine)
     assert after.id == first_id
     assert after.args == {"account": 3, "page": 2}
     # debounce: it now runs `delay` after the last call, not the first
@@ -45,10 +41,10 @@ def test_replace_gives_the_waiting_job_the_last_calls_args_and_run_at(engine: En
 def test_replace_args_keeps_the_first_run_at(engine: Engine) -> None:
     with Session(engine) as session, session.begin():
         enqueue(session, "sync", {"account": 3, "page": 1}, unique=THROTTLE, delay=60)
-    (before,) = jobs_of(engine)
+    (before,) = jobs_of_task(engine)
     with Session(engine) as session, session.begin():
         enqueue(session, "sync", {"account": 3, "page": 2}, unique=THROTTLE, delay=600)
-    (after,) = jobs_of(engine)
+    (after,) = jobs_of_task(engine)
     assert after.args == {"account": 3, "page": 2}
     assert after.run_at == before.run_at
 
@@ -58,7 +54,7 @@ def test_keep_is_the_default_and_leaves_the_holder_alone(engine: Engine) -> None
     with Session(engine) as session, session.begin():
         enqueue(session, "sync", {"account": 3, "page": 1}, unique=Unique(args=["account"]))
         enqueue(session, "sync", {"account": 3, "page": 2}, unique=Unique(args=["account"]))
-    assert [j.args for j in jobs_of(engine)] == [{"account": 3, "page": 1}]
+    assert [j.args for j in jobs_of_task(engine)] == [{"account": 3, "page": 1}]
 
 
 def test_other_keys_are_not_touched_and_enqueue_many_replaces_per_row(engine: Engine) -> None:
@@ -72,7 +68,7 @@ def test_other_keys_are_not_touched_and_enqueue_many_replaces_per_row(engine: En
     with Session(engine) as session, session.begin():
         result = enqueue_many(session, rows)
         assert all(result.duplicates)
-    assert [j.args for j in jobs_of(engine)] == [
+    assert [j.args for j in jobs_of_task(engine)] == [
         {"account": 1, "page": 149},
         {"account": 2, "page": 1},
     ]
@@ -106,7 +102,7 @@ def test_a_running_holder_is_never_touched_and_the_duplicate_runs_after_it(
         new_id = new.id
     release.set()
     worker.join(30)
-    running, queued = jobs_of(engine)
+    running, queued = jobs_of_task(engine)
     assert (running.id, running.status, running.args["page"]) == (held_id, "done", 1)
     assert (queued.id, queued.status, queued.args["page"]) == (new_id, "queued", 2)
     assert running.unique_key is None  # let go while running: it blocks nothing any more
@@ -126,7 +122,7 @@ def test_a_finished_holder_in_the_blocking_states_is_kept(engine: Engine) -> Non
     with Session(engine) as session, session.begin():
         again = enqueue(session, "sync", {"account": 3, "page": 2}, unique=once)
         assert again.duplicate
-    (done,) = jobs_of(engine)
+    (done,) = jobs_of_task(engine)
     assert (done.status, done.args["page"]) == ("done", 1)
 
 

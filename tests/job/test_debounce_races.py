@@ -52,7 +52,7 @@ def _waits_on(race: Race, session: Session, call: Beside[Any]) -> bool:
     return False
 
 
-def _statuses(engine: Engine) -> list[tuple[int, str, Any, bool]]:
+def sync_jobs(engine: Engine) -> list[tuple[int, str, Any, bool]]:
     with Session(engine) as session:
         jobs = session.scalars(select(Job).where(Job.task == "sync").order_by(Job.id))
         return [(j.id, j.status, j.args["page"], j.unique_key is not None) for j in jobs]
@@ -110,7 +110,7 @@ def test_a_replacing_enqueue_beside_a_claim_of_its_holder_returns_and_locks_noth
             caller.commit()
     finally:
         caller.close()
-    jobs = _statuses(engine)
+    jobs = sync_jobs(engine)
     if then == "cancel":  # the cancelled holder is kept (retention deletes done jobs)
         assert [j[:3] for j in jobs[:1]] == [(holder, jobs[0][1], 1)]
         assert jobs[0][1] != "running"
@@ -202,4 +202,4 @@ def test_a_replacing_enqueue_whose_caller_locked_the_running_holder_itself_retur
             caller.commit()
     finally:
         caller.close()
-    assert _statuses(engine) == [(holder, "running", 1, False), (new_id, "queued", 2, True)]
+    assert sync_jobs(engine) == [(holder, "running", 1, False), (new_id, "queued", 2, True)]

@@ -8,18 +8,20 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers.support import count_where, database_clock, delay_chosen, enqueue_jobs, jobs_by_id
-from sqlalchemy import Engine, text
+from helpers.support import (
+    count_where,
+    database_clock,
+    delay_chosen,
+    enqueue_jobs,
+    jobs_by_id,
+    make_due,
+)
+from sqlalchemy import Engine
 
 from sqla_queue import JobContext, Outcome, OutcomeKind, Registry, Snooze, WorkerConfig
 from sqla_queue.testing import DrainResult, drain, run_until_empty
 
 BURST = WorkerConfig(concurrency=1, batch=1, poll_only=True)
-
-
-def make_due(engine: Engine) -> None:
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now() WHERE status = 'queued'"))
 
 
 def test_job_snoozed_ten_times_with_max_attempts_one_still_runs_and_succeeds(

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from helpers.multixact_support import admin_engine, count_multixacts
-from helpers.support import jobs_by_id
-from sqlalchemy import Engine, create_engine, func, select, text
+from helpers.statements import statuses_of
+from helpers.support import count_jobs, jobs_by_id
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -38,11 +39,6 @@ from sqla_queue.job.unique import EVERY_STATE
 def _no_default_registry() -> Iterator[None]:
     yield
     set_default_registry(None)
-
-
-def count_jobs(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 def test_a_duplicate_returns_the_existing_job_id_and_the_transaction_goes_on(
@@ -363,11 +359,6 @@ def failed_unique(engine: Engine, key: str, count: int) -> list[int]:
     return ids
 
 
-def statuses_of(engine: Engine, ids: list[int]) -> list[str]:
-    rows = jobs_by_id(engine, ids)
-    return [rows[i].status for i in ids]
-
-
 def retry_aside(
     engine: Engine, ids: list[int]
 ) -> tuple[threading.Thread, list[admin.RetriedJobs | BaseException]]:
@@ -409,7 +400,7 @@ def test_retry_of_failed_jobs_sharing_a_unique_key_retries_the_lowest_and_report
         shared[2]: shared[0],
     }
     assert retried.skipped[shared[1]].reason == f"its unique key is held by job {shared[0]}"
-    assert statuses_of(engine, [*shared, alone, plain]) == [
+    assert statuses_of(engine, *shared, alone, plain) == [
         "queued",
         "failed",
         "failed",
@@ -444,7 +435,7 @@ def test_retry_reports_a_job_whose_unique_key_is_held_by_a_queued_job(engine: En
         retried = admin.retry_jobs(conn, all_failed=True)
     assert retried == {}
     assert retried.skipped[failed].held_by == live
-    assert statuses_of(engine, [failed, live]) == ["failed", "queued"]
+    assert statuses_of(engine, failed, live) == ["failed", "queued"]
 
 
 def test_a_job_that_holds_its_own_key_when_failed_wins_over_the_one_it_blocks(
@@ -478,7 +469,7 @@ def test_retry_racing_another_retry_of_the_same_key_reports_instead_of_failing(
     (outcome,) = result
     assert isinstance(outcome, admin.RetriedJobs), outcome
     assert (outcome, outcome.skipped[second].held_by) == ({}, first)
-    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+    assert statuses_of(engine, first, second) == ["queued", "failed"]
 
 
 def test_retry_racing_an_enqueue_of_the_same_key_reports_the_new_holder(engine: Engine) -> None:
@@ -493,7 +484,7 @@ def test_retry_racing_an_enqueue_of_the_same_key_reports_the_new_holder(engine: 
     (outcome,) = result
     assert isinstance(outcome, admin.RetriedJobs), outcome
     assert outcome.skipped[failed].held_by == live
-    assert statuses_of(engine, [failed, live]) == ["failed", "queued"]
+    assert statuses_of(engine, failed, live) == ["failed", "queued"]
 
 
 def test_retry_in_a_session_keeps_the_callers_transaction_usable(engine: Engine) -> None:
@@ -502,7 +493,7 @@ def test_retry_in_a_session_keeps_the_callers_transaction_usable(engine: Engine)
         retried = admin.retry_jobs(session, [first, second])
         assert set(retried) | set(retried.skipped) == {first, second}
         enqueue(session, "r", {"key": "other"})
-    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+    assert statuses_of(engine, first, second) == ["queued", "failed"]
 
 
 def test_retry_on_an_autocommit_connection_needs_no_transaction(engine: Engine) -> None:
@@ -510,7 +501,7 @@ def test_retry_on_an_autocommit_connection_needs_no_transaction(engine: Engine) 
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         retried = admin.retry_jobs(conn, [first, second])
     assert (retried, retried.skipped[second].held_by) == ({first: "failed"}, first)
-    assert statuses_of(engine, [first, second]) == ["queued", "failed"]
+    assert statuses_of(engine, first, second) == ["queued", "failed"]
 
 
 def test_retry_whose_snapshot_cannot_see_the_holder_says_so_in_one_clear_error(
@@ -525,4 +516,4 @@ def test_retry_whose_snapshot_cannot_see_the_holder_says_so_in_one_clear_error(
         with pytest.raises(ConfigurationError, match="took the unique keys of jobs being retried"):
             admin.retry_jobs(conn, [failed])
         assert conn.execute(text("SELECT 1")).scalar() == 1  # the transaction goes on
-    assert statuses_of(engine, [failed]) == ["failed"]
+    assert statuses_of(engine, failed) == ["failed"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from helpers.enqueue_paths import EVERY_PATH
+from helpers.statements import claim_all, states
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
-from workflows.test_workflows import claim_all, states
 
 from sqla_queue import DependencyError, Job, Unique, enqueue
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 from helpers.dashboard_kit import client, csrf_of
+from helpers.statements import claim_all, fail, states
 from helpers.support import cli
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from workflows.test_workflows import claim_all, fail, states
 
 from sqla_queue import Unique, admin, enqueue
 from sqla_queue.admin import filters as bulk

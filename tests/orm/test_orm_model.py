@@ -42,7 +42,7 @@ class Order(HasJobs, Shop):
     status: Mapped[str]
 
 
-def _end(session: Session, commit: bool) -> None:
+def _commit_or_roll_back(session: Session, commit: bool) -> None:
     if commit:
         session.commit()
     else:
@@ -74,7 +74,7 @@ class OrmModel(RuleBasedStateMachine):
             session.add(order)
             session.flush()
             order_id = order.id
-            _end(session, commit)
+            _commit_or_roll_back(session, commit)
         if commit:
             self.orders[order_id] = status
             self.receipts[order_id] += status == "paid"
@@ -92,7 +92,7 @@ class OrmModel(RuleBasedStateMachine):
             for value in values:
                 order.status = value
                 session.flush()
-            _end(session, commit)
+            _commit_or_roll_back(session, commit)
         if commit:
             before, after = self.orders[order_id], values[-1]
             self.receipts[order_id] += before != "paid" and after == "paid"
@@ -105,7 +105,7 @@ class OrmModel(RuleBasedStateMachine):
         with Session(self.engine) as session:
             session.delete(session.get_one(Order, order_id))
             session.flush()
-            _end(session, commit)
+            _commit_or_roll_back(session, commit)
         if commit:
             del self.orders[order_id]
             self.deleted.add(order_id)

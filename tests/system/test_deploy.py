@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.fault_kit import free_port
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -130,12 +131,6 @@ def test_kubernetes_readiness_check_passes_only_on_a_migrated_database(
 # -- PgBouncer -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def pgbouncer_url(database_url: str) -> Iterator[str]:
     """A PgBouncer of the test's own in transaction pooling, in front of the test's database."""
@@ -143,7 +138,7 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
     if binary is None:
         pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
     target = make_url(database_url)
-    port = _free_port()
+    port = free_port()
     # Not under tmp_path: its parents are closed to the postgres user PgBouncer runs as.
     workdir = Path(tempfile.mkdtemp(prefix="sqlaq-pgbouncer-"))
     (workdir / "users.txt").write_text(f'"{target.username}" ""\n')

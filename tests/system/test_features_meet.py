@@ -22,18 +22,16 @@ from typing import Any
 
 import pytest
 from helpers.enqueue_paths import EVERY_PATH
-from helpers.support import WorkerThread, cli, jobs_by_id
+from helpers.statements import claim, finish
+from helpers.support import WorkerThread, cli, jobs_by_id, jobs_of_task, make_due, record_run
 from helpers.support import wait_for as wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
-from worker.test_fairness import claim, finish
-from worker.test_periodic import record_run
 
 from sqla_queue import (
     ConfigurationError,
     DependencyError,
     InvalidJobError,
-    Job,
     JobContext,
     JobFailedError,
     JobLostError,
@@ -409,10 +407,6 @@ def write_on(path: str, engine: Engine, row: dict[str, Any]) -> None:
     assert result.exit_code == 0, result.output
 
 
-def jobs_of(engine: Engine, task: str) -> list[Job]:
-    return [job for job in jobs_by_id(engine).values() if job.task == task]
-
-
 @pytest.mark.parametrize("path", [*sorted(EVERY_PATH), CLI_PATH])
 def test_every_path_writes_the_options_features_read(engine: Engine, path: str) -> None:
     with engine.begin() as conn:
@@ -429,7 +423,7 @@ def test_every_path_writes_the_options_features_read(engine: Engine, path: str) 
         "unique": True,
     }
     write_on(path, engine, row)
-    (job,) = jobs_of(engine, "child")
+    (job,) = jobs_of_task(engine, "child")
     job_id = job.id
     assert (job.status, job.partition, job.sequence, job.about) == (
         "waiting",
@@ -444,7 +438,7 @@ def test_every_path_writes_the_options_features_read(engine: Engine, path: str) 
         ).scalars()
         assert list(parents) == [parent]
     write_on(path, engine, row)
-    assert [j.id for j in jobs_of(engine, "child")] == [job_id]  # the duplicate found it
+    assert [j.id for j in jobs_of_task(engine, "child")] == [job_id]  # the duplicate found it
 
 
 @pytest.mark.parametrize("path", sorted(EVERY_PATH))
@@ -552,11 +546,6 @@ def test_a_unique_periodic_task_enqueues_no_duplicate_of_a_waiting_slot(engine: 
 
 def run_one(engine: Engine, registry: Registry) -> None:
     run_until_empty(engine, registry, WorkerConfig(concurrency=1, batch=1, poll_only=True))
-
-
-def make_due(engine: Engine) -> None:
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now() WHERE status = 'queued'"))
 
 
 def test_a_snooze_raised_after_the_timeout_is_a_timeout(engine: Engine) -> None:
@@ -678,7 +667,7 @@ def test_bulk_delete_by_filter_takes_a_kept_result_and_wait_for_says_so(engine: 
         wait_for(engine, job_id, timeout=0)
 
 
-def session_registry(after_commit: Callable[[], None] | None) -> Registry:
+def meet_log_registry(after_commit: Callable[[], None] | None) -> Registry:
     registry = Registry()
 
     @registry.task(name="writes", retry=LATER, pass_context=True)
@@ -717,9 +706,9 @@ def test_a_handler_that_snoozes_or_raises_after_its_session_committed_stays_done
         conn.execute(text("CREATE TABLE public.meet_log (job_id bigint NOT NULL)"))
     with Session(engine) as session, session.begin():
         job_id = enqueue(session, "writes", {}, queue=QUEUE, flush=True).id
-    run_one(engine, session_registry(then))
+    run_one(engine, meet_log_registry(then))
     make_due(engine)
-    run_one(engine, session_registry(then))
+    run_one(engine, meet_log_registry(then))
     assert jobs_by_id(engine)[job_id].status == "done"
     assert meet_log(engine) == [job_id]  # written once, never run again
 

@@ -9,7 +9,8 @@ import inspect
 import time
 
 import pytest
-from sqlalchemy import Connection, Engine, select, text
+from helpers.support import task_statuses
+from sqlalchemy import Engine, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -50,12 +51,6 @@ async def slow_async(seconds: float) -> None:
 @pytest.fixture(autouse=True)
 def _clear_calls() -> None:
     calls.clear()
-
-
-def _statuses(target: Session | Connection | Engine) -> list[tuple[str, str, int]]:
-    """(task, status, attempts) of every job, oldest first."""
-    jobs = enqueued_jobs(target, status=None)
-    return [(job.task, job.status, job.attempts) for job in jobs]
 
 
 # -- assertions ----------------------------------------------------------------------------------
@@ -120,7 +115,7 @@ def test_drain_runs_due_jobs_inside_the_test_transaction_and_counts_outcomes(
     assert any("unknown task 't.nobody_registered_this'" in e for _, e in result.errors)
     # the succeeded job was deleted (default retention); the retry waits out its backoff;
     # the unknown task's job is put back for a worker that knows it, as the worker does
-    assert _statuses(sqla_queue_session) == [
+    assert task_statuses(sqla_queue_session) == [
         ("t.boom", "queued", 1),
         ("t.nobody_registered_this", "queued", 0),
         ("t.ok", "queued", 0),
@@ -138,7 +133,7 @@ def test_drain_knows_the_tasks_of_the_registrys_included_modules(
     result = drain(sqla_queue_session, including)
 
     assert result == DrainResult(succeeded=1)
-    assert importlib.import_module("apps.drain_included_tasks").ran == [7]
+    assert importlib.import_module("helpers.apps.drain_included_tasks").ran == [7]
 
 
 def test_drain_with_include_scheduled_runs_retries_until_max_attempts(
@@ -201,7 +196,7 @@ def test_drain_reraise_raises_the_handler_error_after_writing_its_outcome(
     enqueue(sqla_queue_session, "t.boom", {})
     with pytest.raises(ValueError, match="boom"):
         drain(sqla_queue_session, registry, reraise=True)
-    assert _statuses(sqla_queue_session) == [("t.boom", "queued", 1)]
+    assert task_statuses(sqla_queue_session) == [("t.boom", "queued", 1)]
 
 
 def test_drain_runs_async_handlers_and_enforces_their_timeout(
@@ -228,7 +223,7 @@ def test_drain_times_out_a_sync_handler_that_returns_past_its_timeout(
     result = drain(sqla_queue_session, own)
     assert result == DrainResult(retried=1)
     assert "ran longer than its timeout of 0.05 s" in result.errors[0][1]
-    assert _statuses(sqla_queue_session) == [("t.slow_sync", "queued", 1)]
+    assert task_statuses(sqla_queue_session) == [("t.slow_sync", "queued", 1)]
 
 
 def test_drain_fires_the_lifecycle_hooks_as_the_worker_does(
@@ -261,7 +256,7 @@ def test_drain_defers_an_unknown_task_once_even_with_include_scheduled(
     enqueue(sqla_queue_session, "t.ok", {"n": 1}, delay=3600)
     result = drain(sqla_queue_session, registry, include_scheduled=True)
     assert result == DrainResult(succeeded=1, deferred=1)  # not claimed again and again
-    assert _statuses(sqla_queue_session) == [("t.nobody_registered_this", "queued", 0)]
+    assert task_statuses(sqla_queue_session) == [("t.nobody_registered_this", "queued", 0)]
 
 
 def test_drain_from_async_code_runs_async_handlers_on_another_loop(

@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers.support import task_statuses
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, enqueue
-from sqla_queue.testing import DrainResult, drain, enqueued_jobs, inline
-
-
-def _statuses(engine: Engine) -> dict[str, tuple[str, int]]:
-    return {job.task: (job.status, job.attempts) for job in enqueued_jobs(engine, status=None)}
+from sqla_queue.testing import DrainResult, drain, inline
 
 
 def test_inline_runs_no_nested_round_when_an_async_handler_commits(
@@ -48,7 +45,7 @@ def test_inline_runs_no_nested_round_when_an_async_handler_commits(
             await async_engine.dispose()
 
     assert asyncio.run(scenario()) == DrainResult(succeeded=1, failed=1)
-    assert _statuses(sqla_queue_engine) == {"breaks": ("failed", 1)}  # "writes" done, deleted
+    assert task_statuses(sqla_queue_engine) == [("breaks", "failed", 1)]  # "writes" done, deleted
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
@@ -67,7 +64,7 @@ def test_drain_leaves_no_job_running_when_a_handler_raises_a_base_exception(
     with pytest.raises(raised):
         drain(sqla_queue_engine, registry, into=result)
     assert result == DrainResult(retried=1)
-    assert _statuses(sqla_queue_engine) == {"interrupted": ("queued", 1)}
+    assert task_statuses(sqla_queue_engine) == [("interrupted", "queued", 1)]
 
 
 def test_a_test_failure_inside_a_handler_fails_its_job_instead_of_leaving_it_running(
@@ -83,7 +80,7 @@ def test_a_test_failure_inside_a_handler_fails_its_job_instead_of_leaving_it_run
         enqueue(session, "asserts", {})
     with pytest.raises(pytest.fail.Exception, match="saw something wrong"):
         drain(sqla_queue_engine, registry)
-    assert _statuses(sqla_queue_engine) == {"asserts": ("failed", 1)}
+    assert task_statuses(sqla_queue_engine) == [("asserts", "failed", 1)]
 
 
 def test_inline_leaves_commits_on_the_applications_other_databases_alone(

@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 from helpers.races import Race, open_transactions
-from helpers.turns_kit import claim, fail, finish, make_queue
+from helpers.statements import claim, finish, mark_failed, status_of
+from helpers.support import make_queue, received, seq_jobs
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 
@@ -33,25 +34,6 @@ def handlers_returned(conn: Connection, rows: list[Any]) -> None:
     """The worker's finish of jobs cancelled while their handlers ran."""
     conn.execute(queries.free_cancelled_jobs(), batch(rows))
     conn.commit()
-
-
-def status_of(engine: Engine, job_id: int) -> str:
-    with engine.connect() as conn:
-        return str(
-            conn.execute(
-                text("SELECT status FROM sqla_queue.jobs WHERE id = :i"), {"i": job_id}
-            ).scalar_one()
-        )
-
-
-def seq_jobs(engine: Engine, sequence: str, count: int, queue: str, **extra: Any) -> list[int]:
-    with Session(engine) as session, session.begin():
-        handles = [
-            enqueue(session, "t", {"n": n}, queue=queue, sequence=sequence, **extra)
-            for n in range(count)
-        ]
-        session.flush()
-        return [h.id for h in handles]
 
 
 def running_head(engine: Engine, settings: dict[str, Any]) -> tuple[list[int], list[Any]]:
@@ -81,7 +63,7 @@ def test_partitions_held_behind_failed_sequences_do_not_starve_a_fair_queue(
     for tenant in ("a-held", "b-held"):
         ids = seq_jobs(engine, f"seq-{tenant}", 3, "tenants", partition=tenant)
         with engine.connect() as conn:
-            fail(conn, [{"id": ids[0]}])
+            mark_failed(conn, [{"id": ids[0]}])
     with Session(engine) as session, session.begin():
         enqueue_many(
             session,
@@ -221,7 +203,7 @@ def test_a_clean_up_in_the_sequence_of_the_failed_job_it_depends_on_runs(
         step_id, after_id, cleanup_id = step.id, after.id, cleanup.id
     with engine.connect() as conn:
         assert [r["id"] for r in claim(conn, 10, ["steps"])] == [step_id]
-        fail(conn, [{"id": step_id}])
+        mark_failed(conn, [{"id": step_id}])
         assert status_of(engine, cleanup_id) == "queued"
         # the clean-up runs in the failed job's place; the job between them stays held
         running = claim(conn, 10, ["steps"])
@@ -247,7 +229,9 @@ def test_a_clean_up_still_waits_for_the_jobs_before_the_one_it_cleans_up_after(
         session.flush()
         first_id, step_id, cleanup_id = first.id, step.id, cleanup.id
     with engine.connect() as conn:
-        fail(conn, [{"id": step_id}])  # as if it had run out of turn (a retry of the first, say)
+        mark_failed(
+            conn, [{"id": step_id}]
+        )  # as if it had run out of turn (a retry of the first, say)
         assert status_of(engine, cleanup_id) == "queued"
         assert claim(conn, 10) == []  # the first, queued, is still ahead of both
         conn.execute(
@@ -264,14 +248,6 @@ def notifications(database_url: str) -> psycopg.Connection[Any]:
     listener = psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True)
     listener.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
     return listener
-
-
-def received(listener: psycopg.Connection[Any]) -> list[str]:
-    """The payloads sent so far: a deadline bounds the wait for the first, never a duration
-    that is asserted."""
-    got = [n.payload for n in listener.notifies(timeout=5.0, stop_after=1)]
-    got += [n.payload for n in listener.notifies(timeout=0.2)]
-    return got
 
 
 @pytest.mark.parametrize("how", ["complete", "complete_and_claim", "fail_skip", "cancelled"])
@@ -300,7 +276,7 @@ def test_the_end_of_a_sequences_holder_notifies_the_next_jobs_queue(
             else:
                 cancel_running(conn, running)
                 handlers_returned(conn, running)
-            assert "steps" in received(listener)
+            assert "steps" in received(listener, 0.2, first_within=5.0)
         assert [r["id"] for r in claim(conn, 10, ["steps"])] == ids[1:]
 
 

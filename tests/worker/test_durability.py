@@ -21,7 +21,7 @@ from helpers.fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,
-    enqueue_jobs,
+    fill_kept_queue,
     wait_until,
 )
 from sqlalchemy import Engine, create_engine, text
@@ -122,7 +122,9 @@ def test_server_crash_under_asynchronous_commits_loses_no_job(
     cluster.start()
     cluster.create_database()
     upgrade(create_engine(cluster.url))
-    ids = enqueue_jobs(cluster.url, "durable", "record_run", [{"n": n} for n in range(CRASH_JOBS)])
+    ids = fill_kept_queue(
+        cluster.url, "durable", "record_run", [{"n": n} for n in range(CRASH_JOBS)]
+    )
     runs_path = tmp_path / "runs"
     monkeypatch.setenv("DURABILITY_RUNS", str(runs_path))
     worker = WorkerProcess(

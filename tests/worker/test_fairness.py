@@ -8,7 +8,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from helpers.turns_kit import claim, fail, finish, make_queue
+from helpers.statements import claim, finish, mark_failed
+from helpers.support import make_queue, seq_jobs
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -235,15 +236,6 @@ def test_without_aging_priority_wins_however_long_a_job_waited(engine: Engine) -
 # -- sequences --------------------------------------------------------------------------------
 
 
-def seq_jobs(engine: Engine, sequence: str, count: int, queue: str = "default") -> list[int]:
-    with Session(engine) as session, session.begin():
-        handles = [
-            enqueue(session, "t", {"n": n}, queue=queue, sequence=sequence) for n in range(count)
-        ]
-        session.flush()
-        return [h.id for h in handles]
-
-
 def test_a_sequence_runs_one_job_at_a_time_in_enqueue_order(engine: Engine) -> None:
     ids = seq_jobs(engine, "order-1", 3)
     other = seq_jobs(engine, "order-2", 1)
@@ -263,7 +255,7 @@ def test_a_failed_job_holds_its_sequence_until_it_is_retried(
     ids = seq_jobs(engine, "order-1", 2)
     with engine.connect() as conn:
         (first,) = claim(conn, 10, queues)
-        fail(conn, [first])
+        mark_failed(conn, [first])
         assert claim(conn, 10, queues) == []
         admin.retry_jobs(conn, [ids[0]])
         conn.commit()
@@ -276,7 +268,7 @@ def test_a_skip_queue_goes_on_past_a_failed_job(engine: Engine) -> None:
     ids = seq_jobs(engine, "order-1", 2, queue="steps")
     with engine.connect() as conn:
         (first,) = claim(conn, 10)
-        fail(conn, [first])
+        mark_failed(conn, [first])
         (second,) = claim(conn, 10)
     assert second["id"] == ids[1]
 
@@ -285,7 +277,7 @@ def test_a_deleted_failed_job_lets_its_sequence_go_on(engine: Engine) -> None:
     ids = seq_jobs(engine, "order-1", 2)
     with engine.connect() as conn:
         (first,) = claim(conn, 10)
-        fail(conn, [first])
+        mark_failed(conn, [first])
         admin.delete_jobs(conn, [ids[0]])
         conn.commit()
         (second,) = claim(conn, 10)
@@ -312,7 +304,7 @@ def test_the_held_sequence_and_the_aged_jobs_are_visible(engine: Engine) -> None
         enqueue(session, "t", {}, queue="tenants", priority=5, run_at=waited)
     with engine.connect() as conn:
         first = claim(conn, 10, ["default"])
-        fail(conn, first)
+        mark_failed(conn, first)
         (held,) = partitions.held_sequences(conn)
         assert (held.sequence, held.job_id, held.behind) == ("order-1", ids[0], 2)
         assert partitions.aged_jobs(conn) == {"tenants": 1}

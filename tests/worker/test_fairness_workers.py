@@ -92,7 +92,7 @@ def wait_drained(db: FaultDatabase, queue: str, timeout: float) -> None:
     )
 
 
-def stop_all(pool: list[WorkerProcess]) -> None:
+def stop_each_once_started(pool: list[WorkerProcess]) -> None:
     for worker in pool:
         worker.wait_started()
         assert worker.stop() == 0, worker.log()[-2000:]
@@ -207,7 +207,7 @@ def test_sequences_run_in_order_one_at_a_time_while_workers_are_killed(
             victim.start()
             next_kill = time.monotonic() + KILL_EVERY
     elapsed = time.monotonic() - start
-    stop_all(pool)
+    stop_each_once_started(pool)
 
     assert ledger.status_counts() == {"done": len(ids)}
     figures = check_sequences(starts_and_ends(ledger, "seqs"), ids_by_key, killed_pids)
@@ -317,7 +317,7 @@ def test_no_partition_runs_more_than_its_limit_across_three_workers(
     finally:
         stop.set()
         sampler.join(10)
-    stop_all(pool)
+    stop_each_once_started(pool)
 
     assert ledger.status_counts() == {"done": len(ids)}
     peak = Counter[str]()
@@ -356,7 +356,7 @@ intervals, and then the oldest job at the best priority: the next claim takes it
 BACKLOG = 60  # priority-0 jobs the producer keeps queued (about 1 s of the worker's work)
 
 
-def backlog(queue: str, count: int) -> list[dict[str, Any]]:
+def record_rows(queue: str, count: int) -> list[dict[str, Any]]:
     return [{"task": "record", "queue": queue, "args": {"n": 0, "work": 0.02}}] * count
 
 
@@ -382,7 +382,7 @@ def run_starved(
         {"task": "keyed", "queue": queue, "priority": 9, "args": {"key": "p9", "n": 0}}
         for queue in starved
     ]
-    ids = enqueue_rows(engine, first + [job for q in deep for job in backlog(q, BACKLOG)])
+    ids = enqueue_rows(engine, first + [job for q in deep for job in record_rows(q, BACKLOG)])
     stop = threading.Event()
     least_queued: list[int] = []
 
@@ -396,7 +396,7 @@ def run_starved(
                 )
             )
             least_queued.append(min(depth.get(q, 0) for q in deep))
-            fresh = [job for q in deep for job in backlog(q, BACKLOG - depth.get(q, 0))]
+            fresh = [job for q in deep for job in record_rows(q, BACKLOG - depth.get(q, 0))]
             if fresh:
                 enqueue_rows(engine, fresh)
             time.sleep(0.05)
@@ -413,7 +413,7 @@ def run_starved(
     finally:
         stop.set()
         producer.join(10)
-    stop_all(pool)
+    stop_each_once_started(pool)
     delays = ledger.rows(
         "SELECT j.queue, extract(epoch FROM r.at - j.run_at)::float FROM public.fault_runs r"
         " JOIN sqla_queue.jobs j ON j.id = r.job_id WHERE r.job_id = ANY(%s)"
@@ -628,7 +628,7 @@ def test_a_fair_queue_runs_quiet_tenants_before_a_tenth_of_a_noisy_backlog(
     pool = [workers(ledger.url, "-q", queue) for queue in ("fair", "fifo")]
     for queue in ("fair", "fifo"):
         wait_drained(ledger, queue, 180)
-    stop_all(pool)
+    stop_each_once_started(pool)
 
     fair = noisy_done_when_quiet_finished(ledger, "fair")
     fifo = noisy_done_when_quiet_finished(ledger, "fifo")

@@ -19,8 +19,8 @@ from helpers.fault_kit import (
     FaultDatabase,
     PrivateCluster,
     WorkerProcess,
-    enqueue_jobs,
     executions,
+    fill_kept_queue,
     holding_workers,
     run_cli,
     wait_until,
@@ -81,7 +81,7 @@ def worker_options(queue: str, lease: str = LEASE) -> list[str]:
 def test_sigkilled_workers_lose_no_job(
     fault_db: FaultDatabase, workers: StartWorker, record_property: Callable[[str, Any], None]
 ) -> None:
-    ids = enqueue_jobs(
+    ids = fill_kept_queue(
         fault_db.url, "kills", "record", [{"n": n, "work": 0.002} for n in range(KILL_JOBS)]
     )
     pool = [workers(fault_db.url, *worker_options("kills")) for _ in range(KILL_WORKERS)]
@@ -116,7 +116,7 @@ def test_sigkilled_workers_lose_no_job(
 def test_terminated_connections_are_reopened_and_lose_no_job(
     fault_db: FaultDatabase, workers: StartWorker, record_property: Callable[[str, Any], None]
 ) -> None:
-    ids = enqueue_jobs(
+    ids = fill_kept_queue(
         fault_db.url, "cuts", "record", [{"n": n, "work": 0.002} for n in range(KILL_JOBS)]
     )
     pool = [workers(fault_db.url, *worker_options("cuts")) for _ in range(KILL_WORKERS)]
@@ -158,7 +158,7 @@ def job_row(db: FaultDatabase, job_id: int) -> tuple[Any, ...]:
 def test_paused_worker_past_its_lease_changes_nothing_when_it_wakes(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
-    (job_id,) = enqueue_jobs(
+    (job_id,) = fill_kept_queue(
         fault_db.url, "fence", "fenced_write", [{"key": "k", "first_attempt_sleeps": 3.0}]
     )
     sleeper = workers(fault_db.url, *worker_options("fence", lease="1"))
@@ -193,8 +193,8 @@ def test_sigterm_lets_in_flight_jobs_finish_and_requeues_the_rest(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
     # Long enough that none finishes (freeing a slot for a waiting job) before the SIGTERM.
-    quick = enqueue_jobs(fault_db.url, "drain", "sleep", [{"seconds": 3.0}] * 64)
-    waiting = enqueue_jobs(fault_db.url, "drain", "sleep", [{"seconds": 3.0}] * 20)
+    quick = fill_kept_queue(fault_db.url, "drain", "sleep", [{"seconds": 3.0}] * 64)
+    waiting = fill_kept_queue(fault_db.url, "drain", "sleep", [{"seconds": 3.0}] * 20)
     worker = workers(
         fault_db.url, "-q", "drain", "-c", "64", "--batch", "20", "--shutdown-timeout", "20"
     )
@@ -225,7 +225,7 @@ def test_sigterm_lets_in_flight_jobs_finish_and_requeues_the_rest(
 def test_sigterm_requeues_jobs_still_running_after_the_shutdown_timeout(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
-    ids = enqueue_jobs(fault_db.url, "stuck", "sleep", [{"seconds": 600.0}] * 64)
+    ids = fill_kept_queue(fault_db.url, "stuck", "sleep", [{"seconds": 600.0}] * 64)
     worker = workers(fault_db.url, "-q", "stuck", "-c", "64", "--shutdown-timeout", "1")
     wait_until(
         lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") >= 64,
@@ -251,7 +251,7 @@ def test_worker_waits_for_the_database_at_start_and_survives_a_restart_mid_run(
     cluster.create_database()
     upgrade(create_engine(cluster.url))
     db = FaultDatabase(cluster.url)
-    before = enqueue_jobs(cluster.url, "outage", "record", [{"n": n} for n in range(20)])
+    before = fill_kept_queue(cluster.url, "outage", "record", [{"n": n} for n in range(20)])
     db.close()
     cluster.stop()
 
@@ -266,7 +266,7 @@ def test_worker_waits_for_the_database_at_start_and_survives_a_restart_mid_run(
     try:
         wait_until(lambda: not db.unfinished(), 60, what="the first jobs to run")
         # Mid-run: a fast shutdown terminates every session while handlers are running.
-        during = enqueue_jobs(
+        during = fill_kept_queue(
             cluster.url, "outage", "record", [{"n": n, "work": 0.02} for n in range(400)]
         )
         wait_until(lambda: executions(db), 30, what="the second batch to start")
@@ -299,13 +299,13 @@ def test_overrunning_handlers_time_out_and_follow_the_retry_rules(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
     # Each task has timeout=0.5 and max_attempts=2 (fault_app).
-    sync_fails, sync_retried = enqueue_jobs(
+    sync_fails, sync_retried = fill_kept_queue(
         fault_db.url,
         "timeouts",
         "sync_overrun",
         [{"seconds": 1.5}, {"seconds": 1.5, "succeed_on_attempt": 2}],
     )
-    async_fails, async_retried = enqueue_jobs(
+    async_fails, async_retried = fill_kept_queue(
         fault_db.url,
         "timeouts",
         "async_overrun",
@@ -366,10 +366,10 @@ def test_overrunning_handlers_time_out_and_follow_the_retry_rules(
 def test_cancelled_jobs_never_run_and_running_ones_see_it(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
-    by_cli, by_api, *others = enqueue_jobs(
+    by_cli, by_api, *others = fill_kept_queue(
         fault_db.url, "cancels", "record", [{"n": n} for n in range(6)]
     )
-    running_cli, running_api = enqueue_jobs(
+    running_cli, running_api = fill_kept_queue(
         fault_db.url, "cancels", "cooperative", [{"seconds": 60}] * 2
     )
     engine = create_engine(fault_db.url)

@@ -6,14 +6,11 @@ and with --processes the parent answers for all its children."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +22,14 @@ from helpers.fault_kit import (
     cli_env,
     free_port,
     free_port_run,
+    port_is_free,
 )
-from helpers.support import WorkerThread, cli, wait_for
+from helpers.support import WorkerThread, answers_with, cli, http_get, wait_for
 from sqlalchemy import Engine, create_engine
 
 from sqla_queue import ConfigurationError, Registry
 from sqla_queue.db.migrate import upgrade
 from sqla_queue.worker import Worker, WorkerConfig
-
-
-def get(port: int, path: str, timeout: float = 10) -> tuple[int, dict[str, Any]]:
-    """GET http://127.0.0.1:PORT/PATH: its status and JSON body."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def browser_sees(port: int, path: str) -> tuple[int, str] | None:
@@ -64,25 +53,6 @@ def browser_sees(port: int, path: str) -> tuple[int, str] | None:
             browser.close()
 
 
-def answers(port: int, path: str, status: int) -> bool:
-    try:
-        return get(port, path)[0] == status
-    except OSError:
-        return False
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could listen on PORT now (SO_REUSEADDR, as http.server sets: the
-    connections the health server closed linger in TIME_WAIT)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def registry() -> Registry:
     reg = Registry()
     reg.task(name="noop")(lambda: None)
@@ -98,16 +68,16 @@ def health_worker(engine: Engine, **config: Any) -> tuple[WorkerThread, int]:
 def test_livez_and_readyz_answer_200_while_the_worker_runs(engine: Engine) -> None:
     worker, port = health_worker(engine, poll_only=False)
     with worker:
-        wait_for(lambda: answers(port, "/readyz", 200), timeout=20)
-        status, live = get(port, "/livez")
+        wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)
+        status, live = http_get(port, "/livez")
         assert status == 200
         assert live["status"] == "ok"
         assert live["worker"] == "running"
         assert live["loops"] == {"producer": "ok", "keeper": "ok", "listener": "ok"}
-        status, ready = get(port, "/readyz")
+        status, ready = http_get(port, "/readyz")
         assert (status, ready["database"], ready["status"]) == (200, "ok", "ok")
-        assert get(port, "/health")[0] == 200  # an alias of /readyz
-        assert get(port, "/nowhere")[0] == 404
+        assert http_get(port, "/health")[0] == 200  # an alias of /readyz
+        assert http_get(port, "/nowhere")[0] == 404
     # stopped with the worker: the port is free again
     assert worker.worker.health is None
     assert port_is_free(port)
@@ -122,8 +92,8 @@ def test_an_async_registry_reports_its_event_loop(engine: Engine) -> None:
 
     port = free_port()
     with WorkerThread(engine, reg, health_port=port, health_host="127.0.0.1"):
-        wait_for(lambda: answers(port, "/readyz", 200), timeout=20)  # started: the loop runs
-        assert get(port, "/livez")[1]["loops"]["event_loop"] == "ok"
+        wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)  # started: the loop runs
+        assert http_get(port, "/livez")[1]["loops"]["event_loop"] == "ok"
 
 
 def test_livez_is_503_while_a_loop_is_stuck(engine: Engine) -> None:
@@ -138,30 +108,30 @@ def test_livez_is_503_while_a_loop_is_stuck(engine: Engine) -> None:
         watch()
 
     with worker:
-        wait_for(lambda: answers(port, "/readyz", 200), timeout=20)
+        wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)
         keeper._watch_overruns = stuck  # type: ignore[method-assign]
         assert entered.wait(10)
         # Its round is busy; make it look an hour old rather than wait a minute.
         keeper.pulse.busy_since = time.monotonic() - 3600
-        status, live = get(port, "/livez")
+        status, live = http_get(port, "/livez")
         assert status == 503
         assert live["status"] == "failing"
         assert live["loops"]["keeper"] == "stuck for 3600 s"
         assert live["loops"]["producer"] == "ok"
-        status, ready = get(port, "/readyz")
+        status, ready = http_get(port, "/readyz")
         assert status == 503
         assert ready["database"] == "not checked (not live)"
         keeper._watch_overruns = watch  # type: ignore[method-assign]
         release.set()  # the round ends: the keeper is live again
-        wait_for(lambda: answers(port, "/livez", 200), timeout=10)
+        wait_for(lambda: answers_with(port, "/livez", 200), timeout=10)
 
 
 def test_a_waiting_loop_is_never_stuck(engine: Engine) -> None:
     worker, port = health_worker(engine, health_stuck_after=0.2)
     with worker:
-        wait_for(lambda: answers(port, "/readyz", 200), timeout=20)
+        wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)
         time.sleep(0.5)  # idle: every loop waits, longer than health_stuck_after
-        assert get(port, "/livez")[0] == 200
+        assert http_get(port, "/livez")[0] == 200
 
 
 def test_readyz_follows_the_database(cluster: PrivateCluster) -> None:
@@ -172,18 +142,18 @@ def test_readyz_follows_the_database(cluster: PrivateCluster) -> None:
     worker, port = health_worker(engine)
     try:
         with worker:
-            wait_for(lambda: answers(port, "/readyz", 200), timeout=20)
+            wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)
             cluster.stop()
-            wait_for(lambda: answers(port, "/readyz", 503), timeout=20)
-            status, ready = get(port, "/readyz")
+            wait_for(lambda: answers_with(port, "/readyz", 503), timeout=20)
+            status, ready = http_get(port, "/readyz")
             assert status == 503
             assert ready["status"] == "failing"
             assert ready["database"] != "ok"
             # alive while it waits out the outage: no restart would bring the database back
-            status, live = get(port, "/livez")
+            status, live = http_get(port, "/livez")
             assert status == 200, live
             cluster.start()
-            wait_for(lambda: answers(port, "/readyz", 200), timeout=30)
+            wait_for(lambda: answers_with(port, "/readyz", 200), timeout=30)
     finally:
         engine.dispose()
 
@@ -203,24 +173,24 @@ def test_a_worker_process_health_follows_its_database(
     options = ("--health-port", str(port), "--health-host", "127.0.0.1")
     worker = WorkerProcess(cluster.url, tmp_path / "worker.log", *options).start()
     try:
-        wait_for(lambda: answers(port, "/health", 200) or not worker.alive(), timeout=60)
-        status, health = get(port, "/health")
+        wait_for(lambda: answers_with(port, "/health", 200) or not worker.alive(), timeout=60)
+        status, health = http_get(port, "/health")
         assert (status, health["database"], health["worker"]) == (200, "ok", "running")
         cluster.stop()
         stopped = time.monotonic()
-        wait_for(lambda: answers(port, "/health", 503), timeout=20)
+        wait_for(lambda: answers_with(port, "/health", 503), timeout=20)
         assert time.monotonic() - stopped < 10
-        status, health = get(port, "/health")
+        status, health = http_get(port, "/health")
         assert (status, health["status"]) == (503, "failing")
         assert health["database"] != "ok"
         seen = browser_sees(port, "/health")  # as an operator's browser shows it
         if seen is not None:
             assert seen[0] == 503
             assert '"failing"' in seen[1]
-        assert get(port, "/livez")[0] == 200
+        assert http_get(port, "/livez")[0] == 200
         assert worker.alive()
         cluster.start()
-        wait_for(lambda: answers(port, "/health", 200), timeout=30)
+        wait_for(lambda: answers_with(port, "/health", 200), timeout=30)
         assert worker.stop() == 0
         assert "Traceback" not in worker.log()
     finally:
@@ -231,10 +201,10 @@ def test_a_worker_process_health_follows_its_database(
 def test_readyz_answers_within_the_database_timeout(engine: Engine) -> None:
     worker, port = health_worker(engine)
     with worker:
-        wait_for(lambda: answers(port, "/readyz", 200), timeout=20)
+        wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)
         started = time.monotonic()
         for _ in range(20):  # cached: probes in a row cost one SELECT a second
-            assert get(port, "/readyz")[0] == 200
+            assert http_get(port, "/readyz")[0] == 200
         assert time.monotonic() - started < 5
 
 
@@ -243,9 +213,9 @@ def test_a_worker_waiting_for_its_database_is_live_not_ready() -> None:
     port = free_port()
     worker = WorkerThread(url, registry(), health_port=port, health_host="127.0.0.1")  # type: ignore[arg-type]
     with worker:
-        wait_for(lambda: answers(port, "/readyz", 503), timeout=20)
-        assert get(port, "/readyz")[1]["worker"] == "starting"
-        assert get(port, "/livez")[0] == 200
+        wait_for(lambda: answers_with(port, "/readyz", 503), timeout=20)
+        assert http_get(port, "/readyz")[1]["worker"] == "starting"
+        assert http_get(port, "/livez")[0] == 200
     assert port_is_free(port)
 
 
@@ -313,17 +283,17 @@ def test_the_parent_of_processes_answers_for_its_children(database_url: str) -> 
         cwd=TESTS_DIR,
     )
     try:
-        wait_for(lambda: answers(port, "/readyz", 200) or proc.poll() is not None, timeout=60)
+        wait_for(lambda: answers_with(port, "/readyz", 200) or proc.poll() is not None, timeout=60)
         assert proc.poll() is None, proc.communicate()[1]
-        status, ready = get(port, "/readyz")
+        status, ready = http_get(port, "/readyz")
         assert status == 200
         assert set(ready["processes"]) == {"w1", "w2"}
         assert all(child["database"] == "ok" for child in ready["processes"].values())
-        status, live = get(port, "/livez")
+        status, live = http_get(port, "/livez")
         assert status == 200
         assert live["processes"]["w2"]["loops"]["keeper"] == "ok"
         # each child answers on 127.0.0.1:PORT + its slot
-        assert get(port + 1, "/livez")[0] == 200
+        assert http_get(port + 1, "/livez")[0] == 200
     finally:
         proc.terminate()
         proc.communicate(timeout=60)

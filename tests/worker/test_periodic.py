@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from click.testing import CliRunner
-from helpers.support import WorkerThread
+from helpers.support import WorkerThread, record_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -42,15 +42,6 @@ def enqueued_slots(engine: Engine, task: str = "tick") -> list[dt.datetime]:
             text("SELECT meta->>'periodic_slot' FROM sqla_queue.jobs WHERE task = :t"), {"t": task}
         ).scalars()
         return sorted(dt.datetime.fromisoformat(value) for value in rows)
-
-
-def record_run(engine: Engine, task: str, slot: dt.datetime) -> None:
-    """Test-only: the periodic table as a worker that ran `slot` leaves it."""
-    with engine.begin() as conn:
-        conn.execute(
-            text("INSERT INTO sqla_queue.periodic_slots (task, slot) VALUES (:t, :s)"),
-            {"t": task, "s": slot},
-        )
 
 
 def test_every_slot_after_the_last_look_is_due_and_missed_ones_are_capped() -> None:
@@ -446,8 +437,8 @@ def test_an_included_module_that_cannot_be_imported_is_named_in_one_line(
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
         "Error: Cannot load the task registry 'helpers.apps.included_app:broken': its include "
-        "'apps.no_such_reports': no module named 'apps.no_such_reports' (is it on PYTHONPATH? "
-        "run from its folder)"
+        "'helpers.apps.no_such_reports': no module named 'helpers.apps.no_such_reports' "
+        "(is it on PYTHONPATH? run from its folder)"
     ]
 
 

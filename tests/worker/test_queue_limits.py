@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
-from helpers.support import WorkerThread, cli, count_where, enqueue_jobs, wait_for
-from helpers.turns_kit import claim
+from helpers.statements import claim
+from helpers.support import WorkerThread, cli, count_where, enqueue_jobs, make_queue, wait_for
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 
@@ -16,15 +15,6 @@ from sqla_queue import Registry, admin, enqueue_many
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError, UnknownQueueError
 from sqla_queue.job.durations import describe_rate, parse_rate
-
-
-def make_queue(engine: Engine, name: str, **limits: Any) -> None:
-    with engine.begin() as conn:
-        admin.create_queue(conn, name)
-        if "concurrency" in limits:
-            admin.set_max_running(conn, name, limits["concurrency"])
-        if "rate" in limits:
-            admin.set_rate(conn, name, limits["rate"])
 
 
 def running(engine: Engine, queue: str) -> int:

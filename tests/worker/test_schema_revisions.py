@@ -10,13 +10,12 @@ import logging
 
 import pytest
 from helpers.fault_kit import free_port
-from helpers.support import WorkerThread, cli, count_where, wait_for
+from helpers.support import WorkerThread, answers_with, cli, count_where, http_get, wait_for
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, SchemaUnknownError, enqueue
 from sqla_queue.db import migrate
-from worker.test_health import answers, get
 
 UNKNOWN = "sqlaq_9999"
 VERSIONS = f"{migrate.VERSION_TABLE_SCHEMA}.{migrate.VERSION_TABLE}"
@@ -84,7 +83,7 @@ def test_a_running_worker_stops_claiming_when_the_schema_moves_past_it_and_says_
             beat = _heartbeat_at(engine)
             wait_for(lambda: _heartbeat_at(engine) > beat, timeout=20)  # noqa: B023
         assert count_where(engine, f"id = {later} AND status = 'queued'") == 1
-        status, ready = get(port, "/readyz")
+        status, ready = http_get(port, "/readyz")
         assert status == 503
         assert UNKNOWN in ready["schema"]
         assert "claiming no more jobs" in ready["schema"]
@@ -93,7 +92,7 @@ def test_a_running_worker_stops_claiming_when_the_schema_moves_past_it_and_says_
 
         record_revision(engine, head)  # downgraded again: it claims again
         wait_for(lambda: worker.worker.stats.succeeded == 2, timeout=20)
-        wait_for(lambda: answers(port, "/readyz", 200), timeout=20)
+        wait_for(lambda: answers_with(port, "/readyz", 200), timeout=20)
     assert keeper.schema_refusal is None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from helpers.dashboard_kit import client
 from helpers.fault_kit import FaultDatabase, WorkerProcess, wait_until
+from helpers.statements import claim_rows
 from helpers.support import age_bounds, cli, database_clock, enqueue_jobs
 from sqlalchemy import Connection, Engine, text
 
@@ -34,10 +35,9 @@ def register(conn: Connection, worker_id: str, stale_after: float = 30, **fields
     )
 
 
-def claim(conn: Connection, worker_id: str, count: int) -> list[int]:
+def claim_ids(conn: Connection, worker_id: str, count: int) -> list[int]:
     """Claim `count` due jobs for `worker_id`, as its producer would: they are running."""
-    rows = conn.execute(queries.claim_jobs(None), {"limit": count, "worker_id": worker_id})
-    return sorted(row.id for row in rows)
+    return sorted(row["id"] for row in claim_rows(conn, count, worker_id=worker_id))
 
 
 def stopped_rows(conn: Connection) -> dict[str, str]:
@@ -64,7 +64,7 @@ def test_an_expired_registration_is_lost_once_the_reaper_took_its_jobs(engine: E
     with engine.begin() as conn:
         register(conn, "alive")
         register(conn, "dead", stale_after=-1, hostname="gone-box", pid=7)
-        claim(conn, "dead", 1)
+        claim_ids(conn, "dead", 1)
     with engine.begin() as conn:  # it holds a running job: the reaper must requeue it first
         assert conn.execute(queries.delete_expired_workers()).all() == []
         assert stopped_rows(conn) == {}
@@ -122,8 +122,8 @@ def test_running_jobs_are_listed_per_worker_and_bounded(engine: Engine) -> None:
     with engine.begin() as conn:
         for worker_id in ("w1", "w2", "idle"):
             register(conn, worker_id)
-        first = claim(conn, "w1", 3)
-        second = claim(conn, "w2", 1)
+        first = claim_ids(conn, "w1", 3)
+        second = claim_ids(conn, "w2", 1)
     with engine.connect() as conn:
         found = admin_workers.running_jobs(conn, ["w1", "w2", "idle"], per_worker=2)
         counts = {w.id: (w.running, w.claimed) for w in admin_workers.live_workers(conn)}
@@ -180,8 +180,8 @@ def test_workers_page_shows_running_jobs_under_each_worker_and_the_stopped(
         register(conn, "busy", concurrency=50)
         register(conn, "calm")
         register(conn, "w-gone", hostname="old-box")
-        busy = claim(conn, "busy", admin_workers.RUNNING_SHOWN + 2)
-        calm = claim(conn, "calm", 1)
+        busy = claim_ids(conn, "busy", admin_workers.RUNNING_SHOWN + 2)
+        calm = claim_ids(conn, "calm", 1)
         conn.execute(queries.deregister_worker(), {"worker_id": "w-gone"})
     body = client(engine).get("/workers").text
     live, stopped = body.split('id="stopped-workers"')

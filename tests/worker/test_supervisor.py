@@ -16,8 +16,8 @@ from click.testing import CliRunner, Result
 from helpers.fault_kit import (
     FaultDatabase,
     WorkerProcess,
-    enqueue_jobs,
     executions,
+    fill_kept_queue,
     run_cli,
     wait_until,
 )
@@ -183,13 +183,15 @@ def test_two_processes_drain_one_queue_together(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
     parent = workers(fault_db.url, "--processes", "2", "-q", "pair", "-c", "3")
-    enqueue_jobs(fault_db.url, "pair", "record", [])  # the queue, so -q finds it
+    fill_kept_queue(fault_db.url, "pair", "record", [])  # the queue, so -q finds it
     rows = wait_until(lambda: children_registered(fault_db), 60, what="two children")
     assert [worker_id.rsplit(":", 1)[1] for worker_id, _, _, _ in rows] == ["w1", "w2"]
     assert {(c, tuple(q)) for _, _, c, q in rows} == {(3, ("pair",))}  # options passed on
     assert parent.pid not in {pid for _, pid, _, _ in rows}
 
-    ids = enqueue_jobs(fault_db.url, "pair", "record", [{"n": n, "work": 0.02} for n in range(300)])
+    ids = fill_kept_queue(
+        fault_db.url, "pair", "record", [{"n": n, "work": 0.02} for n in range(300)]
+    )
     wait_until(lambda: not fault_db.unfinished(), 120, what="the queue to drain")
 
     assert fault_db.status_counts() == {"done": 300}
@@ -205,9 +207,11 @@ def test_a_sigkilled_child_is_restarted_and_no_job_is_lost(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
     parent = workers(fault_db.url, "--processes", "2", "-q", "kill", "--lease", "5")
-    enqueue_jobs(fault_db.url, "kill", "record", [])
+    fill_kept_queue(fault_db.url, "kill", "record", [])
     wait_until(lambda: children_registered(fault_db), 60, what="two children")
-    ids = enqueue_jobs(fault_db.url, "kill", "record", [{"n": n, "work": 0.05} for n in range(400)])
+    ids = fill_kept_queue(
+        fault_db.url, "kill", "record", [{"n": n, "work": 0.05} for n in range(400)]
+    )
     wait_until(lambda: len(executions(fault_db)) >= 50, 60, what="50 jobs to run")
     victim = pid_of(fault_db, "w1")
     os.kill(victim, signal.SIGKILL)
@@ -231,9 +235,9 @@ def four_jobs_running(
 ) -> tuple[WorkerProcess, list[int]]:
     """A parent of two children, each running two `sleep` jobs of `seconds`."""
     parent = workers(db.url, "--processes", "2", "-q", queue, "-c", "2", "--batch", "1")
-    enqueue_jobs(db.url, queue, "sleep", [])
+    fill_kept_queue(db.url, queue, "sleep", [])
     wait_until(lambda: children_registered(db), 60, what="two children")
-    ids = enqueue_jobs(db.url, queue, "sleep", [{"seconds": seconds}] * 4)
+    ids = fill_kept_queue(db.url, queue, "sleep", [{"seconds": seconds}] * 4)
     wait_until(
         lambda: db.value("SELECT count(*) FROM public.fault_runs") == 4,
         60,
@@ -277,7 +281,7 @@ def test_children_of_a_sigkilled_parent_shut_down(
     fault_db: FaultDatabase, workers: StartWorker
 ) -> None:
     parent = workers(fault_db.url, "--processes", "2", "-q", "orphan")
-    enqueue_jobs(fault_db.url, "orphan", "record", [])
+    fill_kept_queue(fault_db.url, "orphan", "record", [])
     rows = wait_until(lambda: children_registered(fault_db), 60, what="two children")
 
     parent.kill()
@@ -313,7 +317,7 @@ def test_a_child_that_always_crashes_at_start_makes_the_parent_give_up(
 def test_burst_children_drain_the_queue_and_the_parent_exits_0(
     fault_db: FaultDatabase,
 ) -> None:
-    ids = enqueue_jobs(fault_db.url, "burst", "record", [{"n": n} for n in range(100)])
+    ids = fill_kept_queue(fault_db.url, "burst", "record", [{"n": n} for n in range(100)])
     done = run_cli(
         [
             "worker",

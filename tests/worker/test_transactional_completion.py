@@ -191,7 +191,7 @@ def test_a_stale_attempt_paused_past_its_reaping_cannot_commit_its_writes(
 # -- keep_result with ctx.session(): the result is kept, stored once the handler returns ----
 
 
-def session_registry(after_commit: threading.Event) -> Registry:
+def invoice_registry(after_commit: threading.Event) -> Registry:
     registry = Registry()
 
     @registry.task(name="invoice", keep_result=True, pass_context=True)
@@ -221,7 +221,7 @@ def test_a_result_returned_after_the_handlers_session_committed_is_kept(
     with receipts.begin() as conn:
         admin.set_retention(conn, "default", retention)
     after_commit = threading.Event()
-    registry = session_registry(after_commit)
+    registry = invoice_registry(after_commit)
     (job_id,) = enqueue_jobs(receipts, "invoice", 1, args={"order": 7})
     (broken_id,) = enqueue_jobs(receipts, "broken", 1)
     worker = threading.Thread(target=run_until_empty, args=(receipts, registry))

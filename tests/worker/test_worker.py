@@ -16,6 +16,7 @@ from helpers.support import (
     delay_chosen,
     enqueue_jobs,
     jobs_by_id,
+    make_due,
     stall_and_reap,
     wait_for,
 )
@@ -42,12 +43,6 @@ def db_now(engine: Engine) -> dt.datetime:
         value = conn.scalar(select(func.now()))
     assert value is not None
     return value
-
-
-def make_due(engine: Engine) -> None:
-    """Pretend the retry delay has passed: every queued job is due now."""
-    with engine.begin() as conn:
-        conn.execute(text("UPDATE sqla_queue.jobs SET run_at = now() WHERE status = 'queued'"))
 
 
 def recorder(name: str = "t") -> tuple[Registry, list[Any]]:

@@ -14,7 +14,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from helpers.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
+from helpers.support import (
+    WorkerThread,
+    count_where,
+    enqueue_jobs,
+    jobs_by_id,
+    make_queue,
+    wait_for,
+)
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
@@ -44,12 +51,6 @@ class Executing:
             with self.lock:
                 self.now -= 1
                 self.returned += 1
-
-
-def make_queue(engine: Engine, name: str, concurrency: int) -> None:
-    with engine.begin() as conn:
-        admin.create_queue(conn, name)
-        admin.set_max_running(conn, name, concurrency)
 
 
 def workers_finding(engine: Engine) -> Finding:
@@ -124,7 +125,7 @@ def test_a_handler_that_returns_past_its_deadline_unseen_by_a_busy_worker_timed_
 def test_a_queue_limited_to_two_never_runs_more_than_two_handlers_past_their_timeout(
     engine: Engine,
 ) -> None:
-    make_queue(engine, "limited", 2)
+    make_queue(engine, "limited", concurrency=2)
     registry = Registry()
     executing = Executing()
 
@@ -168,7 +169,7 @@ def test_a_worker_at_c2_never_runs_more_than_two_handlers_past_their_timeout(
 def test_a_cancelled_running_job_keeps_its_queue_slot_until_its_handler_returns(
     engine: Engine,
 ) -> None:
-    make_queue(engine, "single", 1)
+    make_queue(engine, "single", concurrency=1)
     registry = Registry()
     release = threading.Event()
     executing = Executing()

@@ -6,25 +6,15 @@ from __future__ import annotations
 import re
 
 from helpers.dashboard_kit import client, csrf_of
+from helpers.support import diamond
 from markupsafe import escape
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import Dependency, admin, enqueue, enqueue_many
+from sqla_queue import admin, enqueue, enqueue_many
 from sqla_queue.dashboard import reads
 
 SCRIPT = "<script>alert('owned')</script>"
-
-
-def diamond(engine: Engine, workflow_id: str = "wf-1", task: str = "t") -> dict[str, int]:
-    """a -> (b, c) -> d, c run on a's failure."""
-    with Session(engine) as session, session.begin():
-        a = enqueue(session, f"{task}.a", {}, workflow_id=workflow_id)
-        b = enqueue(session, f"{task}.b", {}, depends_on=[a])
-        c = enqueue(session, f"{task}.c", {}, depends_on=[Dependency(a, on_failure="run")])
-        d = enqueue(session, f"{task}.d", {}, depends_on=[b, c])
-        session.flush()
-        return {"a": a.id, "b": b.id, "c": c.id, "d": d.id}
 
 
 def tree_rows(page: str) -> list[tuple[int, int]]:

@@ -5,52 +5,17 @@ children), `jobs cancel --workflow`; the `waiting` status wherever statuses are 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import psycopg
 import pytest
-from helpers.support import cli
+from helpers.statements import claim_all, statuses_of, succeed
+from helpers.support import cli, diamond
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import Dependency, admin, enqueue
+from sqla_queue import admin, enqueue
 from sqla_queue.db import queries
 from sqla_queue.errors import ConfigurationError
-
-
-def diamond(engine: Engine, workflow_id: str = "wf-1") -> dict[str, int]:
-    """a -> (b, c) -> d, with c run on a's failure; all of workflow `workflow_id`."""
-    with Session(engine) as session, session.begin():
-        a = enqueue(session, "t.a", {}, workflow_id=workflow_id)
-        b = enqueue(session, "t.b", {}, depends_on=[a])
-        c = enqueue(session, "t.c", {}, depends_on=[Dependency(a, on_failure="run")])
-        d = enqueue(session, "t.d", {}, depends_on=[b, c])
-        session.flush()
-        return {"a": a.id, "b": b.id, "c": c.id, "d": d.id}
-
-
-def claim(engine: Engine) -> dict[int, int]:
-    with engine.begin() as conn:
-        rows = conn.execute(queries.claim_jobs(None), {"limit": 100, "worker_id": "w"}).all()
-    return {row.id: row.attempts for row in rows}
-
-
-def succeed(engine: Engine, claimed: dict[int, int]) -> None:
-    ids = list(claimed)
-    params: dict[str, Any] = {
-        "job_ids": ids,
-        "job_attempts": [claimed[i] for i in ids],
-        "job_results": [None] * len(ids),
-    }
-    with engine.begin() as conn:
-        conn.execute(queries.complete_jobs(), params)
-
-
-def statuses(engine: Engine, *ids: int) -> list[str]:
-    with engine.connect() as conn:
-        found = admin.job_statuses(conn, ids)
-    return [found.get(i, "gone") for i in ids]
-
 
 # -- the Python API --------------------------------------------------------------------------
 
@@ -87,7 +52,7 @@ def test_workflow_jobs_keeps_jobs_gone_to_the_archive(engine: Engine) -> None:
         b = enqueue(session, "t.b", {}, depends_on=[a])
         session.flush()
         ids = (a.id, b.id)
-    succeed(engine, claim(engine))
+    succeed(engine, claim_all(engine))
     with engine.connect() as conn:
         found = {j.id: j for j in admin.workflow_jobs(conn, "wf-arch")}
         links = admin.job_links(conn, ids[1])
@@ -127,7 +92,7 @@ def test_job_links_name_parents_in_order_and_children_and_a_gone_parents_outcome
     assert capped.more_children
     assert [c.id for c in capped.children] == [ids["b"]]
 
-    succeed(engine, claim(engine))  # a succeeds; its queue's retention deletes it
+    succeed(engine, claim_all(engine))  # a succeeds; its queue's retention deletes it
     with engine.connect() as conn:
         (gone,) = admin.job_links(conn, ids["b"]).parents
     assert (gone.id, gone.task, gone.status, gone.ended) == (ids["a"], None, None, "done")
@@ -139,7 +104,7 @@ def test_cancel_workflow_ends_queued_waiting_and_running_jobs_and_tells_the_work
 ) -> None:
     ids = diamond(engine)
     other = diamond(engine, "wf-other")
-    running = claim(engine)  # both roots run now
+    running = claim_all(engine)  # both roots run now
     assert set(running) == {ids["a"], other["a"]}
     listener = psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True)
     try:
@@ -156,8 +121,8 @@ def test_cancel_workflow_ends_queued_waiting_and_running_jobs_and_tells_the_work
         ids["d"]: "waiting",
     }
     assert payloads == [str(ids["a"])]
-    assert statuses(engine, *ids.values()) == ["cancelled"] * 4
-    assert statuses(engine, *other.values()) == ["running", "waiting", "waiting", "waiting"]
+    assert statuses_of(engine, *ids.values()) == ["cancelled"] * 4
+    assert statuses_of(engine, *other.values()) == ["running", "waiting", "waiting", "waiting"]
     with engine.begin() as conn:
         assert admin.cancel_workflow(conn, "wf-1") == {}
 
@@ -166,7 +131,7 @@ def test_cancelling_a_waiting_job_by_id_cancels_its_dependents(engine: Engine) -
     ids = diamond(engine)
     with engine.begin() as conn:
         assert admin.cancel_jobs(conn, [ids["b"]]) == {ids["b"]: "waiting"}
-    assert statuses(engine, *ids.values()) == ["queued", "cancelled", "waiting", "cancelled"]
+    assert statuses_of(engine, *ids.values()) == ["queued", "cancelled", "waiting", "cancelled"]
 
 
 # -- the CLI ---------------------------------------------------------------------------------
@@ -200,7 +165,7 @@ def test_jobs_show_names_the_workflow_parents_and_children(
     database_url: str, engine: Engine
 ) -> None:
     ids = diamond(engine)
-    succeed(engine, claim(engine))  # a ends done and is deleted: c and b are due
+    succeed(engine, claim_all(engine))  # a ends done and is deleted: c and b are due
     result = cli("jobs", "show", str(ids["b"]), url=database_url)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -231,7 +196,7 @@ def test_jobs_cancel_workflow_prints_counts_per_status(database_url: str, engine
     result = cli("jobs", "cancel", "--workflow", "wf-1", url=database_url)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "workflow wf-1: cancelled 4 job(s) (1 queued, 3 waiting)"
-    assert statuses(engine, *ids.values()) == ["cancelled"] * 4
+    assert statuses_of(engine, *ids.values()) == ["cancelled"] * 4
 
     again = cli("jobs", "cancel", "--workflow", "wf-1", url=database_url)
     assert again.exit_code == 0, again.output

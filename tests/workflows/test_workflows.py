@@ -5,12 +5,12 @@ Every enqueue path links; bad dependencies are refused with what to do."""
 
 from __future__ import annotations
 
-import json
 import time
 from itertools import pairwise
 from typing import Any
 
 import pytest
+from helpers.statements import claim_all, fail, states, status_of, succeed
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -20,54 +20,9 @@ from sqla_queue.enqueue.inserts.links import Link, link_jobs
 from sqla_queue.orm import cancel_jobs_about
 
 
-def claim_all(engine: Engine) -> dict[int, int]:
-    with engine.begin() as conn:
-        rows = conn.execute(queries.claim_jobs(None), {"limit": 1000, "worker_id": "w"}).all()
-    return {row.id: row.attempts for row in rows}
-
-
-def succeed(engine: Engine, claimed: dict[int, int], results: dict[int, Any] | None = None) -> None:
-    ids = list(claimed)
-    results = results or {}
-    params = {
-        "job_ids": ids,
-        "job_attempts": [claimed[i] for i in ids],
-        "job_results": [json.dumps(results[i]) if i in results else None for i in ids],
-    }
-    with engine.begin() as conn:
-        conn.execute(queries.complete_jobs(), params)
-
-
-def fail(engine: Engine, claimed: dict[int, int]) -> None:
-    ids = list(claimed)
-    params = {
-        "job_ids": ids,
-        "job_attempts": [claimed[i] for i in ids],
-        "job_errors": ["boom"] * len(ids),
-    }
-    with engine.begin() as conn:
-        conn.execute(queries.fail_jobs(), params)
-
-
 def retry(engine: Engine, job_id: int) -> None:
     with engine.begin() as conn:
         assert job_id in admin.retry_jobs(conn, job_ids=[job_id])
-
-
-def states(engine: Engine, *ids: int) -> list[tuple[str, int | None]]:
-    with engine.connect() as conn:
-        rows = {
-            row.id: (row.status, row.deps_left)
-            for row in conn.execute(
-                text("SELECT id, status, deps_left FROM sqla_queue.jobs WHERE id = ANY(:ids)"),
-                {"ids": list(ids)},
-            )
-        }
-    return [rows.get(i, ("gone", None)) for i in ids]
-
-
-def status_of(engine: Engine, job_id: int) -> str:
-    return states(engine, job_id)[0][0]
 
 
 def test_a_dependent_waits_and_is_due_in_the_transaction_that_ends_its_last_parent(

@@ -47,7 +47,7 @@ def create_fault_tables(dsn: str) -> None:
         conn.execute(FAULT_TABLES)
 
 
-def _execute(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+def execute(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
     """Run one autocommit statement on the process's one recording connection.
 
     One connection per worker process, not per handler thread: 64 handlers in flight must
@@ -62,7 +62,7 @@ def _execute(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
 
 def note(ctx: JobContext, event: str) -> None:
     """Record one event of this attempt of this job."""
-    _execute(
+    execute(
         "INSERT INTO public.fault_runs (job_id, attempt, event, pid) VALUES (%s, %s, %s, %s)",
         (ctx.job_id, ctx.attempt, event, os.getpid()),
     )
@@ -100,7 +100,7 @@ def fenced_write(ctx: JobContext, key: str, first_attempt_sleeps: float) -> None
     note(ctx, "started")
     if ctx.attempt == 1:
         time.sleep(first_attempt_sleeps)
-    written = _execute(
+    written = execute(
         "INSERT INTO public.fault_ledger AS l (key, value, fence) VALUES (%s, %s, %s) "
         "ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence "
         "WHERE l.fence < excluded.fence RETURNING key",
@@ -180,7 +180,7 @@ async def stress(ctx: JobContext, n: int, mode: str = "ok", seconds: float = 0.0
         if mode == "fail":
             raise RuntimeError(f"stress job {n} failed as asked")
         if mode == "snooze":
-            snoozed = _execute(
+            snoozed = execute(
                 "SELECT 1 FROM public.fault_runs WHERE job_id = %s AND event = 'snoozed'",
                 (ctx.job_id,),
             )

@@ -2,7 +2,7 @@
 (tests/workflows/test_workflow_workers.py).
 
 Every handler that matters records its attempt in `public.wf_ledger`, a table of the test's
-own, over one psycopg connection per worker process (as tests/helpers/apps/fault_app.py does): the
+own, over the one psycopg connection per worker process of tests/helpers/apps/fault_app.py: the
 start when the handler begins and the end just before it returns, both by the database's
 clock (`clock_timestamp()`), so starts and ends of handlers in different processes compare.
 
@@ -13,11 +13,11 @@ FAULT_APP_DSN set to a libpq URL of the test database (the `workers` fixture doe
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import psycopg
 
+from helpers.apps.fault_app import execute
 from sqla_queue import JobContext, Registry, RetryPolicy
 
 registry = Registry()
@@ -33,8 +33,6 @@ CREATE UNLOGGED TABLE IF NOT EXISTS public.wf_ledger (
 )
 """
 
-_lock = threading.Lock()
-_shared: list[psycopg.Connection[tuple[object, ...]]] = []
 NO_RETRY_WAIT = RetryPolicy(base=0.0, jitter=0.0)
 
 
@@ -43,23 +41,15 @@ def create_ledger(dsn: str) -> None:
         conn.execute(LEDGER)
 
 
-def _execute(sql: str, params: tuple[object, ...]) -> None:
-    """One autocommit statement on the process's one recording connection."""
-    with _lock:
-        if not _shared or _shared[0].closed or _shared[0].broken:
-            _shared[:] = [psycopg.connect(os.environ["FAULT_APP_DSN"], autocommit=True)]
-        _shared[0].execute(sql, params)
-
-
 def _start(ctx: JobContext) -> None:
-    _execute(
+    execute(
         "INSERT INTO public.wf_ledger (job_id, attempt, pid) VALUES (%s, %s, %s)",
         (ctx.job_id, ctx.attempt, os.getpid()),
     )
 
 
 def _end(ctx: JobContext) -> None:
-    _execute(
+    execute(
         "UPDATE public.wf_ledger SET ended = clock_timestamp() WHERE job_id = %s AND attempt = %s",
         (ctx.job_id, ctx.attempt),
     )
