@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from apps.support import dispose_engines
-from fault_kit import FaultDatabase, PrivateCluster, WorkerProcess
+from helpers.fault_kit import FaultDatabase, PrivateCluster, WorkerProcess
+from helpers.multixact_support import private_databases
+from helpers.support import dispose_engines
 from hypothesis import HealthCheck, settings
-from multixact_support import private_databases
 from sqlalchemy import Engine
 
 from sqla_queue import admin
@@ -27,7 +27,7 @@ from sqla_queue.testing import TemplateDatabases
 pytest_plugins = ["pytester"]
 
 # Hypothesis profiles: "default" keeps each property test, and the model-based test
-# (tests/test_model.py), to seconds; "long" (SQLA_QUEUE_HYPOTHESIS_PROFILE=long, and the
+# (tests/system/test_model.py), to seconds; "long" (SQLA_QUEUE_HYPOTHESIS_PROFILE=long, and the
 # model's slow test in .ci/run) searches far longer. Examples of one test may share its
 # cloned database, hence the function-scoped fixture check off.
 _PROFILE = {
@@ -44,12 +44,12 @@ settings.load_profile(os.environ.get("SQLA_QUEUE_HYPOTHESIS_PROFILE", "default")
 # harness 6 min, the README 4 min, the demo, packaging and alembic tests 1-2 min each); then
 # the other slow tests; the rest keep their order (a stable sort).
 STARTS_FIRST = (
-    "tests/test_model.py::test_queue_model_long",
-    "tests/test_benchmarks_smoke.py::test_harness_writes_every_scenario_at_tiny_sizes",
-    "tests/test_doc_snippets.py::test_page_runs_as_written",
-    "tests/test_demo.py::",
-    "tests/test_packaging.py::",
-    "tests/test_alembic_app.py::",
+    "tests/system/test_model.py::test_queue_model_long",
+    "tests/system/test_benchmarks_smoke.py::test_harness_writes_every_scenario_at_tiny_sizes",
+    "tests/system/test_doc_snippets.py::test_page_runs_as_written",
+    "tests/system/test_demo.py::",
+    "tests/system/test_packaging.py::",
+    "tests/db/test_alembic_app.py::",
 )
 
 
@@ -105,14 +105,15 @@ def emails_queue(engine: Engine) -> str:
 
 @pytest.fixture(autouse=True)
 def _dispose_handler_engines() -> Iterator[None]:
-    """Close the engines the test apps' handlers opened (tests/apps/support.py) after each test."""
+    """Close the engines the test apps' handlers opened (tests/helpers/support.py) after each
+    test."""
     yield
     dispose_engines()
 
 
 @pytest.fixture
 def fault_db(database_url: str) -> Iterator[FaultDatabase]:
-    """The test's own database with the fault apps' record tables (tests/fault_kit.py)."""
+    """The test's own database with the fault apps' record tables (tests/helpers/fault_kit.py)."""
     db = FaultDatabase(database_url)
     yield db
     db.close()
@@ -124,7 +125,10 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def start(
-        url: str, *options: str, app: str = "fault_app:registry", app_dsn: str | None = None
+        url: str,
+        *options: str,
+        app: str = "helpers.apps.fault_app:registry",
+        app_dsn: str | None = None,
     ) -> WorkerProcess:
         """A worker on `url`; its handlers record through `app_dsn` (default: the same URL)."""
         log_path = tmp_path / f"worker-{len(started)}.log"
@@ -151,7 +155,7 @@ def cluster() -> Iterator[PrivateCluster]:
 @pytest.fixture
 def private_url() -> Iterator[str]:
     """A fresh migrated database of this test's own, on the session's private cluster
-    (tests/multixact_support.py: MultiXact counts and wait events are cluster-wide)."""
+    (tests/helpers/multixact_support.py: MultiXact counts and wait events are cluster-wide)."""
     dbs = private_databases()
     url = dbs.clone()
     yield url

@@ -7,7 +7,7 @@
 # template. The tests mostly wait on sleeps, subprocesses and the server, so more workers than
 # cores pay: SQLA_QUEUE_TEST_WORKERS sets how many (default 4; "auto" is one per core).
 # No --dist loadgroup: with pytest 9.2 it silently stops grouping (pytest-xdist issue 1386);
-# a test that must not overlap another takes a file lock (see tests/test_packaging.py).
+# a test that must not overlap another takes a file lock (see tests/system/test_packaging.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 marker=(-m "not slow")

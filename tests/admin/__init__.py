@@ -1,0 +1,1 @@
+"""The admin API (sqla_queue.admin): jobs, queues, actions by filter."""

@@ -1,0 +1,1 @@
+"""The outbox relay and broker workers (sqla_queue.brokers), and routed queues."""

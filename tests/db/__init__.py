@@ -1,0 +1,3 @@
+"""The database layer (sqla_queue.db): migrations, Alembic, URLs, the schema, the claim's plan,
+MultiXacts.
+"""

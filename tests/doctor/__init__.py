@@ -1,0 +1,1 @@
+"""`sqla-queue doctor` (sqla_queue.doctor)."""

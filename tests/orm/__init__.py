@@ -1,0 +1,1 @@
+"""The ORM helpers (sqla_queue.orm): jobs about rows, on_change rules."""

@@ -1,0 +1,1 @@
+"""sqla_queue.testing and its pytest plugin."""

@@ -1,0 +1,148 @@
+"""Queue limits with real worker processes: the limit holds across all of them.
+
+Slow: each drains hundreds of jobs through six `sqla-queue worker` processes. The drain
+rate is printed (speed is for benchmarks/limits.py); what is asserted is that the limit
+was never exceeded and every job ran once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from helpers.support import (
+    count_where,
+    create_task_log,
+    enqueue_jobs,
+    start_worker_process,
+    wait_for,
+)
+from sqlalchemy import Engine, text
+
+from sqla_queue import admin
+
+WORKERS = 6
+
+
+def start_logs(engine: Engine) -> list[tuple[int, float]]:
+    """(job id, handler start as epoch seconds) of every attempt the handlers recorded."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT job_id, extract(epoch FROM at) FROM public.task_log ORDER BY at")
+        ).all()
+    return [(int(job_id), float(at)) for job_id, at in rows]
+
+
+def run_workers(
+    database_url: str, engine: Engine, queue: str, enqueue: Callable[[], list[int]]
+) -> list[int]:
+    """Six workers at -c 8; once all are up, `enqueue` (a handler's first start is not
+    delayed by its process still starting); then SIGTERM (clean stop) once the queue is
+    empty. Returns the ids enqueued."""
+    processes = [start_worker_process(database_url, "-q", queue, "-c", "8") for _ in range(WORKERS)]
+    try:
+        wait_for(lambda: count_rows(engine, "sqla_queue.workers") == WORKERS, timeout=60)
+        ids = enqueue()
+        wait_for(lambda: count_where(engine, f"queue = '{queue}'") == 0, timeout=120, interval=0.2)
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        outputs = [process.communicate(timeout=30) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, stderr
+        assert "Traceback" not in stderr
+    return ids
+
+
+def count_rows(engine: Engine, table: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(text(f"SELECT count(*) FROM {table}")))
+
+
+@pytest.mark.slow
+def test_six_workers_at_c8_never_run_more_than_the_queue_concurrency(
+    database_url: str, engine: Engine
+) -> None:
+    limit, jobs, seconds = 3, 500, 0.05
+    create_task_log(engine)
+    with engine.begin() as conn:
+        admin.create_queue(conn, "limited")
+        admin.set_max_running(conn, "limited", limit)
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with engine.connect() as conn:
+            while not stop.is_set():
+                samples.append(
+                    int(
+                        conn.scalar(
+                            text(
+                                "SELECT count(*) FROM sqla_queue.jobs "
+                                "WHERE queue = 'limited' AND status = 'running'"
+                            )
+                        )
+                    )
+                )
+                conn.rollback()
+                time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        ids = run_workers(
+            database_url,
+            engine,
+            "limited",
+            lambda: enqueue_jobs(engine, "stamp", jobs, queue="limited", args={"seconds": seconds}),
+        )
+    finally:
+        stop.set()
+        sampler.join(10)
+
+    log = start_logs(engine)
+    assert Counter(job_id for job_id, _ in log) == Counter(ids), "every job ran exactly once"
+    assert len(samples) > 200, "the running rows were sampled many times"
+    assert max(samples) <= limit, Counter(samples)
+    assert max(samples) == limit, "the limit was reached (the workers did contend)"
+    # Handler starts: in no instant more than `limit` jobs began within one job's length.
+    starts = sorted(at for _, at in log)
+    elapsed = starts[-1] - starts[0] + seconds
+    ideal = jobs * seconds / limit
+    print(
+        f"\ndrained {jobs} jobs of {seconds * 1000:.0f} ms at concurrency {limit} in "
+        f"{elapsed:.2f} s: {ideal / elapsed:.2f}x of {limit} jobs per {seconds * 1000:.0f} ms"
+    )
+    assert ideal / elapsed > 0.3, "far slower than the limit allows"
+
+
+@pytest.mark.slow
+def test_a_rate_limited_queue_starts_no_more_than_its_rate_in_any_window(
+    database_url: str, engine: Engine
+) -> None:
+    rate, window, jobs = 10, 1.0, 45
+    create_task_log(engine)
+    with engine.begin() as conn:
+        admin.create_queue(conn, "api")
+        admin.set_rate(conn, "api", (rate, window))
+    ids = run_workers(
+        database_url, engine, "api", lambda: enqueue_jobs(engine, "stamp", jobs, queue="api")
+    )
+
+    log = start_logs(engine)
+    assert sorted(job_id for job_id, _ in log) == sorted(ids)
+    starts = sorted(at for _, at in log)
+    # Every window of `window` seconds that begins at a start holds at most `rate` starts
+    # (a handler starts a few ms after its claim, so the windows are measured a little short).
+    busiest = max(
+        sum(1 for other in starts[i:] if other < begin + window - 0.02)
+        for i, begin in enumerate(starts)
+    )
+    assert busiest <= rate, busiest
+    span = starts[-1] - starts[0]
+    print(f"\n{jobs} starts at {rate}/{window:g}s took {span:.2f} s; busiest window {busiest}")
+    assert span >= (jobs // rate - 1) * window * 0.9, "the windows really held jobs back"
