@@ -75,6 +75,8 @@ ABOUT = "orders:7"
 SEQUENCE = "s-1"
 KEY = "meet-key"
 TIMEOUT = 0.3
+OVERRUN_TIMEOUT = 3.0
+"""The timeout of a handler the test cancels while it runs, then lets overrun."""
 DEADLINE = 120.0
 """Seconds after which a wait fails the test instead of hanging it (generous: a loaded machine)."""
 LATER = RetryPolicy(base=600, jitter=0)
@@ -823,10 +825,15 @@ def test_a_job_cancelled_while_it_runs_past_its_timeout_stays_cancelled(engine: 
     started = threading.Event()
     registry = Registry()
 
-    @registry.task(name="slow", timeout=TIMEOUT, retry=LATER, keep_result=True)
+    cancelled = threading.Event()
+
+    # A timeout the cancel comes well within on a loaded machine (at 0.3 s the timeout's
+    # retry came first under load), and a handler that runs past it whatever the load.
+    @registry.task(name="slow", timeout=OVERRUN_TIMEOUT, retry=LATER, keep_result=True)
     def slow() -> str:
         started.set()
-        time.sleep(TIMEOUT * 4)
+        cancelled.wait(DEADLINE)
+        time.sleep(OVERRUN_TIMEOUT)
         return "late"
 
     with engine.begin() as conn:
@@ -837,6 +844,7 @@ def test_a_job_cancelled_while_it_runs_past_its_timeout_stays_cancelled(engine: 
         assert started.wait(DEADLINE)
         with engine.begin() as conn:
             assert admin.cancel_jobs(conn, [job_id]) == {job_id: "running"}
+        cancelled.set()
     job = jobs_by_id(engine)[job_id]
     assert (job.status, job.result) == ("cancelled", None)  # neither retried nor a result kept
     with pytest.raises(JobFailedError, match="ended cancelled"):

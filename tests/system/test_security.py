@@ -239,7 +239,7 @@ def test_worker_runs_every_path_with_only_the_documented_privileges(
     # The handlers (application code) record through the application's own connection.
     worker = workers(worker_role.url, "--lease", "1", "-c", "2", app_dsn=fault_db.dsn)
     # the unknown task's job is put back for a worker that knows it (status queued)
-    wait_until(lambda: fault_db.unfinished() == 1, 30, what="every other job to finish")
+    wait_until(lambda: fault_db.unfinished() == 1, 120, what="every other job to finish")
     wait_until(
         lambda: fault_db.value(
             "SELECT count(*) FROM sqla_queue.jobs WHERE status = 'queued' AND attempts = 0 "

@@ -258,7 +258,7 @@ def test_a_handler_that_does_not_return_is_reported_by_doctor_metrics_and_the_lo
     try:
         with runner:
             finding = wait_for(
-                lambda: (f := workers_finding(engine)).severity is Severity.warn and f, timeout=10
+                lambda: (f := workers_finding(engine)).severity is Severity.warn and f, timeout=60
             )
             worker_id = runner.worker.config.worker_id
             assert f"job {job_id} of task hangs has overrun its timeout by" in finding.value
