@@ -140,6 +140,19 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
     expect(page.locator("h1 .status")).to_have_text("done")
 
 
+def _drawn_heights(bars: Any) -> list[float]:
+    """The rendered heights of `bars`, once every one is drawn (within 30 s, else the last
+    reading): the table is swapped in anew every half second, and under load a reading can
+    fall on rows not yet laid out, all 0 (seen beside CPU hogs, never alone)."""
+    script = "rs => rs.map(r => r.getBoundingClientRect().height)"
+    deadline = time.monotonic() + 30
+    heights: list[float] = bars.evaluate_all(script)
+    while (not heights or min(heights) <= 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        heights = bars.evaluate_all(script)
+    return heights
+
+
 def test_the_queues_page_charts_the_last_hour_and_day(engine: Engine, page: Any) -> None:
     expect = playwright_api.expect
     make_queues(engine)
@@ -171,10 +184,9 @@ def test_the_queues_page_charts_the_last_hour_and_day(engine: Engine, page: Any)
     for queue, minutes in (("mail", 12), ("images", 30)):
         bars = page.locator(f'tr[data-queue="{queue}"] td.chart-hour svg.chart rect.ok')
         expect(bars).to_have_count(minutes)
-        heights = bars.evaluate_all("rs => rs.map(r => r.getBoundingClientRect().height)")
-        assert min(heights) > 0, heights  # drawn, not just present
+        assert min(_drawn_heights(bars)) > 0  # drawn, not just present
         day = page.locator(f'tr[data-queue="{queue}"] td.chart-day svg.chart rect.ok')
-        day_heights = day.evaluate_all("rs => rs.map(r => r.getBoundingClientRect().height)")
+        day_heights = _drawn_heights(day)
         assert 6 <= len(day_heights) <= 7
         assert min(day_heights) > 0
     failed = int(page.locator('tr[data-queue="images"] .count-failed').inner_text())
