@@ -12,11 +12,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sqla_queue.db.database import normalize_url
-from sqla_queue.db.models import ArchivedJob, Job, Queue, QueueBase, Retention
+from sqla_queue.db.models import ArchivedJob, HistoryJob, Job, Queue, QueueBase, Retention
 from sqla_queue.enqueue import EnqueuedIds, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from sqla_queue.enqueue.hooks import default_registry, set_default_registry
 from sqla_queue.enqueue.inserts.links import Dependency
 from sqla_queue.enqueue.results import wait_for, wait_for_async
+from sqla_queue.enqueue.signals import signal, signal_async
 from sqla_queue.enqueue.workflows import Signature, WorkflowHandle, chain, chord, group, signature
 from sqla_queue.errors import (
     AppLoadError,
@@ -28,16 +29,23 @@ from sqla_queue.errors import (
     JobFailedError,
     JobLostError,
     JobTimeoutError,
+    MigrationBlockedError,
+    OlderWorkersError,
     OrphanJobsError,
     ResultMissingError,
     ResultTimeoutError,
     SchemaElsewhereError,
     SchemaMissingError,
     SchemaUnknownError,
+    SignalTimeout,
+    Sleeping,
     Snooze,
     SqlaQueueError,
+    StepResultError,
+    Suspended,
     UnknownQueueError,
     UnknownTaskError,
+    WaitingForSignal,
 )
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.middleware import Middleware
@@ -71,6 +79,7 @@ __all__ = [
     "Dependency",
     "DependencyError",
     "EnqueuedIds",
+    "HistoryJob",
     "InsertHook",
     "InvalidJobError",
     "Job",
@@ -82,7 +91,9 @@ __all__ = [
     "JobStatus",
     "JobTimeoutError",
     "Middleware",
+    "MigrationBlockedError",
     "NewJob",
+    "OlderWorkersError",
     "OrphanJobsError",
     "Outcome",
     "OutcomeKind",
@@ -96,13 +107,18 @@ __all__ = [
     "SchemaElsewhereError",
     "SchemaMissingError",
     "SchemaUnknownError",
+    "SignalTimeout",
     "Signature",
+    "Sleeping",
     "Snooze",
     "SqlaQueueError",
+    "StepResultError",
+    "Suspended",
     "Task",
     "Unique",
     "UnknownQueueError",
     "UnknownTaskError",
+    "WaitingForSignal",
     "Worker",
     "WorkerConfig",
     "WorkerStats",
@@ -119,6 +135,8 @@ __all__ = [
     "load_registry",
     "normalize_url",
     "set_default_registry",
+    "signal",
+    "signal_async",
     "signature",
     "wait_for",
     "wait_for_async",

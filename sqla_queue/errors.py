@@ -32,6 +32,14 @@ class SchemaElsewhereError(SqlaQueueError):
     """The sqla_queue schema is already there (revision {found}) but sqla-queue migrate did not record it: {fix}."""  # noqa: E501
 
 
+class MigrationBlockedError(SqlaQueueError):
+    """The revision after {after} did not get its lock in {tries} tries of {timeout:g} s each (lock_timeout): {holder}. End that transaction (or wait for a quieter moment) and run `sqla-queue migrate` again; it resumes there."""  # noqa: E501
+
+
+class OlderWorkersError(SqlaQueueError):
+    """Refusing contract revision(s) {revisions}: they remove what code built for an earlier revision uses, and these live workers are older: {workers}. Upgrade or stop them first (deploy the new code, then migrate), or pass --force."""  # noqa: E501
+
+
 class UnknownQueueError(SqlaQueueError):
     """Queue {queue!r} does not exist. Create it with `sqla-queue queues create {queue}` or `sqla_queue.admin.jobs.create_queue(session, {queue!r})`."""  # noqa: E501
 
@@ -76,6 +84,10 @@ class UnknownTaskError(InvalidJobError):
 
 class AppLoadError(SqlaQueueError):
     """Cannot load the task registry {path!r}: {detail}"""
+
+    raised: BaseException | None = None
+    """The exception the application's module raised while it was imported (None: it was
+    not found, or is not a registry): the CLI prints its traceback, file and line."""
 
 
 class JobTimeoutError(SqlaQueueError):
@@ -139,6 +151,70 @@ class Snooze(Exception):
         return f"{text}: {self.reason}" if self.reason else text
 
 
+class StepResultError(SqlaQueueError, ValueError):
+    """Step {step!r} of job {job_id} ran, but its result cannot be recorded: {detail}"""
+
+
+class Suspended(BaseException):
+    """A durable job's run ends here and the job is parked, holding no worker, queue or
+    partition slot and spending no attempt: raised by `ctx.sleep` (`Sleeping`) and by
+    `ctx.wait_for_signal` (`WaitingForSignal`). A `BaseException`, as
+    `asyncio.CancelledError` is, so a handler's own `except Exception` cannot swallow it;
+    a handler that catches it all the same (`except BaseException`) still ends parked: the
+    run's outcome is the park, whatever the handler does after."""
+
+
+class Sleeping(Suspended):
+    """Raised by `ctx.sleep` and `ctx.sleep_until`: ends this run of the job, which is
+    parked (status `waiting`, no slot held) until the sleep's end and then runs again, its
+    finished steps replayed, not run, without spending an attempt."""
+
+    def __init__(self, seconds: float, until: str, name: str) -> None:
+        self.seconds = min(max(float(seconds), 0.0), MAX_SNOOZE.total_seconds())
+        """Seconds to the sleep's end (by the database clock), when it was read."""
+        self.until = until
+        self.name = name
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """The run's outcome: which sleep, and until when."""
+        return f"sleeping until {self.until} (sleep {self.name!r})"
+
+
+class SignalTimeout(SqlaQueueError, TimeoutError):
+    """No signal {key!r} came before the wait's deadline ({deadline}): catch it in the handler to do what the timeout means (a reminder, a cancel of the order)."""  # noqa: E501
+
+    def __init__(self, message: str | None = None, *, key: str, deadline: object) -> None:
+        self.key = key
+        self.deadline = deadline
+        super().__init__(message, key=key, deadline=deadline)
+
+
+class WaitingForSignal(Suspended):
+    """Raised by `ctx.wait_for_signal` once it has parked the job (status `waiting`, no slot
+    held, no attempt spent): ends this run; the job runs again when the signal comes or the
+    wait times out. A `Suspended`: a handler's own `except Exception` does not swallow it,
+    and a handler that swallows it all the same still ends parked (the worker writes
+    nothing for it)."""
+
+    def __init__(self, key: str, deadline: object, retry_in: float | None = None) -> None:
+        self.key = key
+        self.deadline = deadline
+        self.retry_in = retry_in
+        """Seconds until the job runs again when it could not park (a sender's transaction
+        on the key was open), its attempt refunded; None once parked."""
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """The outcome's reason: the key and until when."""
+        if self.retry_in is not None:
+            return (
+                f"signal {self.key!r} is being sent in an open transaction: "
+                f"runs again in {self.retry_in:g} s"
+            )
+        return f"waiting for signal {self.key!r} until {self.deadline}"
+
+
 __all__ = [
     "AppLoadError",
     "ConfigurationError",
@@ -155,8 +231,13 @@ __all__ = [
     "SchemaElsewhereError",
     "SchemaMissingError",
     "SchemaUnknownError",
+    "SignalTimeout",
+    "Sleeping",
     "Snooze",
     "SqlaQueueError",
+    "StepResultError",
+    "Suspended",
     "UnknownQueueError",
     "UnknownTaskError",
+    "WaitingForSignal",
 ]

@@ -13,9 +13,19 @@ import sysconfig
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    TypeVar,
+    cast,
+    overload,
+)
 
-from sqla_queue.db.models import validate_tags_and_meta
+from sqla_queue.db.models import DEFAULT_QUEUE, Retention, validate_tags_and_meta
 from sqla_queue.enqueue import install_listeners
 from sqla_queue.enqueue.workflows import Signature
 from sqla_queue.errors import (
@@ -23,6 +33,7 @@ from sqla_queue.errors import (
     ConfigurationError,
     InvalidJobError,
 )
+from sqla_queue.job.arguments import ArgsAdapter, RowsRefused, rows_refused
 from sqla_queue.job.lifecycle import LifecycleHooks
 from sqla_queue.job.middleware import Middleware
 from sqla_queue.job.options import (
@@ -36,7 +47,7 @@ from sqla_queue.job.options import (
 from sqla_queue.job.retry import DEFAULT_RETRY, RetryPolicy
 from sqla_queue.job.schedule import Schedule
 from sqla_queue.job.unique import Unique, resolve_unique
-from sqla_queue.job.validation import check_duration, check_fields, invalid_job
+from sqla_queue.job.validation import check_duration, check_fields, invalid_job, validate_name
 from sqla_queue.orm.on_change import (
     MISSING,
     ChangeRules,
@@ -44,18 +55,25 @@ from sqla_queue.orm.on_change import (
     check_default_args,
     check_rule,
 )
+from sqla_queue.orm.row_args import DEFAULT_ROW_POLICY, RowPolicy, load_rows
 
 MIN_LEASE = 1.0
 """The shortest lease a worker or a task may have: heartbeats must fit well within it."""
 
 H = TypeVar("H", bound=Callable[..., Any])
+P = ParamSpec("P")
+"""A task's handler parameters (its `JobContext` left out): what `Task.defer` takes."""
+R = TypeVar("R")
+"""What a task's handler returns."""
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import Session
     from typing_extensions import Unpack
 
     from sqla_queue.db.models import Job
+    from sqla_queue.job.context import JobContext
     from sqla_queue.job.new_job import InsertHook
 
 
@@ -74,6 +92,8 @@ class _HandlerSignature:
         self.simple = (not pass_context or self.context_name is not None) and all(
             p.kind is not inspect.Parameter.POSITIONAL_ONLY for p in params
         )
+        self.call_signature = signature.replace(parameters=params)
+        """The parameters the job's args fill (the `JobContext` left out)."""
         named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         self.accepted = frozenset(p.name for p in named)
         self.required = frozenset(p.name for p in named if p.default is p.empty)
@@ -110,8 +130,13 @@ class _HandlerSignature:
 
 
 @dataclass
-class Task:
-    """A registered handler and its options. Calling it calls the function directly."""
+class Task(Generic[P, R]):
+    """A registered handler and its options. Calling it calls the function directly.
+
+    `task.defer(session, order_id=1)` enqueues a job with the handler's own parameters,
+    which mypy and pyright check (`Task` is generic in them); `task.using(delay=60)` sets
+    the job's options apart; `task.enqueue(session, {...})` is the dict form.
+    """
 
     func: Callable[..., Any]
     name: str
@@ -126,6 +151,8 @@ class Task:
     """Seconds this task's jobs may go without a heartbeat; None: the worker's lease."""
     keep_result: bool = False
     """Store what the handler returns (JSON) with the job, for `sqla_queue.wait_for`."""
+    rows: RowPolicy = DEFAULT_ROW_POLICY
+    """What its ORM row arguments do when a row is gone, changed or locked."""
     is_async: bool = field(init=False)
     registry: Registry | None = field(default=None, repr=False, compare=False)
     """The registry it was registered in: its hooks apply to this task's `.enqueue`."""
@@ -136,8 +163,8 @@ class Task:
             inspect.unwrap(self.func)
         )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.func(*args, **kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return cast("R", self.func(*args, **kwargs))
 
     @property
     def queue(self) -> str | None:
@@ -170,6 +197,78 @@ class Task:
             return _HandlerSignature(signature, self.pass_context)
         except (TypeError, ValueError):
             return None
+
+    @functools.cached_property
+    def _adapter(self) -> ArgsAdapter | None:
+        """The converters of its annotated parameters (`sqla_queue.job.arguments`), built
+        once; None when Python cannot tell its signature."""
+        signature = self._signature
+        if signature is None:
+            return None
+        return ArgsAdapter(self.func, signature.call_signature.parameters)
+
+    def encode_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """`args` as the JSON the job keeps: each parameter annotated with a type JSON does
+        not hold (`datetime`, `UUID`, a dataclass, ...) validated and converted; a value
+        that does not fit is refused (`InvalidJobError` naming the parameter)."""
+        adapter = self._adapter
+        if adapter is not None and adapter.refused is not None:
+            raise self._too_many_rows(adapter.refused)
+        if adapter is None or not adapter.converters:  # nothing to convert: no copy either
+            return args if isinstance(args, dict) else dict(args)
+        encoded, why = adapter.encode(args)
+        if why is not None:
+            raise InvalidJobError(task=self.name, detail=f"{why}; nothing was enqueued")
+        return encoded
+
+    def decode_args(self, args: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+        """The handler's keyword arguments rebuilt from a job's stored `args`, or (args, why
+        they no longer fit its annotations: the job fails at once, as no retry helps)."""
+        adapter = self._adapter
+        if adapter is not None and adapter.refused is not None:  # no retry can change that
+            handler = getattr(self.func, "__qualname__", self.name)
+            return args, f"the handler {handler} cannot be a task's: {adapter.refused}"
+        if adapter is None or not adapter.converters:
+            return args, None
+        decoded, why = adapter.decode(args)
+        if why is None:
+            return decoded, None
+        handler = getattr(self.func, "__qualname__", self.name)
+        return args, f"its stored args no longer fit the handler {handler}: {why}"
+
+    def _too_many_rows(self, why: str) -> ConfigurationError:
+        handler = getattr(self.func, "__qualname__", self.name)
+        return ConfigurationError(detail=f"task {self.name!r} (the handler {handler}): {why}")
+
+    def check_rows(self) -> None:
+        """Raise `ConfigurationError` if the handler takes more than one ORM row (see
+        `sqla_queue.job.arguments.ONE_ROW`) or a row inside another type (`list[Order]`,
+        `Order | Customer`), when its annotations can be resolved now (else
+        its first enqueue refuses it, and a worker fails its jobs without loading a row)."""
+        signature = self._signature
+        if signature is None:
+            return
+        why = rows_refused(self.func, signature.call_signature.parameters)
+        if why is not None:
+            raise self._too_many_rows(why)
+
+    def load_rows(
+        self, ctx: JobContext, args: Mapping[str, Any]
+    ) -> tuple[Mapping[str, Any], RowsRefused | None]:
+        """Its ORM row arguments loaded before the call, by its row policy (`self.rows`,
+        `sqla_queue.orm.row_args.load_rows`); `args` as they are when it takes none."""
+        adapter = self._adapter
+        if adapter is None or not adapter.rows:
+            return args, None
+        return load_rows(ctx, args, adapter.rows, self.rows)
+
+    def row_about(self, args: Mapping[str, Any]) -> str | None:
+        """The `about` of a job with these encoded args: its row argument's `<table>:<key>`
+        (None: it has none)."""
+        adapter = self._adapter
+        if adapter is None or not adapter.rows:
+            return None
+        return adapter.about(args)
 
     def check_args(self, args: Mapping[str, Any]) -> None:
         """Raise `InvalidJobError` unless the handler takes `args` as its keyword arguments
@@ -259,11 +358,133 @@ class Task:
 
         return await session.run_sync(write)
 
+    # -- the typed call -------------------------------------------------------------------
+
+    def using(
+        self, *, options: JobOptions | None = None, **fields: Unpack[JobOptionFields]
+    ) -> TaskCall[P, R]:
+        """This task with the options of one call (`delay`, `queue`, `unique=False`,
+        `expires_in`, ...), set apart from the handler's arguments: `.defer(session, ...)`,
+        `.defer_async(...)` or `.row(...)` then enqueues with them, over the task's defaults."""
+        call = options_from(f"{self.name}.using()", options, fields, invalid_job(self.name))
+        return TaskCall(self, call)
+
+    @overload
+    def defer(self, session: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int: ...
+
+    @overload
+    def defer(self, session: Session, /, *args: P.args, **kwargs: P.kwargs) -> Job: ...
+
+    def defer(
+        self, session: Session | Connection, /, *args: P.args, **kwargs: P.kwargs
+    ) -> Job | int:
+        """Enqueue a job of this task in `session`'s transaction, its args given as the
+        handler's own parameters (checked by the type checker, then here: values of
+        annotated types are validated and converted). A `Session` gives the `Job` (its id
+        set at flush), a Core `Connection` the new job's id. Options: `task.using(...)`."""
+        return TaskCall(self, NO_OPTIONS).defer(session, *args, **kwargs)
+
+    async def defer_async(self, session: AsyncSession, /, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """`defer` for an `AsyncSession` (run in its sync session: `unique` works too)."""
+        return await TaskCall(self, NO_OPTIONS).defer_async(session, *args, **kwargs)
+
+    def row(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        """One row for `enqueue_many(session, rows)`: this task, these args (checked as
+        `defer` checks them) and the task's default options."""
+        return TaskCall(self, NO_OPTIONS).row(*args, **kwargs)
+
+    def bind_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A typed call's arguments as the job's args by parameter name (positional ones
+        named by the handler's signature)."""
+        if not args:
+            return kwargs
+        signature = self._signature
+        if signature is None:
+            raise InvalidJobError(
+                task=self.name, detail="its handler's signature is unknown: pass keywords"
+            )
+        try:
+            bound = signature.call_signature.bind_partial(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidJobError(task=self.name, detail=str(exc)) from None
+        return dict(bound.arguments)
+
     def s(self, **args: Any) -> Signature:
         """A signature of this task with these args (its handler's keyword arguments), for
         `chain`, `group` and `chord` (`sqla_queue.enqueue.workflows`); `.set(queue=..., ...)` gives
         it options. Args the handler does not take are refused here."""
         return Signature(self, args)
+
+
+@dataclass(frozen=True)
+class TaskCall(Generic[P, R]):
+    """A task with the options of one call (`Task.using(...)`): `defer`, `defer_async`,
+    `row` enqueue with them, the task's defaults applying where they say nothing."""
+
+    task: Task[P, R]
+    options: JobOptions
+
+    @overload
+    def defer(self, session: Connection, /, *args: P.args, **kwargs: P.kwargs) -> int: ...
+
+    @overload
+    def defer(self, session: Session, /, *args: P.args, **kwargs: P.kwargs) -> Job: ...
+
+    def defer(
+        self, session: Session | Connection, /, *args: P.args, **kwargs: P.kwargs
+    ) -> Job | int:
+        """`Task.defer` with these options."""
+        from sqla_queue.enqueue import enqueue_job
+
+        task = self.task
+        values = task.bind_args(args, kwargs)
+        options, registry = self.options, task.registry
+        return enqueue_job(
+            session, task.name, values, options, False, registry, task.options, "defer()"
+        )
+
+    async def defer_async(self, session: AsyncSession, /, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """`Task.defer_async` with these options."""
+        from sqla_queue.enqueue import check_async_session, enqueue_job
+
+        check_async_session(session, "defer_async()")
+        task = self.task
+        values = task.bind_args(args, kwargs)
+
+        def write(sync_session: Session) -> Job:
+            job = enqueue_job(
+                sync_session, task.name, values, self.options, False, task.registry, task.options
+            )
+            return cast("Job", job)
+
+        return await session.run_sync(write)
+
+    def row(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        """`Task.row` with these options."""
+        task = self.task
+        values = task.bind_args(args, kwargs)
+        task.check_args(values)
+        row = self.options.over(task.options).given()
+        encoded = task.encode_args(values)
+        row.update(task=task.name, args=encoded)
+        if row.get("about") is None:  # a row argument's job is about it, registry or not
+            about = task.row_about(encoded)
+            if about is not None:
+                row["about"] = about
+        return row
+
+
+@dataclass(frozen=True)
+class QueueDeclaration:
+    """A queue declared in code (`Registry.declare_queue`), with the settings it is created
+    with by `sqla-queue queues sync --app ... --yes` and by the pytest plugin (a queue that
+    exists already is left as it is)."""
+
+    name: str
+    retention: str = Retention.delete.value
+    """What happens to its succeeded jobs: delete, keep or archive."""
+    max_running: int | None = None
+    """At most this many of its jobs run at once, across all workers (None: no limit)."""
 
 
 class Registry:
@@ -303,7 +524,9 @@ class Registry:
             )
         self.include: list[str] = modules
         """The modules `load_included` imports: they register tasks in this registry."""
-        self._tasks: dict[str, Task] = {}
+        self._tasks: dict[str, Task[Any, Any]] = {}
+        self.declared_queues: dict[str, QueueDeclaration] = {}
+        """The queues declared with `declare_queue`, by name, with their settings."""
         self.insert_hooks: list[InsertHook] = list(insert_hooks)
         self.middleware: list[Middleware] = list(middleware)
         self.resources: dict[str, Any] = dict(resources or {})
@@ -344,7 +567,7 @@ class Registry:
         return hook
 
     @overload
-    def task(self, func: Callable[..., Any], /) -> Task: ...
+    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
 
     @overload
     def task(
@@ -355,13 +578,56 @@ class Registry:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
-        pass_context: bool = False,
+        pass_context: Literal[False] = False,
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
         keep_result: bool = False,
+        missing: Literal["cancel", "none"] = "cancel",
+        changed: Literal["run", "skip", "latest"] = "run",
+        for_update: bool = False,
         options: JobOptions | None = None,
         **fields: Unpack[JobOptionFields],
-    ) -> Callable[[Callable[..., Any]], Task]: ...
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        pass_context: Literal[True],
+        middleware: Sequence[Middleware] = (),
+        lease: float | None = None,
+        keep_result: bool = False,
+        missing: Literal["cancel", "none"] = "cancel",
+        changed: Literal["run", "skip", "latest"] = "run",
+        for_update: bool = False,
+        options: JobOptions | None = None,
+        **fields: Unpack[JobOptionFields],
+    ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        pass_context: bool,
+        middleware: Sequence[Middleware] = (),
+        lease: float | None = None,
+        keep_result: bool = False,
+        missing: Literal["cancel", "none"] = "cancel",
+        changed: Literal["run", "skip", "latest"] = "run",
+        for_update: bool = False,
+        options: JobOptions | None = None,
+        **fields: Unpack[JobOptionFields],
+    ) -> Callable[[Callable[..., R]], Task[..., R]]: ...
 
     def task(
         self,
@@ -375,9 +641,12 @@ class Registry:
         middleware: Sequence[Middleware] = (),
         lease: float | None = None,
         keep_result: bool = False,
+        missing: Literal["cancel", "none"] = "cancel",
+        changed: Literal["run", "skip", "latest"] = "run",
+        for_update: bool = False,
         options: JobOptions | None = None,
         **fields: Unpack[JobOptionFields],
-    ) -> Task | Callable[[Callable[..., Any]], Task]:
+    ) -> Task[Any, Any] | Callable[[Callable[..., Any]], Task[Any, Any]]:
         """Register a sync or async function as a task.
 
         The name defaults to `module.function`. Its jobs' default options, as keywords or
@@ -390,8 +659,13 @@ class Registry:
         is reaped (at least 1), and `keep_result`: store what the handler returns
         (JSON-serialisable) with the job, for `sqla_queue.wait_for`; in a queue that deletes
         its jobs the row then stays `done` for the queue's `result_ttl` (a day unless
-        `sqla-queue queues set --result-ttl`).
+        `sqla-queue queues set --result-ttl`). For a handler taking ORM rows (`order: Order`):
+        `missing` ("cancel" or "none": a row gone before the run), `changed` ("run", "skip"
+        or "latest": a row whose `version_id_col` moved since enqueue) and `for_update`
+        (lock the rows, `SKIP LOCKED`: the job snoozes while another transaction holds one);
+        see `sqla_queue.orm.row_args`.
         """
+        rows = RowPolicy(missing, changed, for_update)
         defaults = _task_defaults(options_from("task()", options, fields, _misconfigured))
         if timeout is not None and (timeout := check_duration("timeout", timeout)) <= 0:
             raise ConfigurationError(detail=f"timeout must be positive, got {timeout}")
@@ -403,11 +677,11 @@ class Registry:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(detail=f"retry must be a RetryPolicy, got {retry!r}")
 
-        def register(f: Callable[..., Any]) -> Task:
+        def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or f"{f.__module__}.{f.__qualname__}"
             if task_name in self._tasks and self._tasks[task_name].func is not f:
                 raise ConfigurationError(detail=f"task {task_name!r} is registered twice")
-            task = Task(
+            task: Task[Any, Any] = Task(
                 func=f,
                 name=task_name,
                 options=defaults,
@@ -418,7 +692,9 @@ class Registry:
                 middleware=tuple(middleware),
                 lease=lease,
                 keep_result=bool(keep_result),
+                rows=rows,
             )
+            task.check_rows()  # refused before it is registered: a job is about one row
             self._tasks[task_name] = task
             return task
 
@@ -433,7 +709,7 @@ class Registry:
         args: Mapping[str, Any] | None = None,
         catch_up: int | dt.timedelta = 1,
         **task_options: Any,
-    ) -> Callable[[Callable[..., Any]], Task]:
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a task (as `@registry.task(**task_options)`) that is enqueued on a schedule.
 
         `cron` (read by cronsim, in `timezone`) or `every` (seconds or a timedelta, aligned to
@@ -448,9 +724,9 @@ class Registry:
             isinstance(seconds, bool) or not isinstance(seconds, int | float)
         ):
             raise ConfigurationError(detail=f"every is seconds or a timedelta, got {every!r}")
-        register = self.task(**task_options)
+        register = cast("Callable[[Callable[P, R]], Task[P, R]]", self.task(**task_options))
 
-        def schedule(f: Callable[..., Any]) -> Task:
+        def schedule(f: Callable[P, R]) -> Task[P, R]:
             task_name = task_options.get("name") or f"{f.__module__}.{f.__qualname__}"
             plan = Schedule(
                 task_name,
@@ -463,6 +739,8 @@ class Registry:
             task = register(f)
             try:  # refused now, not at every look of the scheduler (which would stop them all)
                 task.check_args(plan.args)
+                # typed values (a date, a UUID, ...): kept as the jobs keep them
+                plan = dataclasses.replace(plan, args=task.encode_args(plan.args))
             except InvalidJobError as exc:
                 raise ConfigurationError(detail=f"periodic task {task.name!r}: {exc}") from exc
             self.schedules[task.name] = plan
@@ -478,7 +756,7 @@ class Registry:
         when: Callable[[Any], bool] | None = None,
         args: Callable[[Any], Mapping[str, Any]] | None = None,
         **task_options: Any,
-    ) -> Callable[[Callable[..., Any]], Task]:
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a task (as `@registry.task(**task_options)`) enqueued by the change that
         calls for it: each transaction that leaves a mapped object's attribute changed (an
         insert counts) and equal to `to` (and, with `from_`, that started equal to it; with
@@ -491,12 +769,14 @@ class Registry:
             def send_receipt(id: int) -> None: ...
         """
         cls = check_rule(attributes, to, from_, when, args)
-        register = self.task(**task_options)
+        register = cast("Callable[[Callable[P, R]], Task[P, R]]", self.task(**task_options))
 
-        def watch(f: Callable[..., Any]) -> Task:
+        def watch(f: Callable[P, R]) -> Task[P, R]:
             if args is None:  # refused before it is registered: every commit would fail
                 name = task_options.get("name") or f.__qualname__
-                probe = Task(f, name, pass_context=bool(task_options.get("pass_context")))
+                probe: Task[Any, Any] = Task(
+                    f, name, pass_context=bool(task_options.get("pass_context"))
+                )
                 check_default_args(probe, cls)
             task = register(f)
             add_rule(self.change_rules, task, attributes, to, from_, when, args)
@@ -512,11 +792,45 @@ class Registry:
         for module in self.include:
             _import_module(path or f"Registry(include={self.include!r})", module, include=True)
 
-    def get(self, name: str) -> Task | None:
+    def declare_queue(
+        self, name: str, *, retention: str = "delete", max_running: int | None = None
+    ) -> QueueDeclaration:
+        """Declare queue `name` with its settings (`retention`: delete, keep or archive;
+        `max_running`): `sqla-queue queues sync --app` and the pytest plugin create it so,
+        and a worker without -q serves it. A task naming it needs no declaration (it is
+        created with the default settings); declare it for its settings."""
+        validate_name("queue name", name, _misconfigured)
+        if retention not in {r.value for r in Retention}:
+            choices = ", ".join(r.value for r in Retention)
+            raise ConfigurationError(
+                detail=f"declare_queue({name!r}): retention is one of {choices}, got {retention!r}"
+            )
+        if max_running is not None and (
+            isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1
+        ):
+            raise ConfigurationError(
+                detail=f"declare_queue({name!r}): max_running is a positive int or None, "
+                f"got {max_running!r}"
+            )
+        declared = QueueDeclaration(name, retention, max_running)
+        self.declared_queues[name] = declared
+        return declared
+
+    def queue_names(self) -> list[str]:
+        """The queues its tasks name (a task without one: "default") and those it declares,
+        sorted: what `sqla-queue queues sync --app` creates and a worker without -q serves."""
+        names = {task.queue or DEFAULT_QUEUE for task in self._tasks.values()}
+        return sorted(names | self.declared_queues.keys())
+
+    def queue_declaration(self, name: str) -> QueueDeclaration:
+        """The settings queue `name` is created with: its declaration, else the defaults."""
+        return self.declared_queues.get(name) or QueueDeclaration(name)
+
+    def get(self, name: str) -> Task[Any, Any] | None:
         """The task registered under `name`, or None."""
         return self._tasks.get(name)
 
-    def __getitem__(self, name: str) -> Task:
+    def __getitem__(self, name: str) -> Task[Any, Any]:
         return self._tasks[name]
 
     def __contains__(self, name: object) -> bool:
@@ -541,6 +855,13 @@ def _task_defaults(options: JobOptions) -> JobOptions:
             detail="a task has no default run_at (it would be one instant for every job); "
             "give it a delay=, or pass run_at= to each enqueue"
         )
+    if options.expires_at is not None:
+        raise ConfigurationError(
+            detail="a task has no default expires_at (it would be one instant for every job); "
+            "give it an expires_in=, or pass expires_at= to each enqueue"
+        )
+    if options.expires_in is not None:
+        check_duration("expires_in", options.expires_in)
     priority = 0 if options.priority is None else options.priority
     check_fields(priority, None, column_values(options), _misconfigured)
     delay_interval(None, options.delay, _misconfigured)
@@ -584,13 +905,17 @@ def _import_module(path: str, module_name: str, include: bool = False) -> Any:
             missing = f"no module named {exc.name!r} (is it on PYTHONPATH? run from its folder)"
             detail = f"{which}: {missing}" if include else missing
             raise AppLoadError(path=path, detail=detail) from exc
-        raise AppLoadError(
-            path=path, detail=f"importing {which} raised {exc!r}{_where(exc)}"
-        ) from exc
+        raise _raised_on_import(path, which, exc) from exc
     except Exception as exc:
-        raise AppLoadError(
-            path=path, detail=f"importing {which} raised {exc!r}{_where(exc)}"
-        ) from exc
+        raise _raised_on_import(path, which, exc) from exc
+
+
+def _raised_on_import(path: str, which: str, exc: Exception) -> AppLoadError:
+    """The `AppLoadError` for a module of the registry `path` that raised `exc` as it was
+    imported: the exception and where, and the exception itself (`raised`)."""
+    error = AppLoadError(path=path, detail=f"importing {which} raised {exc!r}{_where(exc)}")
+    error.raised = exc
+    return error
 
 
 _LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")

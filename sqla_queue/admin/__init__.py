@@ -30,10 +30,22 @@ from sqla_queue.admin.jobs import (
     RETRY_RACES as RETRY_RACES,
 )
 from sqla_queue.admin.jobs import (
+    AttemptLog as AttemptLog,
+)
+from sqla_queue.admin.jobs import (
     JobDetail as JobDetail,
 )
 from sqla_queue.admin.jobs import (
+    JobJournalView as JobJournalView,
+)
+from sqla_queue.admin.jobs import (
     JobLinks as JobLinks,
+)
+from sqla_queue.admin.jobs import (
+    JobProgressReport as JobProgressReport,
+)
+from sqla_queue.admin.jobs import (
+    JobStepInfo as JobStepInfo,
 )
 from sqla_queue.admin.jobs import (
     JobSummary as JobSummary,
@@ -72,10 +84,16 @@ from sqla_queue.admin.jobs import (
     get_job as get_job,
 )
 from sqla_queue.admin.jobs import (
+    job_journal as job_journal,
+)
+from sqla_queue.admin.jobs import (
     job_links as job_links,
 )
 from sqla_queue.admin.jobs import (
     job_statuses as job_statuses,
+)
+from sqla_queue.admin.jobs import (
+    job_steps as job_steps,
 )
 from sqla_queue.admin.jobs import (
     list_jobs as list_jobs,
@@ -114,6 +132,9 @@ from sqla_queue.admin.queues import (
     QueueInfo as QueueInfo,
 )
 from sqla_queue.admin.queues import (
+    create_declared_queue as create_declared_queue,
+)
+from sqla_queue.admin.queues import (
     create_queue as create_queue,
 )
 from sqla_queue.admin.queues import (
@@ -139,4 +160,13 @@ from sqla_queue.admin.queues import (
 )
 from sqla_queue.admin.queues import (
     set_route as set_route,
+)
+from sqla_queue.admin.views import (
+    job_in_full as job_in_full,
+)
+from sqla_queue.db.scaling import (
+    QueueScaling as QueueScaling,
+)
+from sqla_queue.db.scaling import (
+    scaling_signal as scaling_signal,
 )

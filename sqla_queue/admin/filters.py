@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from sqla_queue.admin import jobs as admin
+from sqla_queue.db.database import begin_read_committed
 from sqla_queue.db.queries import bulk as statements
 from sqla_queue.errors import ConfigurationError, InvalidJobError
 from sqla_queue.job.states import JobStatus, statuses
@@ -27,6 +28,7 @@ from sqla_queue.job.validation import (
     check_about,
     check_count,
     check_job_id,
+    check_signal_key,
     check_workflow_id,
     encode_json_object,
     limits,
@@ -137,6 +139,8 @@ class JobFilter:
     args: Mapping[str, Any] | None = None
     """A JSON object the job's args contain (`args @> :args`); `args_at(path, value)`
     makes one from a path."""
+    waiting_for: str | None = None
+    """The key of the signal the jobs wait for (`ctx.wait_for_signal`): parked jobs only."""
     statuses: tuple[JobStatus, ...] = field(init=False, repr=False, compare=False)
     tags: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
@@ -157,6 +161,11 @@ class JobFilter:
             check_workflow_id(self.workflow_id)
         if self.about is not None:
             check_about(self.about)
+        if self.waiting_for is not None:
+            try:
+                check_signal_key(self.waiting_for, "waiting_for")
+            except ValueError as exc:
+                raise _bad(str(exc)) from None
         for name in ("error", "traceback"):
             value = getattr(self, name)
             if value is not None and (
@@ -194,7 +203,7 @@ class JobFilter:
     def describe(self) -> str:
         """The conditions as text, for a confirmation ("queue=mail, status=failed")."""
         parts = [f"status={'|'.join(s.value for s in self.statuses)}"] if self.statuses else []
-        for name in ("queue", "task", "workflow_id", "about", "error", "traceback"):
+        for name in ("queue", "task", "workflow_id", "about", "error", "traceback", "waiting_for"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)!r}")
         parts += [f"tag={t!r}" for t in self.tags]
@@ -328,7 +337,7 @@ def _run(
     result = BulkResult(action)
     after = 0
     while True:
-        with engine.begin() as conn:
+        with begin_read_committed(engine) as conn:
             ids = list(conn.execute(statement, {"after_id": after, "batch": batch}).scalars().all())
             if not ids:
                 return result
@@ -391,8 +400,8 @@ def bulk_delete(
     progress: Callable[[BulkResult], None] | None = None,
 ) -> BulkResult:
     """Delete every job matching `where` that is not running (nor cancelled with its
-    handler still running), `batch` at a time (`admin.delete_jobs`). The archive is not
-    searched: delete archived jobs by id or prune them."""
+    handler still running), `batch` at a time (`admin.delete_jobs`), in the jobs table and
+    the history (a succeeded job of a `keep` or `archive` queue)."""
 
     def act(conn: Connection, ids: list[int]) -> tuple[int, int, int]:
         return len(admin.delete_jobs(conn, ids)), 0, 0

@@ -19,10 +19,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sqla_queue.db import queries
+from sqla_queue.db.queries import steps as step_queries
 from sqla_queue.db.queries.admin import UNIQUE_KEY_INDEX
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.encoding import PENDING_RESULT
-from sqla_queue.job.states import FINISHED, JobStatus
+from sqla_queue.job.states import COUNTED, FINISHED, JobStatus
 from sqla_queue.job.validation import (
     MAX_ATTEMPTS,
     check_count,
@@ -42,7 +43,8 @@ def rowcount(result: Result[Any]) -> int:
 
 @dataclass
 class QueueStats:
-    """Counts per status for one queue, and the age in seconds of its oldest due job."""
+    """Counts per status for one queue (`running` jobs whose handler has not started as
+    `claimed`), and the age in seconds of its oldest due job."""
 
     queue: str
     paused: bool | None
@@ -53,7 +55,7 @@ class QueueStats:
         return {
             "queue": self.queue,
             "paused": self.paused,
-            **{status.value: self.counts.get(status.value, 0) for status in JobStatus},
+            **{name: self.counts.get(name, 0) for name in COUNTED},
             "oldest_due_age_seconds": self.oldest_due_age,
         }
 
@@ -77,7 +79,13 @@ def prune(
     statuses: Sequence[str] = (JobStatus.done.value,),
     archive: bool = False,
 ) -> int:
-    """Delete finished jobs older than `older_than` seconds (and archived ones, if `archive`)."""
+    """Delete finished jobs older than `older_than` seconds, from `jobs` and the history.
+
+    A partition of the history whose whole period is older, holding only jobs of
+    `statuses`, is dropped (`DROP TABLE`: its jobs go at once, however many, with their
+    steps, progress and log lines); the rows of the partition the cut-off falls in are
+    deleted. `archive` also prunes the unpartitioned archive of releases before
+    sqlaq_0030_history (the keeper empties it into the history)."""
     finished = set(FINISHED)
     bad = set(statuses) - finished
     if bad:
@@ -87,10 +95,30 @@ def prune(
     older_than = check_duration("older_than", older_than)
     params = {"statuses": list(statuses), "older_than": older_than}
     count = rowcount(bind.execute(queries.prune_jobs(), params))
+    count += _drop_history_partitions(bind, older_than, list(statuses))
+    count += rowcount(bind.execute(queries.prune_history(), params))
     if archive:
         count += rowcount(bind.execute(queries.prune_archive(), {"older_than": older_than}))
     bind.execute(queries.workflows.prune_edges())  # the edges of jobs gone from both tables
     return count
+
+
+def _drop_history_partitions(bind: Bind, older_than: float, statuses: list[str]) -> int:
+    """Drop the history's partitions whose period ended `older_than` seconds ago or more
+    and that hold only jobs of `statuses`; returns how many jobs they held."""
+    before = bind.execute(queries.prune_cut_off(), {"older_than": older_than}).scalar_one()
+    dropped = 0
+    for part in bind.execute(queries.history_partitions()).all():
+        if part.ends > before:
+            break
+        rows = bind.execute(queries.history_partition_rows(part.name), {"statuses": statuses})
+        kept, other = rows.one()
+        if other:
+            continue  # jobs of another status stay: their rows are deleted one by one
+        bind.execute(queries.drop_history_journal(part.name))
+        bind.execute(queries.drop_history_partition(part.name))
+        dropped += int(kept)
+    return dropped
 
 
 NOTIFY_PAYLOAD_CHARS = 7000
@@ -120,13 +148,10 @@ def cancel_jobs(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
 
 
 def job_statuses(bind: Bind, job_ids: Iterable[int]) -> dict[int, str]:
-    """{id: status} of the jobs that exist (in the jobs table) among `job_ids`."""
-    found: dict[int, str] = {}
-    for job_id in _job_ids(job_ids):
-        row = bind.execute(queries.job_by_id(), {"job_id": job_id}).mappings().first()
-        if row is not None:
-            found[int(job_id)] = str(row["status"])
-    return found
+    """{id: status} of the jobs that exist among `job_ids`: in the jobs table, or finished
+    and kept in the history."""
+    rows = bind.execute(queries.job_statuses(), {"job_ids": _job_ids(job_ids)})
+    return {int(job_id): str(status) for job_id, status in rows}
 
 
 # -- finding, retrying and deleting jobs -------------------------------------------------------
@@ -176,7 +201,7 @@ class JobDetail(JobSummary):
     heartbeat_at: dt.datetime | None
     lease_expires_at: dt.datetime | None
     archived: bool
-    """Whether it was found in the archive table (a succeeded job of an `archive` queue)."""
+    """Whether it was found in the history (a succeeded job of a `keep` or `archive` queue)."""
     deps_left: int | None
     """While `waiting`: how many of the jobs it depends on have not ended (None without
     `depends_on`)."""
@@ -188,6 +213,26 @@ class JobDetail(JobSummary):
     result: Any = None
     """What its handler returned, when its task keeps results (`keep_result=True`); None
     otherwise (and while a `ctx.session()` commit keeps it pending)."""
+    expires_at: dt.datetime | None = None
+    """Its start deadline (`expires_in=`, `expires_at=`): not started by then, it is
+    cancelled ("expired"); None for none."""
+    signal_key: str | None = None
+    """While `waiting` for a signal (`ctx.wait_for_signal`): its key, `run_at` the wait's
+    deadline; afterwards the last key it waited for; None for a job that never waited."""
+
+    @property
+    def sleeping_until(self) -> dt.datetime | None:
+        """When a job parked by a durable sleep (`ctx.sleep`) runs again: its `run_at`,
+        while it sleeps (`waiting` for neither a signal nor a job it depends on); None
+        otherwise."""
+        if (
+            self.status == JobStatus.waiting.value
+            and self.signal_key is None
+            and self.deps_left is None
+            and not self.archived
+        ):
+            return self.run_at
+        return None
 
     @property
     def attempts_text(self) -> str:
@@ -281,6 +326,50 @@ def get_job(bind: Bind, job_id: int) -> JobDetail | None:
     if detail.result == _PENDING:
         detail.result = None
     return detail
+
+
+@dataclass(frozen=True)
+class JobStepInfo:
+    """A durable step of a job (`ctx.step`) or a sleep (`ctx.sleep`), as `job_steps`
+    returns it: `status` "done" (its `result` recorded) or "failed" (its last `error`), the
+    `attempt` of the job that wrote it, its `tries`, and how long it took (`seconds`)."""
+
+    name: str
+    kind: str
+    status: str
+    attempt: int
+    tries: int
+    result: Any
+    error: str | None
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes as ISO 8601 text."""
+        return {key: jsonable(value) for key, value in dataclasses.asdict(self).items()}
+
+    @property
+    def summary(self) -> str:
+        """One line: its result as JSON (cut at `STEP_SUMMARY_CHARS`), or "failed: " and
+        its error's first line."""
+        if self.status != "done":
+            first = (self.error or "").partition("\n")[0]
+            return f"failed: {first}"
+        shown = json.dumps(self.result, ensure_ascii=False)
+        cut = len(shown) > STEP_SUMMARY_CHARS
+        return f"{shown[:STEP_SUMMARY_CHARS]} ..." if cut else shown
+
+
+STEP_SUMMARY_CHARS = 200
+"""The characters of a step's result `jobs show` and the dashboard print at most."""
+
+
+def job_steps(bind: Bind, job_id: int) -> list[JobStepInfo]:
+    """The recorded steps and sleeps of job `job_id`, in the order they started."""
+    (job_id,) = _job_ids([job_id])
+    rows = bind.execute(step_queries.list_job_steps(), {"job_id": job_id}).mappings()
+    return [JobStepInfo(**row) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -514,6 +603,64 @@ def job_links(bind: Bind, job_id: int, limit: int = MAX_LINKED) -> JobLinks:
 
 
 @dataclass(frozen=True)
+class JobProgressReport:
+    """A job's latest `ctx.progress(fraction, message)`, of the attempt that reported it."""
+
+    attempt: int
+    fraction: float | None
+    message: str | None
+    updated_at: dt.datetime
+
+    @property
+    def text(self) -> str:
+        """ "40% resized 4 of 10 (attempt 1, at ...)"."""
+        percent = "" if self.fraction is None else f"{self.fraction * 100:.0f}%"
+        said = " ".join(part for part in (percent, self.message or "") if part)
+        return f"{said} (attempt {self.attempt}, at {self.updated_at.isoformat()})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: jsonable(value) for name, value in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class AttemptLog:
+    """The log lines one attempt's handler emitted (`at`, `level`, `logger`, `message`
+    each), and how many past the cap were not kept."""
+
+    attempt: int
+    lines: list[dict[str, Any]]
+    dropped: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class JobJournalView:
+    """A job's progress (None if it reported none) and its attempts' log lines."""
+
+    progress: JobProgressReport | None
+    logs: list[AttemptLog]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "progress": None if self.progress is None else self.progress.as_dict(),
+            "logs": [log.as_dict() for log in self.logs],
+        }
+
+
+def job_journal(bind: Bind, job_id: int) -> JobJournalView:
+    """Job `job_id`'s progress and kept log lines (kept while the job is: deleted with it)."""
+    (job_id,) = _job_ids([job_id])
+    params = {"job_id": job_id}
+    row = bind.execute(queries.journal.read_progress(), params).mappings().one_or_none()
+    progress = None if row is None else JobProgressReport(**row)
+    found = bind.execute(queries.journal.read_logs(), params).mappings()
+    logs = [AttemptLog(**log) for log in found]
+    return JobJournalView(progress, logs)
+
+
+@dataclass(frozen=True)
 class WorkflowJob:
     """One job of a workflow, as `workflow_jobs` returns it."""
 
@@ -525,7 +672,7 @@ class WorkflowJob:
     created_at: dt.datetime
     finished_at: dt.datetime | None
     archived: bool
-    """Found in the archive (a succeeded job of an `archive` queue)."""
+    """Found in the history (a succeeded job of a `keep` or `archive` queue)."""
     parents: tuple[int, ...] = ()
     """The ids of the jobs it depends on, in `depends_on` order (in this workflow or not,
     listed or not)."""

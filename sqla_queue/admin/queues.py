@@ -8,6 +8,7 @@ Each takes a `Connection` or a `Session` and runs in the caller's transaction; n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
@@ -24,6 +25,9 @@ from sqla_queue.job.validation import (
     parse_rate,
     validate_name,
 )
+
+if TYPE_CHECKING:
+    from sqla_queue.registry import QueueDeclaration
 
 Bind = Connection | Session
 
@@ -83,8 +87,8 @@ def delete_queue(bind: Bind, name: str, force: bool = False) -> int:
 def set_route(bind: Bind, name: str, route: str | None) -> None:
     """Route queue `name`'s jobs to a broker (`nats:SUBJECT`, `amqp:EXCHANGE/KEY`) or, with
     None, back to table workers. Jobs already in the table follow the new setting. Refused
-    while the queue has jobs queued or running with a unique key, a sequence or a partition:
-    a broker keeps none of them (`sqla_queue.enqueue.inserts.routed`)."""
+    while the queue has jobs queued or running with a unique key, a sequence, a partition or
+    an ORM row argument: a broker keeps none of them (`sqla_queue.enqueue.inserts.routed`)."""
     validate_name("queue name", name)
     from sqla_queue.brokers.kinds import parse_route
     from sqla_queue.db.queries import brokers
@@ -184,3 +188,13 @@ def list_queues(bind: Bind) -> list[QueueInfo]:
         )
         for r in rows
     ]
+
+
+def create_declared_queue(bind: Bind, declared: QueueDeclaration) -> bool:
+    """Create a queue declared in code (`Registry.declare_queue`) with its settings; returns
+    False if it existed already (it is left as it is, settings too)."""
+    if not create_queue(bind, declared.name, declared.retention):
+        return False
+    if declared.max_running is not None:
+        set_max_running(bind, declared.name, declared.max_running)
+    return True

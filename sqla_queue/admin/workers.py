@@ -64,6 +64,10 @@ class LiveWorker(WorkerInfo):
     claimed: int = 0
     """Jobs it holds that have not started: claimed ahead, waiting for a free handler
     thread (at most its claim size), or started since its last heartbeat."""
+    version: str | None = None
+    """The sqla-queue version it runs (None: a release before fleet versions)."""
+    schema_revision: str | None = None
+    """The schema revision its code was built for (None: a release before fleet versions)."""
 
 
 @dataclass(frozen=True)

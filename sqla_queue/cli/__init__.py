@@ -56,9 +56,15 @@ COMMANDS = {
         "sqla_queue.cli.brokers:relay",
         "Move committed jobs of routed queues to their broker (--nats URL or --amqp URL).",
     ),
+    "signal": (
+        "sqla_queue.cli.signals:signal",
+        "Send signal KEY (its payload as --payload JSON) and print how many waiting jobs it "
+        "woke; with none waiting it is kept for the first job that waits for KEY.",
+    ),
     "stats": (
         "sqla_queue.cli.queues:stats",
-        "Jobs per queue and status, the oldest due job's age, and the jobs ended (and failed) "
+        "Jobs per queue and status (`running`: handlers at work; `claimed`: held by a worker, "
+        "its handler not started), the oldest due job's age, and the jobs ended (and failed) "
         "in the last hour and day, from the workers' rollup (`job_counts`); then the deepest "
         "partitions of fair and partition-limited queues, the sequences held by a failed job "
         "and the aged jobs of aging queues, where there are any.",

@@ -74,10 +74,14 @@ def friendly_errors() -> Iterator[None]:
 
 
 def _is_alembic_error(exc: Exception) -> bool:
-    """Whether `exc` is Alembic's `CommandError`: only a command that imported Alembic can
+    """Whether `exc` is Alembic's `CommandError`, or its `RevisionError` (an unknown
+    revision, asked of its script directory): only a command that imported Alembic can
     raise one, so a command that did not (and `--help`) never imports it to ask."""
     alembic_util = sys.modules.get("alembic.util")
-    return alembic_util is not None and isinstance(exc, alembic_util.CommandError)
+    if alembic_util is not None and isinstance(exc, alembic_util.CommandError):
+        return True
+    revisions = sys.modules.get("alembic.script.revision")
+    return revisions is not None and isinstance(exc, revisions.RevisionError)
 
 
 class Command(click.Command):
@@ -205,7 +209,10 @@ def engine(database_url: str | None, application_name: str | None = None, **kwar
     url = resolved_url(database_url)
     # Names the sessions in pg_stat_activity; an application_name in the URL wins.
     if application_name and "application_name" not in make_url(url).query:
-        kwargs["connect_args"] = {"application_name": application_name}
+        kwargs["connect_args"] = {
+            **kwargs.get("connect_args", {}),
+            "application_name": application_name,
+        }
     return create_queue_engine(url, **kwargs)
 
 
@@ -269,9 +276,31 @@ def app_registry(app_path: str) -> Any:
     try:
         return load_registry(app_path)
     except AppLoadError as exc:
-        if exc.__cause__ is not None:  # --log-level debug: the whole traceback
+        if exc.raised is not None:  # the application's own bug: where, always
+            click.echo(import_traceback(app_path, exc.raised), err=True, nl=False)
+        elif exc.__cause__ is not None:  # --log-level debug: the whole traceback
             log.debug("loading %s failed", app_path, exc_info=exc.__cause__)
         raise
+
+
+def import_traceback(app_path: str, raised: BaseException) -> str:
+    """The traceback of `raised`, raised while importing `--app app_path`, from the
+    application's module on (the import machinery's frames before it left out)."""
+    import importlib
+    import os
+    import traceback
+
+    import sqla_queue
+
+    machinery = tuple(
+        os.path.dirname(module.__file__ or "") + os.sep for module in (importlib, sqla_queue)
+    )
+    found = traceback.TracebackException.from_exception(raised)
+    frames = list(found.stack)
+    while frames and frames[0].filename.startswith(("<frozen ", *machinery)):
+        del frames[0]  # the import's way in, before the application's module
+    found.stack = traceback.StackSummary.from_list(frames)
+    return f"Importing --app {app_path} raised:\n" + "".join(found.format())
 
 
 def print_table(table: Any) -> None:

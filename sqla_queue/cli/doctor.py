@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     help="Seconds to watch the MultiXact counter (0 skips it).",
 )
 @click.option(
+    "--worker-role",
+    default=None,
+    help="The role your workers log in as: check it has every privilege a worker needs.",
+)
+@click.option(
     "--show-queries",
     is_flag=True,
     help="Include other sessions' SQL text in --json details (it may hold their secrets).",
@@ -62,6 +67,7 @@ def doctor(
     backlog_threshold: float,
     long_transaction: float,
     sample: float,
+    worker_role: str | None,
     show_queries: bool,
 ) -> None:
     """Check the database for the ways a Postgres queue breaks: MultiXacts, vacuum pinned
@@ -74,6 +80,7 @@ def doctor(
         long_transaction=long_transaction,
         sample=sample,
         show_queries=show_queries,
+        worker_role=worker_role,
     )
     engine = base.engine(database_url)
     try:

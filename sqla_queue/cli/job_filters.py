@@ -35,6 +35,7 @@ FILTER_NAMES = (
     "args_json",
     "args_path",
     "args_value",
+    "waiting_for",
 )
 """The parameters `filter_options` adds (`queue` and `workflow` unless the command has its
 own)."""
@@ -60,6 +61,12 @@ def filter_options(*, queue: bool = True, workflow: bool = True) -> Callable[[F]
         click.option("--tag", "tags", multiple=True, help="Only jobs with this tag (repeat: all)."),
         click.option(
             "--about", default=None, help="Only jobs about this row, as TABLE:KEY (orders:42)."
+        ),
+        click.option(
+            "--waiting-for",
+            default=None,
+            metavar="KEY",
+            help="Only jobs waiting for this signal (ctx.wait_for_signal): payment:42.",
         ),
         click.option(
             "--error",
@@ -163,6 +170,7 @@ def filter_from_cli(given: dict[str, Any], status: tuple[str, ...] = ()) -> JobF
         created_before=values["created_before"],
         created_after=values["created_after"],
         args=_args(values),
+        waiting_for=values["waiting_for"],
     )
 
 

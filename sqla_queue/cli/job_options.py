@@ -86,13 +86,13 @@ JOB_OPTIONS: tuple[CliJobOption, ...] = (
     CliJobOption(
         "queue",
         ("--queue",),
-        "The job's queue (default: `default`; the command loads no registry).",
+        "The job's queue (default: the task's with --app, else `default`).",
     ),
     CliJobOption(
         "priority",
         ("--priority",),
-        "0 runs first.",
-        {"type": count(0, PRIORITY_MAX), "default": 0, "show_default": True},
+        "0 runs first (default: the task's with --app, else 0).",
+        {"type": count(0, PRIORITY_MAX)},
     ),
     CliJobOption(
         "max_attempts",
@@ -166,6 +166,20 @@ JOB_OPTIONS: tuple[CliJobOption, ...] = (
         "sequence",
         ("--sequence",),
         "Jobs of one sequence run one at a time, in enqueue order, across all workers.",
+    ),
+    CliJobOption(
+        "expires_at",
+        ("--expires-at",),
+        "Its start deadline, an ISO 8601 time with its zone: not started by then, it is "
+        "cancelled (expired), never run (not with --expires-in).",
+        {"type": AwareDateTime()},
+    ),
+    CliJobOption(
+        "expires_in",
+        ("--expires-in",),
+        "Its start deadline as a time from now (60, 1h): not started by then, it is "
+        "cancelled (expired), never run.",
+        {"type": DURATION},
     ),
 )
 """Each `JobOptions` field's option, in the fields' order."""

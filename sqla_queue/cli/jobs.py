@@ -11,6 +11,7 @@ import click
 
 from sqla_queue import admin
 from sqla_queue.admin import filters as bulk
+from sqla_queue.admin.signals import SignalWaitInfo, signal_waits
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command, Group
 from sqla_queue.cli.job_filters import (
@@ -31,10 +32,19 @@ from sqla_queue.job.validation import MAX_ATTEMPTS, encode_json_object, limits
 @click.command(cls=Command)
 @click.argument("task")
 @click.option("--args", "args_json", default="{}", help="The handler's keyword arguments as JSON.")
+@click.option(
+    "--app",
+    "app_path",
+    default=None,
+    help="The task registry (pkg.module:name): TASK must be one of its tasks (a close name "
+    "is suggested), the args must fit its handler, and the task's queue and defaults apply.",
+)
 @job_options
-def enqueue(database_url: str | None, task: str, args_json: str, **options: Any) -> None:
+def enqueue(
+    database_url: str | None, task: str, args_json: str, app_path: str | None, **options: Any
+) -> None:
     """Enqueue one job of TASK and print its id (with --unique, a duplicate's: the job
-    already there)."""
+    already there). With --app, checked against the registry first."""
     from sqlalchemy.orm import Session
 
     from sqla_queue.enqueue import enqueue as enqueue_job
@@ -49,9 +59,10 @@ def enqueue(database_url: str | None, task: str, args_json: str, **options: Any)
     except TypeError as exc:
         raise click.BadParameter(str(exc), param_hint="--args") from None
     job_options = options_from_cli(options)
+    registry = None if app_path is None else base.app_registry(app_path)
     with base.transaction(database_url) as conn:
         session = Session(bind=conn)
-        job = enqueue_job(session, task, args, options=job_options)
+        job = enqueue_job(session, task, args, options=job_options, registry=registry)
         session.flush()
         click.echo(job.id)
 
@@ -176,7 +187,9 @@ def jobs_list(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: bool) -> None:
-    """Show one job: args, attempts ("1 of 5"), its kept result, each failed attempt's error
+    """Show one job: args, attempts ("1 of 5"), its kept result, "sleeping until" for a job
+    in a durable sleep, its durable steps (name, attempt, result or error, duration), each
+    failed attempt's error
     (when, which worker, its class and message), the last error with its traceback, timings,
     and in a workflow the jobs it depends on (parents) and the jobs that depend on it
     (children)."""
@@ -185,18 +198,16 @@ def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: 
         if job is None:
             raise click.ClickException(f"no job {job_id} ({GONE})")
         links = admin.job_links(conn, job_id)
+        steps = admin.job_steps(conn, job_id)
+        waits = signal_waits(conn, job_id)
+        journal = admin.job_journal(conn, job_id)
+    sleeping = job.sleeping_until
     if as_json:
-        base.echo_json(
-            {
-                **job.as_dict(),
-                "parents": [p.as_dict() for p in links.parents],
-                "children": [c.as_dict() for c in links.children],
-                "more_children": links.more_children,
-            }
-        )
+        with base.transaction(database_url) as conn:
+            base.echo_json(admin.job_in_full(conn, job_id))
         return
     for key, value in job.as_dict().items():
-        if key in ("args", "meta", "last_error", "errors", "result", "max_attempts"):
+        if key in ("args", "meta", "last_error", "errors", "result", "max_attempts", "signal_key"):
             continue
         shown = job.attempts_text if key == "attempts" else value
         click.echo(f"{key}: {'' if shown is None else shown}")
@@ -204,11 +215,28 @@ def jobs_show(database_url: str | None, job_id: int, tracebacks: bool, as_json: 
     click.echo(f"meta: {json.dumps(job.meta)}")
     if job.result is not None:
         click.echo(f"result: {json.dumps(job.result, ensure_ascii=False)}")
+    if journal.progress is not None:
+        click.echo(f"progress: {journal.progress.text}")
+    if sleeping is not None:
+        click.echo(f"sleeping until {sleeping.isoformat()}")
+    _echo_steps(steps)
     _echo_links(links)
+    _echo_waits(job, waits)
     _echo_errors(job.errors or [], tracebacks)
+    _echo_logs(journal.logs)
     if job.last_error:
         click.echo("last_error:")
         click.echo(job.last_error)
+
+
+def _echo_logs(logs: list[admin.AttemptLog]) -> None:
+    """Each attempt's kept log lines, one line each (a line's own breaks as `\\n`)."""
+    for attempt in logs:
+        dropped = f", {attempt.dropped} more not kept" if attempt.dropped else ""
+        click.echo(f"logs of attempt {attempt.attempt} ({len(attempt.lines)} lines{dropped}):")
+        for line in attempt.lines:
+            message = str(line["message"]).replace("\n", "\\n")
+            click.echo(f"  {line['at']} {line['level']} {line['logger']}: {message}")
 
 
 def _echo_errors(errors: list[dict[str, Any]], tracebacks: bool) -> None:
@@ -231,6 +259,30 @@ def _echo_errors(errors: list[dict[str, Any]], tracebacks: bool) -> None:
         if tracebacks and traceback:
             for line in str(traceback).rstrip().splitlines():
                 click.echo(f"    {line}")
+
+
+def _echo_steps(steps: list[admin.JobStepInfo]) -> None:
+    """Each durable step and sleep: name, the attempt that recorded it, its result or error
+    (the first line), and how long it took."""
+    if not steps:
+        return
+    click.echo(f"steps ({len(steps)}):")
+    for step in steps:
+        kind = " (sleep)" if step.kind == "sleep" else ""
+        click.echo(
+            f"  {step.name}{kind}  attempt {step.attempt}  {step.seconds:.3f} s  "
+            f"tries {step.tries}  {step.summary}"
+        )
+
+
+def _echo_waits(job: admin.JobDetail, waits: list[SignalWaitInfo]) -> None:
+    """The signal a parked job waits for and until when, then each of its waits."""
+    if job.status == "waiting" and job.signal_key is not None:
+        click.echo(f"waiting for signal: {job.signal_key} until {job.run_at}")
+    if waits:
+        click.echo("signal waits:")
+        for wait in waits:
+            click.echo(f"  {wait.describe()}")
 
 
 def _echo_links(links: admin.JobLinks) -> None:
@@ -389,8 +441,8 @@ def jobs_delete(
     batch: int,
     **filters: Any,
 ) -> None:
-    """Delete jobs by id (also archived ones), or every job matching the filter options
-    (counted and confirmed first unless --yes, then in batches; not the archive); a
+    """Delete jobs by id (also those kept in the history), or every job matching the filter
+    options (counted and confirmed first unless --yes, then in batches; the history too); a
     running job is refused: cancel it first.
 
     Exit status 1 if an id names no job or a running one."""

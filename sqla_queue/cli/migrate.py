@@ -8,6 +8,7 @@ from alembic.util import CommandError as AlembicCommandError
 
 from sqla_queue.cli import base
 from sqla_queue.cli.base import Command, Group
+from sqla_queue.cli.types import Duration, count
 
 
 @click.command(cls=Command)
@@ -29,12 +30,36 @@ from sqla_queue.cli.base import Command, Group
     help="Record the revision the existing sqla_queue schema is at, without running anything "
     "(after its version table was lost).",
 )
+@click.option(
+    "--lock-timeout",
+    type=Duration(0.001, 3600.0),
+    default=0.5,
+    show_default=True,
+    help="Seconds a revision's statement waits for a lock before the revision is rolled "
+    "back and retried after a pause (enqueues queued behind it wait no longer).",
+)
+@click.option(
+    "--lock-retries",
+    type=count(0, 10_000, what="a number of retries"),
+    default=30,
+    show_default=True,
+    help="How many times a revision that did not get its lock is retried before giving up.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Apply contract revisions even while live workers built for an earlier revision "
+    "run (they may then fail).",
+)
 def migrate(
     database_url: str | None,
     revision: str,
     drop_queue_fk: bool,
     restore_queue_fk: bool,
     stamp: bool,
+    lock_timeout: float,
+    lock_retries: int,
+    force: bool,
 ) -> None:
     """Create or upgrade the sqla_queue schema (the package's own Alembic revisions)."""
     from sqla_queue.db import migrate as migrations
@@ -46,7 +71,14 @@ def migrate(
         if stamp:
             click.echo(f"recorded revision {migrations.stamp(engine)} as applied")
             return
-        migrations.upgrade(engine, revision)
+        migrations.upgrade(
+            engine,
+            revision,
+            lock_timeout=lock_timeout,
+            lock_retries=lock_retries,
+            report=lambda line: click.echo(line, err=True),
+            force=force,
+        )
         if drop_queue_fk:
             migrations.drop_queue_fk(engine)
         if restore_queue_fk:

@@ -18,6 +18,7 @@ from sqla_queue.cli.base import Command, Group
 from sqla_queue.cli.types import DURATION, RATE, count
 from sqla_queue.db import rollup
 from sqla_queue.db.models import JobStatus, Retention
+from sqla_queue.job.states import COUNTED
 from sqla_queue.job.validation import check_partition, describe_age, describe_duration
 
 
@@ -212,6 +213,31 @@ def queues_set(
     click.echo(f"queue {name!r}: {_describe(info)}, route {info.route or '(none)'}")
 
 
+@queues.command("sync")
+@click.option("--app", "app_path", required=True, help="The task registry, as pkg.module:name.")
+@click.option("--yes", is_flag=True, help="Create the missing queues (without it: the diff only).")
+def queues_sync(database_url: str | None, app_path: str, yes: bool) -> None:
+    """Create the queues the registry's tasks name or declares that the database lacks: the
+    diff first (one `+ NAME` line each), then, with --yes, the queues created (a declared
+    queue with its settings, `Registry.declare_queue`; others with retention delete)."""
+    registry = base.app_registry(app_path)
+    wanted = registry.queue_names()
+    with base.transaction(database_url) as conn:
+        existing = {info.name for info in admin.list_queues(conn)}
+        missing = [name for name in wanted if name not in existing]
+        for name in missing:
+            click.echo(f"+ {name}")
+        if not missing:
+            click.echo(f"every queue its tasks name exists ({', '.join(wanted) or 'none'})")
+            return
+        if not yes:
+            click.echo(f"{len(missing)} queue(s) to create: run again with --yes to create them")
+            return
+        for name in missing:
+            admin.create_declared_queue(conn, registry.queue_declaration(name))
+    click.echo(f"created {len(missing)} queue(s)")
+
+
 @queues.command("list")
 def queues_list(database_url: str | None) -> None:
     """List queues with their settings."""
@@ -301,7 +327,8 @@ HELD_SHOWN = 100
     help="Partitions shown per fair or partition-limited queue (the deepest).",
 )
 def stats(database_url: str | None, as_json: bool, top: int) -> None:
-    """Jobs per queue and status, the oldest due job's age, and the jobs ended (and failed)
+    """Jobs per queue and status (`running`: handlers at work; `claimed`: held by a worker,
+    its handler not started), the oldest due job's age, and the jobs ended (and failed)
     in the last hour and day, from the workers' rollup (`job_counts`); then the deepest
     partitions of fair and partition-limited queues, the sequences held by a failed job and
     the aged jobs of aging queues, where there are any."""
@@ -326,16 +353,14 @@ def stats(database_url: str | None, as_json: bool, top: int) -> None:
         return
     from rich.table import Table
 
-    table = Table(
-        "queue", *(s.value for s in JobStatus), "oldest due (s)", "ended 1 h", "ended 1 d"
-    )
+    table = Table("queue", *COUNTED, "oldest due (s)", "ended 1 h", "ended 1 d")
     for row in rows:
         label = row.queue + (" (paused)" if row.paused else "")
         age = "" if row.oldest_due_age is None else f"{row.oldest_due_age:.1f}"
         hour, day = ended[row.queue]["last_hour"], ended[row.queue]["last_day"]
         table.add_row(
             escape(label),
-            *(str(row.counts.get(s.value, 0)) for s in JobStatus),
+            *(str(row.counts.get(name, 0)) for name in COUNTED),
             age,
             f"{hour['ended']} ({hour['failed']} failed)",
             f"{day['ended']} ({day['failed']} failed)",
@@ -444,7 +469,11 @@ def _ended(series: rollup.Series | None) -> dict[str, int]:
     show_default=True,
     help=f"Comma-separated statuses to prune ({', '.join(s for s in JobStatus if s.finished)}).",
 )
-@click.option("--archive", is_flag=True, help="Also prune the archive table.")
+@click.option(
+    "--archive",
+    is_flag=True,
+    help="Also prune the unpartitioned archive table of releases before sqlaq_0030.",
+)
 def prune(database_url: str | None, older_than: float, statuses: str, archive: bool) -> None:
     """Delete finished jobs older than --older-than."""
     with base.transaction(database_url) as conn:

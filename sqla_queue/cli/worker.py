@@ -17,6 +17,7 @@ from sqla_queue.cli import base
 from sqla_queue.cli.base import Command
 from sqla_queue.cli.types import DURATION, PORT, count
 from sqla_queue.db.database import URL_ENV_VAR
+from sqla_queue.db.models import DEFAULT_QUEUE
 from sqla_queue.job.validation import MAX_BATCH, MAX_PROCESSES, MAX_WORKER_CONCURRENCY
 from sqla_queue.worker.supervisor import exit_past_stuck_handlers
 
@@ -79,7 +80,8 @@ def _supervised_child_exits(func: F) -> F:
     "-q",
     "--queues",
     multiple=True,
-    help="A queue to serve; repeat it or separate names with commas (default: all).",
+    help="A queue to serve; repeat it or separate names with commas (default: the queues "
+    "its registry's tasks name; '*': every queue in the database).",
 )
 @_config_option("-c", "--concurrency", type=count(1, MAX_WORKER_CONCURRENCY))
 @_config_option(
@@ -111,7 +113,26 @@ def _supervised_child_exits(func: F) -> F:
     help="With --burst: wait instead of exiting while a queued job of its queues (a retry, "
     "a snooze, a delayed job) falls due within this long (30s, 5m).",
 )
+@click.option(
+    "--until-empty",
+    "burst_until_empty",
+    is_flag=True,
+    help="With --burst: wait for every job of its queues due later (a retry, a snooze, a "
+    "delayed job), however far off; exit once none is left.",
+)
+@click.option(
+    "--fail-if-left",
+    is_flag=True,
+    help="With --burst: exit with status 3 when it leaves jobs of its queues not yet due "
+    "(a retry, a snooze, a delayed job), for CI and cron.",
+)
 @click.option("--poll-only", is_flag=True, help="No LISTEN (PgBouncer transaction pooling).")
+@click.option(
+    "--no-prepare",
+    is_flag=True,
+    help="Prepare no statement on the server (PgBouncer before 1.21 in transaction pooling: "
+    "it fails with 'prepared statement \"_pg3_0\" already exists').",
+)
 @_config_option(
     "--shutdown-timeout",
     type=DURATION,
@@ -187,6 +208,12 @@ def _supervised_child_exits(func: F) -> F:
     help="Whether the worker's own claims and finishes wait for the disk (default: no; "
     "a server crash then runs their jobs again, none is lost: docs/durability.md).",
 )
+@click.option(
+    "--job-logs/--no-job-logs",
+    default=_worker_default("job_logs"),
+    help="Whether each job's log lines (what its handler logs while it runs) are kept with "
+    "its attempt and shown by jobs show and the dashboard (default: yes).",
+)
 @click.option("--supervised-slot", type=count(1, MAX_PROCESSES), default=None, hidden=True)
 @click.pass_context
 @_supervised_child_exits
@@ -202,7 +229,10 @@ def worker(
     poll_interval: float,
     burst: bool,
     burst_wait: float,
+    burst_until_empty: bool,
+    fail_if_left: bool,
     poll_only: bool,
+    no_prepare: bool,
     shutdown_timeout: float,
     give_up_after: float | None,
     log_level: str,
@@ -216,6 +246,7 @@ def worker(
     dedup: bool | None,
     processes: int,
     synchronous_commit: bool,
+    job_logs: bool,
     supervised_slot: int | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal exits at once), or, with --burst,
@@ -225,14 +256,19 @@ def worker(
     log_format = log_format or (ctx.find_root().obj or {}).get("log_format") or "text"
     base.configure_logging(log_level, log_format)
     queue_list = [q.strip() for given in queues for q in given.split(",")] if queues else None
-    config = base.config_from(WorkerConfig, queues=queue_list)
+    every_queue = queue_list == ["*"]
+    config = base.config_from(WorkerConfig, queues=None if every_queue else queue_list)
     if metrics_port is not None and metrics_port + processes - 1 > 65535:
         raise click.BadParameter(
             f"with --processes {processes} the workers serve metrics on ports {metrics_port} "
             f"to {metrics_port + processes - 1}; the last must be at most 65535",
             param_hint="'--metrics-port'",
         )
-    lease_given = ctx.get_parameter_source("lease") is not click.core.ParameterSource.DEFAULT
+    if fail_if_left and not burst:
+        raise click.ClickException(
+            "--fail-if-left only means something to a worker that exits: add --burst"
+        )
+    lease_given = ctx.get_parameter_source("lease") is not DEFAULT_SOURCE
     if broker_url is not None and lease_given:
         raise click.BadParameter(
             "is a table worker's job lease; with --from, the broker's wait before it delivers "
@@ -261,6 +297,8 @@ def worker(
         watch_parent()
         config.worker_id = f"{config.worker_id}:{child_name(supervised_slot)}"
     registry = base.app_registry(app_path)
+    if queue_list is None and broker_url is None:  # its tasks' queues, not another app's
+        config.queues = registry.queue_names() or [DEFAULT_QUEUE]
     if log_format == "json":
         from sqla_queue.contrib.logs import log_jobs
 
@@ -274,12 +312,21 @@ def worker(
         from sqla_queue.cli.broker_runs import broker_worker_config, run_broker_worker
 
         broker_config = broker_worker_config(broker_url, config, ack_wait=ack_wait, dedup=dedup)
-        run_broker_worker(base.engine(database_url), registry, broker_config)
+        connect_args = {"prepare_threshold": None} if no_prepare else {}
+        broker_engine = base.engine(database_url, connect_args=connect_args)
+        run_broker_worker(broker_engine, registry, broker_config)
         exit_past_stuck_handlers()
         return
     engine = base.engine(
-        database_url, application_name=WORKER_APPLICATION_NAME, pool_size=3, max_overflow=4
+        database_url,
+        application_name=WORKER_APPLICATION_NAME,
+        pool_size=3,
+        max_overflow=4,
+        connect_args={"prepare_threshold": None} if no_prepare else {},
     )
+    if burst:  # said once the worker runs (not before a refusal of the schema)
+        bound = _burst_bound(burst_wait, burst_until_empty)
+        registry.on_worker_started(lambda _: _say(bound, log_format))
     try:
         stats = Worker(engine, registry, config).run()
     finally:
@@ -287,14 +334,42 @@ def worker(
     if burst:
         done = f"done: {stats.succeeded} succeeded, {stats.retried} retried, {stats.failed} failed"
         done += _left_behind(stats, burst_wait)
-        if log_format == "json":  # stderr stays one JSON object per line
-            fields = dataclasses.asdict(stats)
-            if stats.next_due_at is not None:
-                fields["next_due_at"] = stats.next_due_at.isoformat()
-            log.warning(done, extra=fields)
-        else:
-            click.echo(done, err=True)
+        fields = dataclasses.asdict(stats)
+        if stats.next_due_at is not None:
+            fields["next_due_at"] = stats.next_due_at.isoformat()
+        _say(done, log_format, fields)
     exit_past_stuck_handlers()
+    if burst and fail_if_left and stats.not_yet_due:
+        sys.exit(LEFT_WORK_EXIT_STATUS)
+
+
+DEFAULT_SOURCE = click.core.ParameterSource.DEFAULT
+
+
+def _say(line: str, log_format: str, fields: dict[str, Any] | None = None) -> None:
+    """A burst worker's line on stderr: a record of the JSON log (stderr stays one JSON
+    object per line), else the line itself."""
+    if log_format == "json":
+        log.warning(line, extra=fields or {})
+    else:
+        click.echo(line, err=True)
+
+
+def _burst_bound(burst_wait: float, until_empty: bool) -> str:
+    """What a burst worker waits for before it exits, said when it starts."""
+    if until_empty:
+        return (
+            "burst: runs its queues' jobs, waits for those due later (retries, snoozes, "
+            "delayed jobs) however far off, and exits once none is left (--until-empty)"
+        )
+    return (
+        f"burst: runs its queues' jobs due now, waits for those due within {burst_wait:g}s "
+        "(--burst-wait), then exits; --until-empty waits until none is left"
+    )
+
+
+LEFT_WORK_EXIT_STATUS = 3
+"""`worker --burst --fail-if-left`'s exit status when it left jobs not yet due."""
 
 
 def _left_behind(stats: WorkerStats, burst_wait: float) -> str:
@@ -307,5 +382,6 @@ def _left_behind(stats: WorkerStats, burst_wait: float) -> str:
     beyond = f" (beyond --burst-wait {burst_wait:g}s)" if burst_wait else ""
     return (
         f"; left {stats.not_yet_due} {jobs} not yet due, the earliest due at {earliest}"
-        f"{beyond}: run again then, or --burst-wait DURATION waits for jobs due within it"
+        f"{beyond}: run again then, or --burst-wait DURATION waits for jobs due within it "
+        "(--until-empty for all of them)"
     )

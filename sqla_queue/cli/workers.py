@@ -32,7 +32,8 @@ def workers() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 def workers_list(database_url: str | None, stopped: bool, limit: int, as_json: bool) -> None:
     """The live workers: host, pid, queues, concurrency, running jobs (handlers started),
-    claimed jobs (held, not started yet), last heartbeat."""
+    claimed jobs (held, not started yet), version (and the schema revision it was built
+    for), last heartbeat."""
     rows: list[tuple[admin_workers.WorkerInfo, list[str]]]
     with base.transaction(database_url) as conn:
         if stopped:
@@ -48,11 +49,13 @@ def workers_list(database_url: str | None, stopped: bool, limit: int, as_json: b
             live = admin_workers.live_workers(conn)
             rows = [
                 (w, [str(w.pid), _queues(w.queues), str(w.concurrency), str(w.running),
-                     str(w.claimed), str(w.started_at), f"{w.silent_seconds:.1f} s ago"])
+                     str(w.claimed), _version(w), str(w.started_at),
+                     f"{w.silent_seconds:.1f} s ago"])
                 for w in live
             ]  # fmt: skip
             columns = [
-                "pid", "queues", "concurrency", "running", "claimed", "started", "last beat"
+                "pid", "queues", "concurrency", "running", "claimed", "version", "started",
+                "last beat"
             ]  # fmt: skip
             none = "no live worker is registered (`workers list --stopped`: the ones that stopped)"
     if as_json:
@@ -66,6 +69,11 @@ def workers_list(database_url: str | None, stopped: bool, limit: int, as_json: b
         for worker, cells in rows:
             table.add_row(worker.id, worker.hostname, *cells)
         base.print_table(table)
+
+
+def _version(worker: admin_workers.LiveWorker) -> str:
+    """Its package version and the schema revision it was built for."""
+    return f"{worker.version or 'before 0.2'} ({worker.schema_revision or '?'})"
 
 
 def _queues(names: list[str] | None) -> str:

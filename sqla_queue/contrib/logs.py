@@ -40,11 +40,31 @@ def json_formatter() -> logging.Formatter:
 
 def text_line_formatter() -> logging.Formatter:
     """The text format off a terminal: one line per record (time, level, logger, message),
-    as long as the message, never wrapped (a traceback follows on its own lines)."""
-    return logging.Formatter(
+    as long as the message, never wrapped; a traceback follows on lines indented by four
+    spaces, so a line that starts with a timestamp always starts a record."""
+    return LineFormatter(
         "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
         datefmt="%Y-%m-%dT%H:%M:%S",
     )
+
+
+class LineFormatter(logging.Formatter):
+    """A record's message on its first line (a message's own line breaks written as
+    `\\n`), its traceback and stack under it, each line indented by `INDENT`."""
+
+    INDENT = "    "
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).replace("\r", "\\r").replace("\n", "\\n")
+
+    def formatException(self, ei: Any) -> str:
+        return self._indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return self._indented(super().formatStack(stack_info))
+
+    def _indented(self, text: str) -> str:
+        return "\n".join(self.INDENT + line for line in text.splitlines())
 
 
 def configure_logging(level: str = "info", log_format: str = "text") -> None:
@@ -70,6 +90,11 @@ def configure_logging(level: str = "info", log_format: str = "text") -> None:
     else:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # Alembic says "setup plugin ..." at INFO each time it loads (the worker's schema check):
+    # its own chatter, shown only at debug; its "Running upgrade" lines stay
+    logging.getLogger("alembic.runtime.plugins").setLevel(
+        logging.DEBUG if level.lower() == "debug" else logging.WARNING
+    )
 
 
 def log_jobs(registry: Registry, level: int = logging.INFO) -> None:

@@ -6,7 +6,8 @@
 
 Everything is measured on the worker's public seams, never inside it:
 - middleware: handler duration;
-- lifecycle hooks: jobs claimed, finished by outcome, held (claimed and not yet settled);
+- lifecycle hooks: jobs claimed, finished by outcome, held (claimed and not yet settled),
+  durable steps run and replayed (`ctx.steps_run`, `ctx.steps_replayed`);
 - SQLAlchemy events on the worker's engine: the latency of the claim and finishing
   statements (recognised by their cache key), disconnects and reconnects;
 - a timer thread per worker, started by `on_worker_started`: queue depth and the oldest due
@@ -47,14 +48,16 @@ from sqla_queue.db.queries import (
 from sqla_queue.db.queries import partitions as partition_queries
 from sqla_queue.db.queries.dashboard import NO_JIT
 from sqla_queue.db.queries.metrics import heartbeat_lag, queue_depth, worker_overruns
+from sqla_queue.db.queries.signals import waiting_for_signals
 from sqla_queue.errors import ConfigurationError
-from sqla_queue.job.states import UNFINISHED
+from sqla_queue.job.states import CLAIMED, COUNTED, UNFINISHED
 from sqla_queue.job.validation import check_count
 from sqla_queue.worker.connection import STATEMENT_KIND
 
-_DEPTH_STATUSES = UNFINISHED
+_DEPTH_STATUSES = tuple(name for name in COUNTED if name in UNFINISHED or name == CLAIMED)
 """The statuses `sqla_queue_queue_jobs` counts per queue (`queries.metrics.queue_depth`):
-the unfinished ones of the states table."""
+the unfinished ones of the states table, with `claimed` (held, not started) apart from
+`running`."""
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -124,6 +127,12 @@ class QueueMetrics:
         self.held = gauge(
             "sqla_queue_jobs_held", "Jobs claimed by this worker and not yet settled."
         )
+        self.steps = counter(
+            "sqla_queue_steps",
+            "Durable steps (ctx.step) of the jobs this worker settled: run (ran and "
+            "recorded) or replayed (their recorded result returned without running).",
+            [*job, "how"],
+        )
         self.handler_duration = histogram(
             "sqla_queue_handler_duration_seconds",
             "Time in the handler and its middleware, per execution.",
@@ -150,8 +159,8 @@ class QueueMetrics:
         )
         self.queue_jobs = gauge(
             "sqla_queue_queue_jobs",
-            "Unfinished jobs per queue: status queued (due or not), running, or waiting (for the "
-            "jobs it depends on).",
+            "Unfinished jobs per queue: status queued (due or not), running (handler started), "
+            "claimed (held by a worker, not started), or waiting (for the jobs it depends on).",
             ["queue", "status"],
         )
         self.queue_due = gauge(
@@ -205,6 +214,12 @@ class QueueMetrics:
             "one interval).",
             ["queue"],
         )
+        self.signal_waiting = gauge(
+            "sqla_queue_queue_signal_waiting_jobs",
+            "Jobs parked by ctx.wait_for_signal (status waiting, holding no slot) per queue: "
+            "each runs again when its signal is sent or its timeout passes.",
+            ["queue"],
+        )
         self.refresh_errors = counter(
             "sqla_queue_metrics_refresh_errors",
             "Queue depth or heartbeat lag queries that failed.",
@@ -216,6 +231,7 @@ class QueueMetrics:
         self._partition_labels: set[tuple[str, str]] = set()
         self._held_queues: set[str] = set()
         self._aged_queues: set[str] = set()
+        self._signal_queues: set[str] = set()
         self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
         self._timers: dict[int, threading.Event] = {}
         self._statements: dict[Any, str] = {}
@@ -285,6 +301,10 @@ class QueueMetrics:
         kind = outcome.kind.value.replace(" ", "_")
         self.finished.labels(ctx.queue, self._task(ctx), kind).inc()
         self.held.dec()
+        if ctx.steps_run:
+            self.steps.labels(ctx.queue, self._task(ctx), "run").inc(ctx.steps_run)
+        if ctx.steps_replayed:
+            self.steps.labels(ctx.queue, self._task(ctx), "replayed").inc(ctx.steps_replayed)
 
     def _worker_started(self, worker: Worker) -> None:
         self.watch_engine(worker.engine, worker.config.queues)
@@ -316,6 +336,7 @@ class QueueMetrics:
             with engine.connect() as conn:
                 rows = conn.execute(queue_depth()).mappings().all()
                 turns = self._read_turns(conn)
+                parked: dict[str, int] = {q: int(n) for q, n in conn.execute(waiting_for_signals())}
                 lag = overruns = None
                 if worker_id is not None:
                     lag = conn.execute(heartbeat_lag(), {"worker_id": worker_id}).scalar()
@@ -340,6 +361,11 @@ class QueueMetrics:
                 self.oldest_due.labels(queue).set(0)
             self._queues |= seen
             self._set_turns(*turns)
+            for queue in self._signal_queues - parked.keys():  # none parked there any more
+                self.signal_waiting.labels(queue).set(0)
+            for queue, count in parked.items():
+                self.signal_waiting.labels(queue).set(int(count))
+            self._signal_queues |= parked.keys()
         if lag is not None:
             self.heartbeat_lag.set(max(0.0, float(lag)))
         if worker_id is not None:

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any, TypedDict
 from urllib.parse import urlencode
 
@@ -24,8 +25,11 @@ from starlette.staticfiles import StaticFiles
 from sqla_queue import admin
 from sqla_queue.admin import workers as admin_workers
 from sqla_queue.admin.filters import ACTIONS as BULK_ACTIONS
+from sqla_queue.admin.signals import signal_waits
 from sqla_queue.dashboard import bulk_actions, reads, rendering
 from sqla_queue.dashboard import params as checks
+from sqla_queue.dashboard.api import Api
+from sqla_queue.dashboard.api_auth import tokens_from
 from sqla_queue.dashboard.security import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -38,6 +42,7 @@ from sqla_queue.db import rollup
 from sqla_queue.db.models import JobStatus
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.errors import SqlaQueueError
+from sqla_queue.job.states import COUNTED
 
 JOB_ACTIONS = ("retry", "cancel", "delete")
 NOTICE_FIELD = "notice"
@@ -59,6 +64,9 @@ class DashboardOptions(TypedDict, total=False):
     asks for none."""
     poll_seconds: float
     """Seconds between the pages' refreshes of the counts."""
+    api_tokens: str | Mapping[str, str] | None
+    """The HTTP API's tokens and scopes ("token:admin,other:read", or {token: scope});
+    None: from `SQLA_QUEUE_API_TOKENS`, else the API refuses every request (401)."""
 
 
 class Dashboard:
@@ -71,6 +79,7 @@ class Dashboard:
         read_only: bool = False,
         auth: Auth | str | None = None,
         poll_seconds: float = 2.0,
+        api_tokens: str | Mapping[str, str] | None = None,
     ) -> None:
         self.engine = engine
         self.read_only = read_only
@@ -79,7 +88,16 @@ class Dashboard:
         self._counts_lock = threading.Lock()
         self._counts: tuple[float, list[reads.QueueRow] | None, float] = (0.0, None, 0.0)
         self.templates = rendering.templates()
+        self.api = Api(
+            engine,
+            tokens_from(api_tokens),
+            read_only=read_only,
+            templates=self.templates,
+            queue_rows=self._queue_rows,
+            forget_counts=self._forget_counts,
+        )
         routes = [
+            *self.api.routes(),
             Route("/", self.queues_page, name="queues"),
             Route("/partials/queues", self.queues_partial, name="queues_partial"),
             Route("/jobs", self.jobs_page, name="jobs"),
@@ -165,7 +183,7 @@ class Dashboard:
         return {
             "queues": rows,
             "charts": charts,
-            "statuses": [s.value for s in JobStatus],
+            "statuses": list(COUNTED),
             "counted_ago": age,
             "count_ms": took_ms,
         }
@@ -234,6 +252,9 @@ class Dashboard:
         with self.engine.connect() as conn:
             job = admin.get_job(conn, job_id)
             links = admin.job_links(conn, job_id) if job is not None else None
+            steps = admin.job_steps(conn, job_id) if job is not None else []
+            waits = signal_waits(conn, job_id) if job is not None else []
+            journal = admin.job_journal(conn, job_id) if job is not None else None
         if job is None:
             return self._render(
                 request,
@@ -250,8 +271,19 @@ class Dashboard:
         }
         args = json.dumps(job.args, indent=2, ensure_ascii=False, sort_keys=True)
         meta = json.dumps(job.meta, indent=2, ensure_ascii=False, sort_keys=True)
+        result = json.dumps(job.result, indent=2, ensure_ascii=False, sort_keys=True)
         return self._render(
-            request, "job.html", job=job, args=args, meta=meta, timings=timings, links=links
+            request,
+            "job.html",
+            job=job,
+            args=args,
+            meta=meta,
+            result=result,
+            timings=timings,
+            links=links,
+            steps=steps,
+            waits=waits,
+            journal=journal,
         )
 
     def workflow_page(self, request: Request) -> Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
@@ -20,6 +20,7 @@ from sqla_queue.admin.filters import JobFilter as JobFilter
 from sqla_queue.db import rollup
 from sqla_queue.db.models import JobStatus
 from sqla_queue.db.queries import dashboard as statements
+from sqla_queue.job.states import CLAIMED
 
 PAGE_SIZE = 50
 
@@ -73,10 +74,15 @@ def bounded_rows(conn: Connection, cap: int = COUNT_CAP) -> list[QueueRow]:
     settings = {q.name: q for q in admin.list_queues(conn)}
     rows: list[QueueRow] = []
     conn.execute(statements.NO_JIT)  # this transaction's only
-    for name, paused, queued, running, waiting, age in conn.execute(
+    for name, paused, queued, running, claimed, waiting, age in conn.execute(
         statements.BOUNDED_COUNTS, {"cap": cap}
     ):
-        counts = {"queued": int(queued), "running": int(running), "waiting": int(waiting)}
+        counts = {
+            "queued": int(queued),
+            "running": int(running),
+            CLAIMED: int(claimed),
+            "waiting": int(waiting),
+        }
         capped = frozenset(status for status, n in counts.items() if n >= cap)
         for status in ESTIMATED:
             params = {"queue": name, "status": status}
@@ -124,6 +130,8 @@ class QueueTurns:
     held: list[partitions.HeldSequence]
     aged: int | None
     """None: the queue does not age."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """The weights given to its partitions (`queues weight`), by partition; others weigh 1."""
 
 
 def queue_turns(conn: Connection, name: str) -> QueueTurns:
@@ -134,11 +142,17 @@ def queue_turns(conn: Connection, name: str) -> QueueTurns:
     takes_turns = info is not None and (info.fair or info.partition_limit is not None)
     depths = partitions.top_partitions(conn, [name], TOP_PARTITIONS) if takes_turns else []
     aging = info is not None and info.aging is not None
+    weights = {
+        partition: weight
+        for (queue, partition), weight in partitions.partition_weights(conn).items()
+        if queue == name
+    }
     return QueueTurns(
         info,
         depths,
         partitions.held_sequences(conn, HELD_SHOWN, queue=name),
         partitions.aged_jobs(conn).get(name, 0) if aging else None,
+        weights,
     )
 
 

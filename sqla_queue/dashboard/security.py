@@ -99,6 +99,18 @@ def check_exposure(host: str, auth: Auth | None) -> None:
         )
 
 
+API_PREFIX = "/api"
+
+
+def is_api(request: Request) -> bool:
+    """Whether the request is the HTTP API's (under `/api/` of this app, wherever mounted)."""
+    path: str = request.scope.get("path", "")
+    root: str = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path == API_PREFIX or path.startswith(API_PREFIX + "/")
+
+
 class SecurityMiddleware(BaseHTTPMiddleware):
     """Authentication, the CSRF cookie, and headers that keep injected markup inert."""
 
@@ -109,7 +121,12 @@ class SecurityMiddleware(BaseHTTPMiddleware):
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        if self.auth is not None and not self.auth.allows(request.headers.get("authorization")):
+        api = is_api(request)  # its own bearer tokens: no cookie, no CSRF, no --auth
+        if (
+            not api
+            and self.auth is not None
+            and not self.auth.allows(request.headers.get("authorization"))
+        ):
             return PlainTextResponse(
                 "authentication required",
                 status_code=401,
@@ -118,7 +135,7 @@ class SecurityMiddleware(BaseHTTPMiddleware):
         token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
         request.state.csrf = token
         response = await call_next(request)
-        if CSRF_COOKIE not in request.cookies:
+        if not api and CSRF_COOKIE not in request.cookies:
             response.set_cookie(
                 CSRF_COOKIE,
                 token,

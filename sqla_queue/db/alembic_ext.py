@@ -24,6 +24,7 @@ With `include_schemas=True`, add our filters, or it would drop our tables:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -64,10 +65,35 @@ def include_object(
 def upgrade_schema(revision: str) -> None:
     """In a revision of your own history: bring sqla-queue's schema up to `revision`.
 
-    Runs on your migration's connection and transaction; does nothing if the database is
-    already there (for instance after `sqla-queue migrate`).
+    Online when your environment gives each revision a transaction of its own
+    (`context.configure(..., transaction_per_migration=True)`): it steps out of it
+    (`autocommit_block`, which commits what the revision did before the call: keep the
+    revision as `sqla-queue alembic revision` wrote it) and applies our revisions as
+    `sqla-queue migrate` does, on a connection of its own (each in its own transaction,
+    indexes built concurrently, locks waited for at most `migrate.DEFAULT_LOCK_TIMEOUT`
+    and retried, each wait logged on `alembic.runtime.migration`). Otherwise it runs on
+    your migration's connection and transaction, every revision in it. Does nothing if the
+    database is already there (for instance after `sqla-queue migrate`).
     """
-    migrate.run_steps(_online_connection("upgrade_schema"), revision, upgrading=True)
+    from alembic import op
+
+    connection = _online_connection("upgrade_schema")
+    context = op.get_context()
+    if _may_step_out(context):
+        say = logging.getLogger("alembic.runtime.migration").warning
+        with context.autocommit_block():
+            migrate.upgrade(connection.engine, revision, report=say, within_alembic=True)
+        return
+    migrate.run_steps(connection, revision, upgrading=True)
+
+
+def _may_step_out(context: Any) -> bool:
+    """Whether the running revision's transaction is Alembic's own, one per revision:
+    leaving it commits only what this revision did before the call (nothing, in the
+    revision `write_revision` writes; Alembic's own version table on a first run)."""
+    if getattr(context, "_in_external_transaction", True) or context._transaction is None:
+        return False
+    return bool(getattr(context, "_transaction_per_migration", False))
 
 
 def downgrade_schema(revision: str | None) -> None:

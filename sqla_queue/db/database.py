@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from sqla_queue.db.queries.workers import READ_COMMITTED_SESSION, RESET_ISOLATION
 from sqla_queue.errors import ConfigurationError
 
 URL_ENV_VAR = "SQLA_QUEUE_DATABASE_URL"
@@ -126,3 +129,45 @@ def create_queue_engine(url: str, **kwargs: Any) -> Engine:
     """An engine on psycopg 3 for the worker and CLI (short transactions only)."""
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(normalize_url(url), **kwargs)
+
+
+def describe(exc: BaseException) -> str:
+    """The first line of the driver's message: never the SQL statement or its parameters."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first[:300]
+
+
+def read_committed(conn: Connection) -> bool:
+    """Run an autocommit connection's statements at READ COMMITTED whatever the server's
+    default (`default_transaction_isolation`, for the server, the database or the role);
+    True if that default was stricter and the session's was changed (`RESET_ISOLATION`
+    undoes it). Behind PgBouncer in transaction pooling a session setting does not stay with
+    the client: there set the workers' role's default instead (docs/production.md)."""
+    return conn.exec_driver_sql(READ_COMMITTED_SESSION).first() is not None
+
+
+@contextmanager
+def autocommit_read_committed(engine: Engine) -> Iterator[Connection]:
+    """A pooled connection in autocommit whose statements run at READ COMMITTED (the queue's
+    own short, fenced statements: at a stricter level they fail each other with serialization
+    failures); its session's default is restored before it goes back to the pool."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        changed = read_committed(conn)
+        try:
+            yield conn
+        finally:
+            if changed and not conn.invalidated:
+                conn.exec_driver_sql(RESET_ISOLATION)
+
+
+@contextmanager
+def begin_read_committed(engine: Engine) -> Iterator[Connection]:
+    """`engine.begin()` at READ COMMITTED whatever the engine's or the server's default (its
+    BEGIN says so: it holds behind a transaction pooler too)."""
+    with (
+        engine.connect().execution_options(isolation_level="READ COMMITTED") as conn,
+        conn.begin(),
+    ):
+        yield conn

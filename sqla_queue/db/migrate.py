@@ -8,16 +8,27 @@ its default schema unless told otherwise, never sees it.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
+import time
+from collections.abc import Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, column, inspect, pool, select, table, text
+from sqlalchemy.exc import DBAPIError
 
 from sqla_queue.db import queries
 from sqla_queue.db.database import URL_ENV_VAR, create_queue_engine, normalize_url
-from sqla_queue.db.models import SCHEMA, QueueBase
-from sqla_queue.errors import SchemaElsewhereError, SchemaMissingError, SchemaUnknownError
+from sqla_queue.db.models import HISTORY_TABLE, SCHEMA, QueueBase
+from sqla_queue.errors import (
+    MigrationBlockedError,
+    OlderWorkersError,
+    SchemaElsewhereError,
+    SchemaMissingError,
+    SchemaUnknownError,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -37,13 +48,24 @@ DROP_SCHEMA_IF_EMPTY = (
     f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
     "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
 )
-SCHEMA_REVISION = "sqlaq_0017"
+SCHEMA_REVISION = "sqlaq_0030_history"
 """The revision of our schema this version of the code needs (or a later one it ships: a
 revision it does not know is refused, `check_schema`)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
 """The opt-in branch that drops the jobs -> queues foreign key (`migrate --drop-queue-fk`)."""
 OPTIONAL_REVISIONS = frozenset({"sqlaq_nofk_0001"})
 """Revision ids that live in the optional folder, not in `versions_folder()`."""
+
+
+@functools.cache
+def package_version() -> str:
+    """The installed sqla-queue's version, as a worker registers it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sqla-queue")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 def versions_folder() -> str:
@@ -80,8 +102,44 @@ def alembic_config(
     return config
 
 
-def upgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@head") -> None:
+DEFAULT_LOCK_TIMEOUT = 0.5
+"""Seconds a statement of a revision waits for a lock before the revision is retried
+(`sqla-queue migrate --lock-timeout`): an enqueue queued behind the migration's lock request
+waits no longer than this."""
+DEFAULT_LOCK_RETRIES = 30
+"""How many times a revision that did not get its lock is tried again, after a pause that
+doubles from `lock_timeout` up to 10 s, before `upgrade` gives up (about 4 minutes)."""
+LOCK_NOT_AVAILABLE = "55P03"
+
+_log = logging.getLogger("sqla_queue.migrate")
+
+
+def upgrade(
+    bind: Engine | Connection,
+    revision: str = f"{BRANCH}@head",
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    lock_retries: int = DEFAULT_LOCK_RETRIES,
+    report: Callable[[str], None] | None = None,
+    force: bool = False,
+    within_alembic: bool = False,
+) -> None:
     """Apply our revisions up to `revision` on `bind` (an engine or a connection).
+
+    `within_alembic`: called from a revision another Alembic command is running (an
+    application's `upgrade_schema`): our steps run on a `MigrationContext` of their own,
+    not through a second Alembic command (whose environment would undo the first's).
+
+    Online when `bind` is an engine or a connection outside a transaction: each revision in
+    a transaction of its own, its index builds concurrently outside it
+    (`sqla_queue.db.online`), every lock waited for at most `lock_timeout` seconds; a
+    revision that did not get a lock is rolled back and tried again after a pause, each
+    wait said through `report` (default: a warning on the `sqla_queue.migrate` logger),
+    at most `lock_retries` times (then `MigrationBlockedError`). A connection inside a
+    transaction runs every revision in that transaction.
+
+    Refuses a contract revision while live workers built for an earlier revision are
+    registered (`OlderWorkersError`, naming them) unless `force`.
 
     Raises `SchemaElsewhereError`, saying what to do, if our schema is there but was not
     recorded by us (another Alembic environment manages it, or our version table was lost).
@@ -89,11 +147,109 @@ def upgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@head") -> None
     from alembic import command
 
     if isinstance(bind, Engine):
-        with bind.begin() as connection:
-            upgrade(connection, revision)
+        with bind.connect() as connection:
+            upgrade(
+                connection,
+                revision,
+                lock_timeout=lock_timeout,
+                lock_retries=lock_retries,
+                report=report,
+                force=force,
+                within_alembic=within_alembic,
+            )
+            connection.commit()
         return
+    say = report or _log.warning
+    external = bind.in_transaction()
     refuse_schema_made_elsewhere(bind)
-    _run(bind, lambda cfg: command.upgrade(cfg, revision))
+    if not force:
+        refuse_contract_with_older_workers(bind, revision)
+    if external:
+        _run(bind, lambda cfg: command.upgrade(cfg, revision))
+        return
+    bind.commit()
+    bind.exec_driver_sql(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+    bind.commit()
+    try:
+        for attempt in range(lock_retries + 1):
+            try:
+                if within_alembic:
+                    _apply_steps_online(bind, revision)
+                else:
+                    _run(bind, lambda cfg: command.upgrade(cfg, revision))
+                return
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                bind.rollback()
+                where = applied_revisions(bind)
+                holder = _oldest_transaction(bind)
+                bind.rollback()
+                if attempt == lock_retries:
+                    raise MigrationBlockedError(
+                        after=", ".join(where) or "base",
+                        tries=lock_retries + 1,
+                        timeout=lock_timeout,
+                        holder=holder,
+                    ) from None
+                pause = min(lock_timeout * 2**attempt, 10.0)
+                say(
+                    f"sqla-queue migrate: the revision after {', '.join(where) or 'base'} "
+                    f"waited {lock_timeout:g} s (lock_timeout) for a lock and was rolled "
+                    f"back; {holder}; retry {attempt + 1} of {lock_retries} in {pause:g} s"
+                )
+                time.sleep(pause)
+    finally:
+        bind.rollback()
+        bind.exec_driver_sql("RESET lock_timeout")
+        bind.commit()
+
+
+def _apply_steps_online(connection: Connection, target: str) -> None:
+    """Our revisions up to `target` on `connection` (outside a transaction), each in a
+    transaction of its own that it may step out of, as our environment runs them; Alembic's
+    `op` is pointed at them meanwhile and given back after."""
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from alembic import op
+
+    prepare_version_table(connection)
+    connection.commit()
+    script = ScriptDirectory.from_config(
+        alembic_config(optional=bool(set(applied_revisions(connection)) & OPTIONAL_REVISIONS))
+    )
+    connection.commit()
+    context = MigrationContext.configure(
+        connection,
+        opts={
+            **_VERSION_OPTIONS,
+            "fn": lambda heads, _context: script._upgrade_revs(target, heads),
+            "transaction_per_migration": True,
+            "on_version_apply": [record_revision_kind],
+            ONLINE_OPTION: True,
+        },
+    )
+    outer = getattr(op, "_proxy", None)
+    try:
+        with Operations.context(context):
+            context.run_migrations()
+    finally:
+        if outer is not None:
+            outer._install_proxy()
+    connection.commit()
+
+
+def _oldest_transaction(connection: Connection) -> str:
+    """The oldest other open transaction of this database, in words: what a lock waits for."""
+    row = connection.execute(queries.oldest_transaction()).first()
+    if row is None:
+        return "no other transaction is open now"
+    return (
+        f"the oldest open transaction here is pid {row.pid} ({row.state} for "
+        f"{row.seconds:.0f} s: {row.query[:80]!r})"
+    )
 
 
 def stamp(bind: Engine | Connection) -> str:
@@ -153,7 +309,12 @@ def run_steps(connection: Connection, target: str, upgrading: bool) -> None:
     else:
         steps = script._downgrade_revs(target, heads)  # type: ignore[arg-type]
     context = MigrationContext.configure(
-        connection, opts={**_VERSION_OPTIONS, "fn": lambda _heads, _context: steps}
+        connection,
+        opts={
+            **_VERSION_OPTIONS,
+            "fn": lambda _heads, _context: steps,
+            "on_version_apply": [record_revision_kind],
+        },
     )
     context.run_migrations()
     drop_version_table_at_base(connection)
@@ -278,19 +439,31 @@ def drop_version_table_at_base(connection: Connection) -> None:
 def _run(bind: Engine | Connection, action: Any, optional: bool | None = None) -> None:
     """Run an Alembic command; the optional folder is listed when asked or already applied."""
     if isinstance(bind, Engine):
-        with bind.begin() as connection:
+        with bind.connect() as connection:
             _run(connection, action, optional)
+            connection.commit()
         return
+    external = bind.in_transaction()
     with_optional = has_optional_revisions(bind) if optional is None else optional
+    if not external:
+        bind.commit()  # Alembic then owns each revision's transaction (online revisions)
     action(alembic_config(bind, optional=with_optional))
+
+
+def is_history_partition(name: str | None) -> bool:
+    """Whether table `name` is a partition of the history (`jobs_history_p<date>`, or its
+    DEFAULT partition): made by the keeper, not by a model, so no autogenerate compares it."""
+    return name is not None and name.startswith(f"{HISTORY_TABLE}_")
 
 
 def include_ours(name: str | None, type_: str, parent_names: dict[str, Any]) -> bool:
     """Autogenerate filter for our own environment: only our schema, without our version table."""
     if type_ == "schema":
         return name == SCHEMA
-    if type_ == "table" and name == VERSION_TABLE:
+    if type_ == "table" and (name == VERSION_TABLE or is_history_partition(name)):
         return False
+    if is_history_partition(parent_names.get("table_name")):
+        return False  # a partition's own copies of the history's indexes
     return parent_names.get("schema_name") == SCHEMA if "schema_name" in parent_names else True
 
 
@@ -332,15 +505,65 @@ def run_alembic_env() -> None:
 def _run_online(connection: Connection, options: dict[str, Any]) -> None:
     from alembic import context
 
+    external = connection.in_transaction()
     prepare_version_table(connection)
-    context.configure(connection=connection, **options)
+    if not external:
+        connection.commit()
+    # outside a caller's transaction, each revision commits apart, so a revision may build
+    # its indexes concurrently between its transactions (sqla_queue.db.online)
+    context.configure(
+        connection=connection,
+        transaction_per_migration=not external,
+        on_version_apply=record_revision_kind,
+        **{**options, ONLINE_OPTION: not external},
+    )
     with context.begin_transaction():
         context.run_migrations()
-        drop_version_table_at_base(connection)
+    drop_version_table_at_base(connection)
+    if not external:
+        connection.commit()
 
 
-def _revision_number(revision: str) -> int:
-    return int(revision.rsplit("_", 1)[-1])
+ONLINE_OPTION = "sqla_queue_online"
+"""The Alembic context option our own environment sets when each revision has a transaction
+of its own, which a revision may step out of (`sqla_queue.db.online`)."""
+
+KINDS_TABLE = "schema_revisions"
+"""Our applied revisions and their kinds (`expand` or `contract`), in our schema, written as
+each revision is applied: what code built for an earlier revision reads to know whether the
+newer ones it does not know leave it working."""
+
+
+def revision_kind(module: Any) -> str | None:
+    """A revision module's `migration_kind` ("expand" or "contract"), None if it has none."""
+    kind = getattr(module, "migration_kind", None)
+    return kind if kind in ("expand", "contract") else None
+
+
+def record_revision_kind(ctx: Any, step: Any, heads: Any, run_args: Any) -> None:
+    """Alembic's `on_version_apply` hook: record (or forget) the step's revision and kind
+    in `schema_revisions`, once that table exists (the revision that adds it records the
+    ones before it)."""
+    connection = ctx.connection
+    if connection.execute(queries.relation_exists(), {"name": f"{SCHEMA}.{KINDS_TABLE}"}).scalar():
+        for revision_id in step.up_revision_ids:
+            if step.is_upgrade:
+                script = step.revision_map.get_revision(revision_id)
+                kind = revision_kind(script.module) or "contract"
+                connection.execute(
+                    queries.record_revision(), {"revision": revision_id, "kind": kind}
+                )
+            else:
+                connection.execute(queries.forget_revision(), {"revision": revision_id})
+
+
+_NUMBER = re.compile(r"^sqlaq_(\d+)")
+
+
+def _revision_number(revision: str) -> int | None:
+    """`sqlaq_0022_fleet_versions` -> 22; None for a revision not of ours."""
+    found = _NUMBER.match(revision)
+    return int(found.group(1)) if found else None
 
 
 def schema_revision(connection: Connection) -> str | None:
@@ -351,26 +574,92 @@ def schema_revision(connection: Connection) -> str | None:
     return str(comment).rsplit(" ", 1)[-1]
 
 
-def unknown_revisions(connection: Connection) -> list[str]:
-    """The revisions this database records that this package does not ship (`known_revisions`),
-    in our schema's marker or in our version table (where this role may read it): a newer
-    sqla-queue migrated it. Two catalog reads; none of the migration scripts."""
+def _recorded_revisions(connection: Connection) -> dict[str, str | None]:
+    """Every revision this database records, with its kind where `schema_revisions` says
+    (None elsewhere): our schema's marker, our version table and `schema_revisions`, each
+    where this role may read it."""
     params = {"version_table": f"{VERSION_TABLE_SCHEMA}.{VERSION_TABLE}"}
     row = connection.execute(queries.schema_marks(), params).first()
     if row is None:
-        return []
-    found = {str(row.marker).rsplit(" ", 1)[-1]} if row.marker else set()
+        return {}
+    found: dict[str, str | None] = {}
+    if row.marker:
+        found[str(row.marker).rsplit(" ", 1)[-1]] = None
     if row.readable:
         statement = queries.applied_revisions(VERSION_TABLE, VERSION_TABLE_SCHEMA)
-        found.update(connection.execute(statement).scalars())
+        found.update(dict.fromkeys(connection.execute(statement).scalars()))
+    if row.kinds_readable:
+        found.update({str(r): str(k) for r, k in connection.execute(queries.revision_kinds())})
+    return found
+
+
+def unknown_revisions(connection: Connection) -> list[str]:
+    """The revisions this database records that this package does not ship
+    (`known_revisions`) and that are not known to be `expand` revisions: a newer sqla-queue
+    migrated it past what this code can work with. A few catalog reads; none of the
+    migration scripts."""
     known = known_revisions()
-    return sorted(revision for revision in found if revision not in known)
+    return sorted(
+        revision
+        for revision, kind in _recorded_revisions(connection).items()
+        if revision not in known and kind != "expand"
+    )
+
+
+def newer_expand_revisions(connection: Connection) -> list[str]:
+    """The revisions this database records that this package does not ship, all `expand`:
+    this code keeps working on them (it was built for an older revision)."""
+    known = known_revisions()
+    return sorted(
+        revision
+        for revision, kind in _recorded_revisions(connection).items()
+        if revision not in known and kind == "expand"
+    )
+
+
+def pending_contract_revisions(connection: Connection, target: str) -> list[str]:
+    """The contract revisions an upgrade to `target` would apply, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(optional=True))
+    heads = applied_revisions(connection)
+    applied = {rev.revision for rev in script.iterate_revisions(heads, "base") if rev}
+    pending = [
+        rev
+        for rev in script.iterate_revisions(target, "base")
+        if rev is not None and rev.revision not in applied
+    ]
+    return [rev.revision for rev in reversed(pending) if revision_kind(rev.module) != "expand"]
+
+
+def refuse_contract_with_older_workers(connection: Connection, target: str) -> None:
+    """Raise `OlderWorkersError` if an upgrade to `target` applies a contract revision while
+    live workers built for an earlier revision (or of a release that did not say) run."""
+    contract = pending_contract_revisions(connection, target)
+    if not contract or not inspect(connection).has_table("workers", SCHEMA):
+        return
+    first = _revision_number(contract[0]) or 0
+    has_versions = "schema_revision" in {
+        c["name"] for c in inspect(connection).get_columns("workers", SCHEMA)
+    }
+    older = []
+    for worker in connection.execute(queries.live_worker_versions(has_versions)).mappings():
+        built = worker["schema_revision"]
+        number = _revision_number(built) if built else None
+        if number is None or number < first:
+            older.append(
+                f"{worker['id']} (pid {worker['pid']} on {worker['hostname']}, "
+                f"{worker['version'] or 'a release before fleet versions'}, "
+                f"built for {built or 'an unrecorded revision'})"
+            )
+    if older:
+        raise OlderWorkersError(revisions=", ".join(contract), workers="; ".join(older))
 
 
 def _older(revision: str) -> bool:
     """Whether `revision` is numbered before the one this code needs (`SCHEMA_REVISION`)."""
-    number = revision.rsplit("_", 1)[-1]
-    return number.isdigit() and int(number) < _revision_number(SCHEMA_REVISION)
+    number, needed = _revision_number(revision), _revision_number(SCHEMA_REVISION)
+    return number is not None and needed is not None and number < needed
 
 
 def check_schema(bind: Engine | Connection) -> str:

@@ -29,7 +29,14 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    configure_mappers,
+    mapped_column,
+    relationship,
+)
+from sqlalchemy.orm.instrumentation import manager_of_class
 
 from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS as DEFAULT_MAX_ATTEMPTS
 from sqla_queue.job.options import (
@@ -37,6 +44,7 @@ from sqla_queue.job.options import (
     JobOptions,
     column_values,
     delay_interval,
+    expiry,
     options_from,
 )
 from sqla_queue.job.states import FINISHED_SQL, in_sql
@@ -101,9 +109,14 @@ class Retention(str, enum.Enum):
     delete = "delete"
     """The row is deleted at once (the default: the table stays small)."""
     keep = "keep"
-    """The row stays with status `done` until `sqla-queue prune` removes it."""
+    """As `archive`, but a job whose unique key blocks its duplicates while `done` (the done
+    bit in its `unique_states`) stays `done` in `jobs`, where the unique index sees it,
+    until `sqla-queue prune` removes it: "once ever" holds while the row does."""
     archive = "archive"
-    """The row moves to `sqla_queue.jobs_archive` in the finishing statement."""
+    """The row moves to the history (`sqla_queue.jobs_history`, partitioned by finish time)
+    in the finishing statement, with status `done`, and stays there until `sqla-queue
+    prune` drops its partition (before sqlaq_0030_history: the unpartitioned
+    `jobs_archive`); a unique key no longer blocks once its job is there."""
 
 
 def _check_in(column: str, enum_type: type[enum.Enum]) -> str:
@@ -205,6 +218,15 @@ _TASK_DEFAULTED = frozenset(OPTION_NAMES)
 """A Job's options a task's default may fill in at flush, where not given."""
 
 
+WAITS_FOR_SIGNAL = "status = 'waiting' AND signal_key IS NOT NULL"
+"""A job parked by `ctx.wait_for_signal` (not one waiting for its dependencies): the
+predicate of the two partial indexes a statement must spell the same to use."""
+SLEEPS = "status = 'waiting' AND signal_key IS NULL AND deps_left IS NULL"
+"""A job parked by a durable sleep (`ctx.sleep`): waiting for neither a signal nor a job
+it depends on, `run_at` the sleep's end (migration sqlaq_0024_sleep_parked); the predicate
+of `ix_jobs_sleep_end`, which a statement must spell the same to use."""
+
+
 class Job(QueueBase):
     """A unit of work: `task` called with `args` as keyword arguments.
 
@@ -288,6 +310,11 @@ class Job(QueueBase):
         Index(
             "ix_jobs_sequence", "sequence", "status", "id", postgresql_where=text(HOLDS_SEQUENCE)
         ),
+        # the jobs parked by ctx.wait_for_signal: a sender's wake by key, the keeper's by deadline
+        Index("ix_jobs_signal_key", "signal_key", postgresql_where=text(WAITS_FOR_SIGNAL)),
+        Index("ix_jobs_signal_deadline", "run_at", postgresql_where=text(WAITS_FOR_SIGNAL)),
+        # the jobs parked by ctx.sleep: the keeper's wake by their end
+        Index("ix_jobs_sleep_end", "run_at", postgresql_where=text(SLEEPS)),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
@@ -304,7 +331,7 @@ class Job(QueueBase):
         DateTime(timezone=True), server_default=text("now()")
     )
     attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    max_attempts: Mapped[int | None] = mapped_column(Integer().evaluates_none())
     locked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     locked_by: Mapped[str | None] = mapped_column(Text)
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
@@ -327,25 +354,35 @@ class Job(QueueBase):
     """The statuses (as bits) in which this job blocks its duplicates."""
     result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
     """What its handler returned, when its task keeps results (`keep_result=True`)."""
-    workflow_id: Mapped[str | None] = mapped_column(Text)
+    workflow_id: Mapped[str | None] = mapped_column(Text().evaluates_none())
     """The workflow it belongs to (`sqla_queue.enqueue.workflows`): shared by a canvas's jobs, or
     taken from the first job it depends on; NULL outside any workflow."""
-    about: Mapped[str | None] = mapped_column(Text)
+    about: Mapped[str | None] = mapped_column(Text().evaluates_none())
     """The row it is about, as `<table>:<primary key>` (`enqueue(..., about=order)`, see
     `sqla_queue.orm`); NULL for a job about no row (migration sqlaq_0012)."""
-    partition: Mapped[str | None] = mapped_column(Text)
+    partition: Mapped[str | None] = mapped_column(Text().evaluates_none())
     """The partition (a tenant, say) it is for: a fair queue takes turns between them, and
     a queue's `partition_limit` caps each one's running jobs (migration sqlaq_0013)."""
-    sequence: Mapped[str | None] = mapped_column(Text)
+    sequence: Mapped[str | None] = mapped_column(Text().evaluates_none())
     """Jobs of one sequence run one at a time, in enqueue order, across all workers."""
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True).evaluates_none())
+    """Its start deadline: not started by then, it is cancelled ("expired") by the claim
+    instead of running; NULL for none (`expires_in=`, `expires_at=`; migration
+    sqlaq_0020_expires)."""
     deps_left: Mapped[int | None] = mapped_column(Integer)
     """While `waiting`: how many jobs it depends on have not ended yet; NULL for a job
-    enqueued without `depends_on`."""
+    enqueued without `depends_on`, and for a job parked by a durable sleep (`SLEEPS`)."""
     has_dependents: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     """Some job depends on it: its end fires the workflow triggers (migration sqlaq_0009)."""
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
     """Its error history: one entry per attempt that ended without success, at most 20
     (`sqla_queue.job.history`); NULL until its first error (migration sqlaq_0010)."""
+
+    signal_key: Mapped[str | None] = mapped_column(Text().evaluates_none())
+    """While `waiting` for a signal (`ctx.wait_for_signal`): the key it waits for, its
+    `run_at` the wait's deadline; kept after, as the last key it waited for (migration
+    sqlaq_0019_signals), until a durable sleep parks the job (NULL while it sleeps). NULL
+    for a job that never waited for a signal."""
 
     duplicate = False
     """Set True on the job `enqueue(..., unique=...)` returns when one with the same key was
@@ -367,7 +404,12 @@ class Job(QueueBase):
         not_given = _TASK_DEFAULTED - opts.given().keys()
         if kwargs.get("args") is None:  # as enqueue takes it: no args
             kwargs["args"] = {}
-        kwargs.update((name, getattr(opts, name)) for name in _OPTION_COLUMNS)
+        # an option not given is left out of the INSERT the flush sends (its type
+        # `evaluates_none`): head's ORM enqueue names only the columns a job uses, so it
+        # writes into a schema an older release migrated, without a newer column (issue 35)
+        kwargs.update(
+            (name, value) for name in _OPTION_COLUMNS if (value := getattr(opts, name)) is not None
+        )
         kwargs["queue"] = DEFAULT_QUEUE if opts.queue is None else opts.queue
         kwargs["priority"] = 0 if opts.priority is None else opts.priority
         kwargs["tags"], _ = validate_tags_and_meta(task, opts.tags, opts.meta)
@@ -385,6 +427,9 @@ class Job(QueueBase):
             kwargs["run_at"] = func.now() + interval
         elif opts.run_at is not None:
             kwargs["run_at"] = opts.run_at
+        expires_at = expiry(opts.expires_at, opts.expires_in, error)
+        if expires_at is not None:
+            kwargs["expires_at"] = expires_at
         super().__init__(**kwargs)
         # The flush hook (sqla_queue.enqueue) pops them: task defaults and insert hooks are due.
         self.__dict__[HOOKS_DUE] = not_given
@@ -409,8 +454,92 @@ _OPTION_COLUMNS = tuple(
 """The options a `Job` stores as given (run_at may come from a delay; meta defaults to {})."""
 
 
+def checked_job(values: dict[str, Any]) -> Job:
+    """A `Job` of values an enqueue path has prepared and checked already (task defaults
+    and insert hooks applied, `validate_job` and `validate_tags_and_meta` passed): made
+    without `Job.__init__`, which would resolve its options and check them all a second
+    time (profiled: the larger part of an `enqueue()` call's own Python). `values`: its
+    columns by name, a None left out as `Job(...)` leaves out an option not given. No
+    insert hook is due at its flush (`HOOKS_DUE`)."""
+    if not Job.__mapper__.configured:  # as `Job(...)` does: the mappers are set up first
+        configure_mappers()
+    job = _JOB_CLASS.new_instance()
+    state = job.__dict__
+    state.update((name, value) for name, value in values.items() if value is not None)
+    state[HOOKS_DUE] = None
+    return job
+
+
+_JOB_CLASS = manager_of_class(Job)
+
+
+HISTORY_TABLE = "jobs_history"
+"""The finished jobs `keep` and `archive` queues keep: a table partitioned by finish time
+(migration sqlaq_0030_history), the hot `jobs` table's counterpart for ended rows."""
+HISTORY_DEFAULT_PARTITION = "jobs_history_default"
+"""The partition that takes a finished row whose finish time has no partition of its own yet
+(the keeper was not running): `doctor` names the rows in it; the keeper moves them out."""
+HISTORY_PERIOD_DAYS = 1
+"""The default span of one history partition, in days (`Registry(history_period_days=...)`
+and `sqla-queue worker --history-period-days` change it for partitions made after)."""
+HISTORY_AHEAD = 3
+"""How many periods ahead of now the keeper keeps history partitions made."""
+
+
+class HistoryJob(QueueBase):
+    """A finished job kept by a queue whose retention is `keep` or `archive`: moved out of
+    `jobs` by the statement that finished it, into a partition of its finish time. Pruning
+    drops whole partitions (`sqla-queue prune`); `sqla_queue.all_jobs` reads both tables."""
+
+    __tablename__ = HISTORY_TABLE
+    __table_args__ = (
+        Index("ix_jobs_history_finished_at", "finished_at"),
+        Index("ix_jobs_history_workflow_id", "workflow_id", postgresql_where=text(IN_WORKFLOW)),
+        Index("ix_jobs_history_about", "about", postgresql_where=text(ABOUT_SOME_ROW)),
+        {"postgresql_partition_by": "RANGE (finished_at)"},
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    queue: Mapped[str] = mapped_column(Text)
+    task: Mapped[str] = mapped_column(Text)
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(SmallInteger)
+    run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer)
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    locked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    locked_by: Mapped[str | None] = mapped_column(Text)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    """When it finished: the partition key (part of the primary key, as PostgreSQL asks)."""
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When its last attempt's handler started (`Job.started_at`, else its claim's time)."""
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=NO_TAGS)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=NO_META)
+    result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    workflow_id: Mapped[str | None] = mapped_column(Text)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
+    """Its error history, as the job kept it (`Job.errors`)."""
+    about: Mapped[str | None] = mapped_column(Text)
+    """The row it was about (`Job.about`)."""
+    partition: Mapped[str | None] = mapped_column(Text)
+    sequence: Mapped[str | None] = mapped_column(Text)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+HISTORY_COLUMNS: tuple[str, ...] = tuple(c.name for c in HistoryJob.__table__.c)
+"""The columns a finished job keeps in history: every one a reader of finished jobs reads
+(`jobs show`, results, the dashboard, the rollup, benchmarks); `sqla_queue.all_jobs` is
+these columns of both tables."""
+
+
 class ArchivedJob(QueueBase):
-    """A finished job moved out of `jobs` by a queue whose retention is `archive`."""
+    """The unpartitioned archive of releases before sqlaq_0030_history: no longer written
+    by head (an `archive` queue's jobs go to `HistoryJob`); the keeper moves any rows an
+    older worker still writes here into the history, in batches."""
 
     __tablename__ = "jobs_archive"
     __table_args__ = (
@@ -439,9 +568,7 @@ class ArchivedJob(QueueBase):
     result: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
     workflow_id: Mapped[str | None] = mapped_column(Text)
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB(none_as_null=True))
-    """Its error history, as the job kept it (`Job.errors`)."""
     about: Mapped[str | None] = mapped_column(Text)
-    """The row it was about (`Job.about`)."""
     partition: Mapped[str | None] = mapped_column(Text)
     sequence: Mapped[str | None] = mapped_column(Text)
 
@@ -465,6 +592,37 @@ class JobDependency(QueueBase):
     """What the parent's failure or cancel does to the child: cancel it, or let it run."""
     parent_status: Mapped[str | None] = mapped_column(Text)
     """How the parent ended (done, failed, cancelled); NULL while it has not."""
+
+
+class JobStep(QueueBase):
+    """A durable step of a job (`ctx.step`, `ctx.sleep`): its recorded JSON result once done,
+    or its last try's error; keyed by the job and the step's name. No foreign key to `jobs`
+    (a key-share lock on hot job rows would mint MultiXacts): a statement trigger on `jobs`
+    deletes a job's steps with it, whichever statement deletes the job."""
+
+    __tablename__ = "job_steps"
+    __table_args__ = (
+        CheckConstraint("status IN ('done', 'failed')", name="status"),
+        CheckConstraint("kind IN ('step', 'sleep')", name="kind"),
+    )
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text, server_default=text("'step'"))
+    """`step`, or `sleep` (a durable sleep: its result holds when it ends, `until`)."""
+    status: Mapped[str] = mapped_column(Text)
+    """`done` (its result is recorded: later runs get it without running the step) or
+    `failed` (its last try raised: the next run of the job tries it again)."""
+    attempt: Mapped[int] = mapped_column(Integer)
+    """The job's attempt that wrote the row (the fence it was written under)."""
+    tries: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    """How many tries of the step that attempt made (its own retry policy)."""
+    result: Mapped[Any | None] = mapped_column(JSONB(none_as_null=True))
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
 
 
 class PartitionWeight(QueueBase):
@@ -539,6 +697,31 @@ class WorkerRegistration(QueueBase):
     """Handlers past their timeout or cancel that have not returned, as of its last
     heartbeat (job, task, queue, reason, seconds); NULL when there is none. Each still
     holds its slot; `doctor` and the metrics report them."""
+    version: Mapped[str | None] = mapped_column(Text)
+    """The sqla-queue package version the worker runs (NULL: a release before 0022)."""
+    schema_revision: Mapped[str | None] = mapped_column(Text)
+    """The schema revision the worker's code was built for (`SCHEMA_REVISION`): what
+    `sqla-queue migrate` compares with a contract revision before applying it."""
+    session_pid: Mapped[int | None] = mapped_column(Integer)
+    """The server process id of the connection the worker holds open while it runs (its
+    LISTEN connection), as of its last heartbeat; NULL when it holds none (`poll_only`) or
+    it is reconnecting. The autoscaling signal counts the worker only while that backend
+    is there (`pg_stat_activity`): a SIGKILLed worker's backend ends with it."""
+
+
+class SchemaRevisionKind(QueueBase):
+    """An applied revision of our schema and its kind: `expand` (code built for an earlier
+    revision keeps working on it) or `contract` (it removes what such code uses). Code that
+    does not know a newer revision reads its kind here."""
+
+    __tablename__ = "schema_revisions"
+    __table_args__ = (CheckConstraint("kind IN ('expand', 'contract')", name="kind"),)
+
+    revision: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    applied_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
 
 
 class BrokerDone(QueueBase):
@@ -610,3 +793,167 @@ class StoppedWorker(QueueBase):
     """When it deregistered, or when a reaper found it expired."""
     how: Mapped[str] = mapped_column(Text)
     """`graceful` or `lost`."""
+
+
+class JobProgress(QueueBase):
+    """A job's latest `ctx.progress(fraction, message)`, of its latest attempt that reported
+    one. A row of its own, not a column of `jobs` (no write to the hot row), with no foreign
+    key (no share lock on the job row); deleted with its job by the `job_journal_gone`
+    trigger (migration sqlaq_0021_progress_logs)."""
+
+    __tablename__ = "job_progress"
+    __table_args__ = (CheckConstraint("fraction >= 0 AND fraction <= 1", name="fraction"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    attempt: Mapped[int] = mapped_column(Integer)
+    fraction: Mapped[float | None] = mapped_column(Float)
+    """How much is done, 0 to 1 (None: only a message)."""
+    message: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+
+
+class JobLogLines(QueueBase):
+    """The log lines a job's handler emitted during one attempt (through `logging`, on its
+    own thread or task), as a JSON array of `{"at", "level", "logger", "message"}`, capped
+    per attempt and per line (`dropped` counts the lines past the cap). Deleted with its
+    job, as `JobProgress`."""
+
+    __tablename__ = "job_logs"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    lines: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    dropped: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+class ApiIdempotencyKey(QueueBase):
+    """The answer the HTTP API gave to an action sent with an `Idempotency-Key`, per token
+    (its digest) and key: a retried request to any dashboard process of a fleet gets this
+    answer instead of acting again. While the first request is answered, `status` is NULL
+    (another request with the key is refused with 409). A row past `expires_at` counts as
+    gone (a day after its answer; minutes after an answer that never came), and the API
+    deletes such rows as it takes new keys (migration sqlaq_0025_api_idempotency)."""
+
+    __tablename__ = "api_idempotency"
+    __table_args__ = (Index("ix_api_idempotency_expires_at", "expires_at"),)
+
+    caller: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The digest of the token that sent it (keys are per token)."""
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    request: Mapped[str] = mapped_column(Text)
+    """The digest of the request (method, path, body): the same key on another request is
+    refused."""
+    status: Mapped[int | None] = mapped_column(Integer)
+    body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Signal(QueueBase):
+    """A signal in the mailbox (`sqla_queue.signal`, or the SQL function `sqla_queue.signal`):
+    kept until a waiting job consumes it (`wake='one'`) or it expires (`wake='all'` is read
+    by every job that waits for its key until then). No foreign key to `jobs` (a key-share
+    lock on hot job rows would mint MultiXacts)."""
+
+    __tablename__ = "signals"
+    __table_args__ = (
+        CheckConstraint("wake IN ('one', 'all')", name="wake"),
+        Index("ix_signals_key", "key", "id"),
+        Index("ix_signals_expires_at", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    key: Mapped[str] = mapped_column(Text)
+    payload: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    wake: Mapped[str] = mapped_column(Text, server_default=text("'one'"))
+    """`one`: one waiting job is woken and consumes it; `all`: every job waiting for its
+    key is woken, and each (and each later waiter, until it expires) reads it once."""
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    """When the workers' upkeep deletes it, consumed or not."""
+
+
+class SignalWait(QueueBase):
+    """One `ctx.wait_for_signal` of a job: its deadline while it waits, then what it got
+    (a payload, or the timeout), so a later run of the job (after a crash, a retry, a wake)
+    gets the same answer without consuming another signal. Keyed by the job, the signal's
+    key and the call's number among this key's waits in one run (`seq`, from 1). No foreign
+    key to `jobs`; the workers' upkeep deletes the rows of jobs that no longer exist."""
+
+    __tablename__ = "signal_waits"
+    __table_args__ = (
+        CheckConstraint("state IN ('waiting', 'received', 'timed_out')", name="state"),
+    )
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(Text, server_default=text("'waiting'"))
+    deadline: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    attempt: Mapped[int] = mapped_column(Integer)
+    """The job's attempt that last wrote the row (consumption is fenced on it)."""
+    signal_id: Mapped[int | None] = mapped_column(BigInteger)
+    payload: Mapped[Any] = mapped_column(JSONB(none_as_null=True), nullable=True)
+    started_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("now()")
+    )
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+SCHEMA_TRIGGERS: dict[str, tuple[str, str]] = {
+    "ck_jobs_args_size": ("jobs", "sqlaq_0026_feature_tax.py (ARGS_SIZE_TRIGGER)"),
+    "job_ended_update": ("jobs", "sqlaq_0015_claim_seams.py (JOB_ENDED_TRIGGER)"),
+    "job_ended_delete": ("jobs", "sqlaq_0009_workflows.py (TRIGGERS)"),
+    "jobs_ended_update": ("jobs", "sqlaq_0009_workflows.py (TRIGGERS)"),
+    "jobs_ended_delete": ("jobs", "sqlaq_0009_workflows.py (TRIGGERS)"),
+    "job_retried": ("jobs", "sqlaq_0009_workflows.py (TRIGGERS)"),
+    "job_revived_unique": ("jobs", "sqlaq_0016_unique_revival.py (TRIGGER)"),
+    "job_journal_gone": ("jobs", "sqlaq_0021_progress_logs.py (JOURNAL_GONE)"),
+    "history_journal_gone": ("jobs_history", "sqlaq_0030_history.py (HISTORY_JOURNAL_GONE)"),
+}
+"""The triggers the schema at head has: name -> (table, the revision file and constant
+holding its CREATE TRIGGER). Not in the models: `doctor` compares the catalogue with it."""
+
+SCHEMA_FUNCTIONS: dict[str, str] = {
+    "claim_slots": "sqlaq_0008_held_slots.py (CLAIM_SLOTS)",
+    "claim_turns": "sqlaq_0015_claim_seams.py (CLAIM_TURNS)",
+    "job_ended": "sqlaq_0015_claim_seams.py (_job_ended)",
+    "jobs_ended": "sqlaq_0014_workflow_triggers.py (JOBS_ENDED)",
+    "job_retried": "sqlaq_0009_workflows.py (JOB_RETRIED)",
+    "job_revived_unique": "sqlaq_0016_unique_revival.py (JOB_REVIVED_UNIQUE)",
+    "refuse_large_args": "sqlaq_0007_lean_claim_indexes.py (REFUSE_LARGE_ARGS)",
+    "signal": "sqlaq_0019_signals.py (SIGNAL_FUNCTION)",
+    "job_journal_gone": "sqlaq_0030_history.py (JOURNAL_GONE)",
+    "history_period_start": "sqlaq_0030_history.py (PERIOD_START)",
+    "keep_history": "sqlaq_0030_history.py (KEEP_HISTORY)",
+    "history_journal_gone": "sqlaq_0030_history.py (HISTORY_JOURNAL_GONE)",
+}
+"""The functions the schema at head has: name -> the revision file and constant holding its
+CREATE FUNCTION."""
+
+WORKER_PRIVILEGES: dict[str, tuple[str, ...]] = {
+    "queues": ("SELECT",),
+    "jobs": ("SELECT", "UPDATE", "DELETE"),
+    "jobs_history": ("SELECT", "INSERT", "UPDATE"),
+    "workers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "queue_starts": ("SELECT", "INSERT", "DELETE"),
+    "job_counts": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "stopped_workers": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "partition_weights": ("SELECT",),
+    "partition_turns": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "job_deps": ("SELECT", "UPDATE"),
+    "schema_revisions": ("SELECT",),
+    "job_steps": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "signals": ("SELECT", "UPDATE", "DELETE"),
+    "signal_waits": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "job_progress": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "job_logs": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+}
+"""What a worker's role needs on our tables (docs/production.md, "Security"; with USAGE on
+the schema): `doctor --worker-role ROLE` checks each."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from sqla_queue.db.database import autocommit_read_committed, describe
 from sqla_queue.db.queries import dashboard as dashboard_reads
 from sqla_queue.db.queries import rollup
 from sqla_queue.job.counts import JobCounts
@@ -75,7 +76,7 @@ class RollupWriter:
             return
         self._next_write = now + self.write_every
         try:
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            with autocommit_read_committed(engine) as conn:
                 self.write(conn)
                 if now >= self._next_prune:
                     self._next_prune = now + self.prune_every
@@ -85,7 +86,7 @@ class RollupWriter:
                 log.warning(
                     "could not write the job counts (%s); kept for the next try "
                     "(repeats are not logged until it recovers)",
-                    exc,
+                    describe(exc),
                 )
             self._failing = True
             return
@@ -109,7 +110,8 @@ def plan_rows(conn: Connection, statement: Any, params: dict[str, Any] | None = 
 
 
 def big_table(conn: Connection) -> bool:
-    """Whether the jobs table holds `BIG_TABLE` jobs or more, by the planner's estimate."""
+    """Whether the jobs table and the history hold `BIG_TABLE` jobs or more, by the
+    planner's estimate."""
     return plan_rows(conn, dashboard_reads.ESTIMATED_ROWS) >= BIG_TABLE
 
 

@@ -3,6 +3,7 @@ statements from `sqla_queue.db.queries`."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shlex
 import time
@@ -14,6 +15,7 @@ from sqlalchemy import Connection
 from sqla_queue.admin import partitions
 from sqla_queue.db import queries, rollup
 from sqla_queue.db.migrate import schema_revision
+from sqla_queue.db.queries import signals as signal_queries
 from sqla_queue.db.queries import vacuum
 from sqla_queue.doctor.findings import (
     EXPECTED_AUTOVACUUM,
@@ -21,16 +23,19 @@ from sqla_queue.doctor.findings import (
     FIX_AUTOVACUUM_OFF,
     FIX_BACKLOG,
     FIX_BLOCKED_LOOP,
+    FIX_DRIFT,
     FIX_FAILED,
     FIX_FOREIGN_KEY,
     FIX_FREEZE,
     FIX_HELD_SEQUENCE,
+    FIX_HISTORY,
     FIX_HORIZON,
     FIX_LONG_TRANSACTION,
     FIX_MULTIXACTS,
     FIX_ORPHANS,
     FIX_OVERRUN,
     FIX_SCHEMA,
+    FIX_SIGNALS,
     FIX_STUCK,
     FIX_SUBTRANSACTIONS,
     FIX_TABLE_SIZE,
@@ -442,6 +447,38 @@ def check_waiting_jobs(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("waiting_jobs", Severity.ok, value, FIX_WAITING, details)
 
 
+def check_signals(conn: Connection, options: DoctorOptions) -> Finding:
+    """Jobs parked for a signal long past their wait's deadline (no worker's keeper woke
+    them), and mailboxes that grow with no job waiting for their key."""
+    overdue, oldest, keys = conn.execute(
+        signal_queries.overdue_waits(), {"grace": options.stuck_after}
+    ).one()
+    unread = conn.execute(signal_queries.unread_mailboxes(), {"min_count": MAILBOX_WARN}).all()
+    overdue_keys = list(dict.fromkeys(keys or []))[:5]
+    details = {
+        "overdue_waits": int(overdue),
+        "overdue_keys": overdue_keys,
+        "unread_mailboxes": {key: int(n) for key, n, _ in unread},
+    }
+    problems = []
+    if overdue:
+        shown = ", ".join(repr(k) for k in overdue_keys)
+        problems.append(
+            f"{overdue} job(s) still wait for a signal past their deadline (oldest "
+            f"{oldest.isoformat()}; keys {shown}): no worker's keeper woke them"
+        )
+    if unread:
+        shown = ", ".join(f"{key!r} ({n})" for key, n, _ in unread)
+        problems.append(f"signals pile up with no job waiting for them: {shown}")
+    if not problems:
+        return Finding("signals", Severity.ok, "no overdue wait, no unread mailbox", FIX_SIGNALS)
+    return Finding("signals", Severity.warn, "; ".join(problems), FIX_SIGNALS, details)
+
+
+MAILBOX_WARN = 1000
+"""Unexpired signals of one key, with no job waiting for it, from which doctor warns."""
+
+
 def check_workers(conn: Connection, options: DoctorOptions) -> Finding:
     """The live workers, from their registrations (each beats every few seconds)."""
     rows = conn.execute(queries.live_workers()).mappings().all()
@@ -626,11 +663,152 @@ def check_held_sequences(conn: Connection, options: DoctorOptions) -> Finding:
     return Finding("held_sequences", Severity.warn, value, fix, details)
 
 
+def _create_index_concurrently(conn: Connection, index: Any) -> str:
+    from sqlalchemy.schema import CreateIndex
+
+    statement = str(CreateIndex(index).compile(dialect=conn.dialect))
+    return " ".join(statement.replace(" INDEX ", " INDEX CONCURRENTLY ", 1).split())
+
+
+def schema_differences(conn: Connection, worker_role: str | None = None) -> list[str]:
+    """What the catalogue lacks of what head expects, each with its fix, one line each:
+    tables, columns, indexes (and their validity), triggers, functions, and with
+    `worker_role` that role's privileges."""
+    from sqla_queue.db.models import (
+        SCHEMA,
+        SCHEMA_FUNCTIONS,
+        SCHEMA_TRIGGERS,
+        WORKER_PRIVILEGES,
+        QueueBase,
+    )
+
+    found: list[str] = []
+    columns: dict[str, set[str]] = {}
+    for name, column_name in conn.execute(queries.schema_columns()):
+        columns.setdefault(str(name), set()).add(str(column_name))
+    for table in QueueBase.metadata.sorted_tables:
+        if table.name not in columns:
+            found.append(f"table {SCHEMA}.{table.name} is missing: run `sqla-queue migrate`")
+            continue
+        for column in table.columns:
+            if column.name not in columns[table.name]:
+                found.append(
+                    f"column {SCHEMA}.{table.name}.{column.name} is missing: "
+                    f"ALTER TABLE {SCHEMA}.{table.name} ADD COLUMN {column.name} "
+                    f"{column.type.compile(dialect=conn.dialect)}"
+                )
+    indexes = {str(r.name): bool(r.valid) for r in conn.execute(queries.schema_indexes())}
+    for table in QueueBase.metadata.sorted_tables:
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            name = str(index.name)
+            create = _create_index_concurrently(conn, index)
+            if name not in indexes:
+                found.append(f"index {SCHEMA}.{name} is missing: {create}")
+            elif not indexes[name]:
+                found.append(
+                    f"index {SCHEMA}.{name} is INVALID (a build that did not finish; it is "
+                    f"kept up to date but never used): DROP INDEX CONCURRENTLY "
+                    f"{SCHEMA}.{name}; then {create}"
+                )
+    triggers = {str(r.name) for r in conn.execute(queries.schema_triggers())}
+    for name, (table_name, where) in SCHEMA_TRIGGERS.items():
+        if name not in triggers:
+            found.append(
+                f"trigger {name} on {SCHEMA}.{table_name} is missing: run its CREATE TRIGGER "
+                f"from sqla_queue/migrations/versions/{where}"
+            )
+    functions = set(conn.execute(queries.schema_functions()).scalars())
+    for name, where in SCHEMA_FUNCTIONS.items():
+        if name not in functions:
+            found.append(
+                f"function {SCHEMA}.{name}() is missing: run its CREATE FUNCTION from "
+                f"sqla_queue/migrations/versions/{where}"
+            )
+    if worker_role is not None:
+        wanted = [(t, p) for t, privileges in WORKER_PRIVILEGES.items() for p in privileges]
+        row = conn.execute(queries.role_privileges(wanted), {"role": worker_role}).one()
+        if not row.role_exists:
+            found.append(f"role {worker_role} does not exist: CREATE ROLE {worker_role} LOGIN")
+            return found
+        if not row.usage:
+            found.append(
+                f"role {worker_role} lacks USAGE on schema {SCHEMA}: "
+                f"GRANT USAGE ON SCHEMA {SCHEMA} TO {worker_role}"
+            )
+        for i, (table_name, privilege) in enumerate(wanted):
+            if row._mapping[f"p{i}"] is False:
+                found.append(
+                    f"role {worker_role} lacks {privilege} on {SCHEMA}.{table_name}: "
+                    f"GRANT {privilege} ON {SCHEMA}.{table_name} TO {worker_role}"
+                )
+    return found
+
+
+def _utc(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.timezone.utc)
+
+
+def check_history(conn: Connection, options: DoctorOptions) -> Finding:
+    """The history of finished jobs: its partitions (how many, how far ahead, their size)
+    and the rows its DEFAULT partition took (a period no partition was made for: no
+    worker's keeper ran), which doctor names."""
+    parts = conn.execute(queries.history_partitions()).all()
+    stray, oldest = conn.execute(queries.history_default_rows()).one()
+    ahead = conn.execute(queries.history_made_until()).scalar()
+    details: dict[str, Any] = {
+        "partitions": len(parts),
+        "rows_estimate": sum(int(p.estimate) for p in parts),
+        "bytes": sum(int(p.bytes) for p in parts),
+        "default_rows": int(stray),
+        "made_until": None if ahead is None else _utc(ahead).isoformat(),
+    }
+    if stray:
+        value = (
+            f"{stray} finished job(s) in the history's DEFAULT partition "
+            f"(sqla_queue.jobs_history_default, the oldest finished {_utc(oldest):%Y-%m-%d %H:%M} "
+            "UTC): no partition was made for their period"
+        )
+        return Finding("history", Severity.warn, value, FIX_HISTORY, details)
+    if ahead is None:
+        value = "no partition of the history covers now: finished jobs go to its DEFAULT one"
+        return Finding("history", Severity.warn, value, FIX_HISTORY, details)
+    value = (
+        f"{len(parts)} partition(s), about {details['rows_estimate']} finished job(s), "
+        f"made until {_utc(ahead):%Y-%m-%d %H:%M} UTC"
+    )
+    return Finding("history", Severity.ok, value, FIX_HISTORY, details)
+
+
+def check_schema_drift(conn: Connection, options: DoctorOptions) -> Finding:
+    """The catalogue holds what head expects: tables, columns, indexes (valid), triggers,
+    functions, and the worker role's privileges (with `--worker-role`)."""
+    differences = schema_differences(conn, options.worker_role)
+    if not differences:
+        checked = " and the worker role's privileges" if options.worker_role else ""
+        return Finding(
+            "schema_drift",
+            Severity.ok,
+            f"tables, columns, indexes, triggers and functions as head expects{checked}",
+            FIX_DRIFT,
+        )
+    value = f"{len(differences)} difference(s): " + "; ".join(differences)
+    return Finding(
+        "schema_drift", Severity.critical, value, FIX_DRIFT, {"differences": differences}
+    )
+
+
 def check_claim_plan(conn: Connection, options: DoctorOptions) -> Finding:
     """The worker's claim reads the claim index in order (its plan, by EXPLAIN)."""
     ordered, message, details = queries.claim_plan_health(conn)
-    severity = Severity.ok if ordered else Severity.warn
-    return Finding("claim_plan", severity, message, queries.FIX_CLAIM_PLAN, details)
+    rows = max(float(details["reltuples"]), 0.0) + int(details["changed_since_analyze"])
+    if ordered or rows < options.claim_plan_rows:  # a sort of a few rows costs nothing
+        if not ordered:
+            message += (
+                f"; harmless at about {rows:,.0f} rows (it matters past "
+                f"{options.claim_plan_rows:,}, where a worker analyzes the table)"
+            )
+        return Finding("claim_plan", Severity.ok, message, queries.FIX_CLAIM_PLAN, details)
+    return Finding("claim_plan", Severity.warn, message, queries.FIX_CLAIM_PLAN, details)
 
 
 SERVER_CHECKS: tuple[Check, ...] = (
@@ -647,6 +825,7 @@ SERVER_CHECKS: tuple[Check, ...] = (
 QUEUE_CHECKS: tuple[Check, ...] = (
     check_multixact_age,
     check_queue_foreign_key,
+    check_schema_drift,
     check_tables,
     check_autovacuum_settings,
     check_jobs_vacuum,
@@ -654,10 +833,12 @@ QUEUE_CHECKS: tuple[Check, ...] = (
     check_claim_plan,
     check_stuck_jobs,
     check_waiting_jobs,
+    check_signals,
     check_workers,
     check_backlog,
     check_failed_jobs,
     check_held_sequences,
+    check_history,
     check_unknown_tasks,
 )
 """Checks of our own tables; skipped when the schema is missing."""

@@ -59,6 +59,12 @@ class DoctorOptions:
     """Sessions seen enqueuing at once, with the foreign key in place, that warn."""
     dead_tuples: int = 100_000
     """Dead tuples in jobs that warn, when they also outnumber the live ones."""
+    worker_role: str | None = None
+    """The role your workers log in as: `schema_drift` then checks it has each privilege a
+    worker needs (`sqla_queue.db.models.WORKER_PRIVILEGES`)."""
+    claim_plan_rows: int = 10_000
+    """Rows in the jobs table (analyzed, plus changed since) under which a claim plan that
+    sorts the due jobs is not worth a warning: sorting a few hundred rows costs nothing."""
     show_queries: bool = False
     """Put other sessions' SQL text (120 characters, literals and all) in the details.
 
@@ -104,8 +110,8 @@ FIX_ORPHANS = (
     "(`sqla-queue queues create NAME`) or cancel their jobs."
 )
 FIX_TABLE_SIZE = (
-    "Keep the table small: delete finished jobs or move them to an archive table (queue "
-    "retention delete or archive, or `sqla-queue prune --older-than 7d`), so the partial "
+    "Keep the table small: delete finished jobs or keep them in the history (queue "
+    "retention delete, keep or archive, or `sqla-queue prune --older-than 7d`), so the partial "
     "index and vacuum "
     "have little to do."
 )
@@ -150,6 +156,13 @@ FIX_WAITING = (
     "cancel the waiting job. One that waits for no unfinished job cannot run: its edges "
     "(sqla_queue.job_deps) or its counter were changed by hand; cancel it and enqueue it again."
 )
+FIX_SIGNALS = (
+    "A job parked by ctx.wait_for_signal runs again when its signal is sent or its timeout "
+    "passes; the timeout is enforced by a running worker's keeper: run a worker (any queue). "
+    "A mailbox that grows with nobody waiting holds signals sent for a key no job waits for "
+    "(a typo in the key, a job cancelled or never enqueued): they are deleted when they "
+    "expire (`signal(..., expires_in=...)`); fix the sender or the key the handler waits for."
+)
 FIX_BACKLOG = (
     "Run more workers for these queues, or claim more per poll (--batch, --concurrency): "
     "poll less, claim more."
@@ -172,7 +185,16 @@ FIX_HELD_SEQUENCE = (
     "(`sqla-queue jobs delete ID`); or let the queue's sequences go on past a failed job "
     "(`sqla-queue queues set QUEUE --sequence-on-failure skip`)."
 )
+FIX_HISTORY = (
+    "Run a worker (its keeper makes the history's partitions ahead and moves the rows of "
+    "the DEFAULT partition into the partition of their period once it is made), or call "
+    "`SELECT sqla_queue.keep_history(1, 3, 5000)` as the schema's owner."
+)
 FIX_PERMISSION = "Run doctor as a role that can read pg_stat_activity (pg_read_all_stats)."
+FIX_DRIFT = (
+    "Each difference is named with its fix above; an object a revision made that is missing "
+    "comes back only by running its statement (the revision is recorded as applied)."
+)
 FIX_SCHEMA = "Run `sqla-queue migrate` (or `alembic upgrade heads`) to create the schema."
 FIX_TRUNCATE = (
     "At a quiet moment (claims wait while it truncates), run as printed: "

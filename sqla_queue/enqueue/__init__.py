@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, overload
 
-from sqlalchemy import Connection, Engine, event, func
+from sqlalchemy import Connection, Engine, Select, event, func, inspect
 from sqlalchemy.orm import (
     Session,
     UOWTransaction,
@@ -34,6 +34,7 @@ from sqla_queue.db.models import (
     UNIQUE_DUE,
     Job,
     Queue,
+    checked_job,
     validate_job,
     validate_tags_and_meta,
 )
@@ -47,10 +48,11 @@ from sqla_queue.enqueue.inserts.params import (
     JOB_BIND,
     JOB_FIELDS,
     SERVER_SET,
+    ByOptionsUsed,
     plain_params,
     row_params,
 )
-from sqla_queue.enqueue.inserts.routed import refuse_routed, routed_refusal
+from sqla_queue.enqueue.inserts.routed import has_row_refs, refuse_routed, routed_refusal
 from sqla_queue.enqueue.inserts.unique import (
     UNIQUE_ROUNDS,
     enqueue_unique,
@@ -60,6 +62,7 @@ from sqla_queue.enqueue.inserts.unique import (
 )
 from sqla_queue.enqueue.inserts.wake import NOTIFIED_KEY, NOTIFY_QUEUES
 from sqla_queue.errors import InvalidJobError
+from sqla_queue.job.about import about_text
 from sqla_queue.job.new_job import NewJob
 from sqla_queue.job.options import (
     OPTION_NAMES,
@@ -70,7 +73,7 @@ from sqla_queue.job.options import (
     options_from,
 )
 from sqla_queue.job.unique import resolve_unique
-from sqla_queue.job.validation import invalid_job
+from sqla_queue.job.validation import COLUMN_OPTIONS, encodes_as, invalid_job
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -79,7 +82,24 @@ if TYPE_CHECKING:
     from sqla_queue.job.tasks import TaskLookup
 
 # Built once: constructing a Core statement costs more than sending it (profiled per enqueue).
-_INSERT_AND_NOTIFY = queries.insert_job_and_notify()
+_INSERT_AND_NOTIFY = ByOptionsUsed(queries.insert_job_and_notify)
+_INSERT_PLAIN_AND_NOTIFY = queries.insert_plain_job_and_notify()
+
+
+def _insert_and_notify(params: Mapping[str, Any]) -> Select[Any]:
+    """The statement that writes one job of `params` and its NOTIFY: the plain one (task,
+    args, queue, priority) for a job that uses nothing else."""
+    if (
+        params["job_run_at"] is None
+        and params["job_delay"] is None
+        and not params["job_tags"]
+        and params["job_meta_json"] == "{}"
+        and not [1 for _, key in _COLUMN_PARAMS if params[key] is not None]
+    ):
+        return _INSERT_PLAIN_AND_NOTIFY
+    return _INSERT_AND_NOTIFY([params])
+
+
 _INSERT_QUEUE = queries.insert_queue()
 
 
@@ -161,10 +181,12 @@ def enqueue_job(
     flush: bool = False,
     registry: TaskLookup | None = None,
     defaults: JobOptions | None = None,
+    call: str | None = None,
 ) -> Job | int:
-    """`enqueue` with its options built: the one path of `enqueue` and `Task.enqueue`
-    (`defaults`: the task's options, for a task outside the registry in force)."""
-    _check_session(session, "enqueue()" if defaults is None else "Task.enqueue()")
+    """`enqueue` with its options built: the one path of `enqueue`, `Task.enqueue` and
+    `Task.defer` (`defaults`: the task's options, for a task outside the registry in
+    force; `call`: the caller's name, for a wrong first argument)."""
+    _check_session(session, call or ("enqueue()" if defaults is None else "Task.enqueue()"))
     install_listeners()
     if flush and not isinstance(session, (Session, Connection)):
         raise TypeError("enqueue(flush=True) needs a sync Session; `await session.flush()`")
@@ -183,21 +205,24 @@ def enqueue_job(
             session.expire(job, _LINKED)
         return job
     interval = delay_interval(new.run_at, new.delay, invalid_job(new.task))
+    checked = _checked_params(new, interval)  # the one check of its fields
     fields = {name: getattr(new, name) for name in JOB_FIELDS}
+    fields["tags"] = checked["job_tags"]
+    if fields["meta"] is None:
+        fields["meta"] = {}
     later = None
     if interval is not None:
         fields["run_at"] = later = func.now() + interval
     elif new.run_at is not None:
         fields["run_at"] = new.run_at
-    checked = False
+    routes_checked = False
     if isinstance(session, Session) and _not_kept_on_routes(new):
         # refused at the call, not at the flush (an AsyncSession's is, at its flush)
         refuse_routed(session.connection(bind_arguments=JOB_BIND), [_routed_params(new)])
-        checked = True
-    job = Job(**fields)
-    job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
-    job.__dict__[_ENQUEUED] = (later, interval)
-    if checked:
+        routes_checked = True
+    job = checked_job(fields)  # not Job(**fields): that would check every field again
+    job.__dict__[_ENQUEUED] = (later, interval, checked, tuple(checked["job_tags"]))
+    if routes_checked:
         job.__dict__[_ROUTES_CHECKED] = True
     if new.depends_on is not None:
         job.__dict__[LINKS_DUE] = (new.depends_on, new.on_failure)
@@ -205,6 +230,47 @@ def enqueue_job(
     if flush:
         session.flush()
     return job
+
+
+def _checked_params(new: NewJob, interval: dt.timedelta | None) -> dict[str, Any]:
+    """`new`'s fields checked, once, as the `job_*` parameters its flush writes (unless a
+    field is changed on the Job before: `_write_enqueued` then checks it again)."""
+    if new.about is not None and not isinstance(new.about, str):  # set by a hook
+        new.about = about_text(new.about, invalid_job(new.task))
+    tags, meta_json = validate_tags_and_meta(new.task, new.tags, new.meta)
+    params = plain_params(
+        new.task, new.args, new.queue, new.priority, new.run_at, interval, column_values(new)
+    )
+    params["job_tags"], params["job_meta_json"] = tags, meta_json
+    return params
+
+
+def _unchanged(job: Job, run_at: object, interval: object, checked: dict[str, Any]) -> bool:
+    """Whether `job`'s fields are still those `enqueue` checked (`_checked_params`): the
+    same objects, and its args, tags and meta not changed in place either."""
+    state = job.__dict__
+    return (
+        state.get("task") is checked["job_task"]
+        and state.get("queue") is checked["job_queue"]
+        and state.get("priority") is checked["job_priority"]
+        and run_at is checked["job_run_at"]
+        and interval is checked["job_delay"]
+        and not [1 for name, key in _COLUMN_PARAMS if state.get(name) is not checked[key]]
+        and state.get("tags") is checked["job_tags"]
+        and tuple(checked["job_tags"] or ()) == state[_ENQUEUED][3]
+        and _same_json(state.get("args"), checked["job_args_json"])
+        and _same_json(state.get("meta"), checked["job_meta_json"])
+    )
+
+
+def _same_json(value: object, encoded: str) -> bool:
+    """`encodes_as`, without encoding an empty dict that was empty."""
+    if encoded == "{}" and type(value) is dict and not value:
+        return True
+    return encodes_as(value, encoded)
+
+
+_COLUMN_PARAMS = tuple((name, f"job_{name}") for name in COLUMN_OPTIONS)
 
 
 def install_listeners() -> None:
@@ -216,17 +282,20 @@ def install_listeners() -> None:
     `import sqla_queue` installs none: the first enqueue does (`enqueue`, `Task.enqueue`,
     `enqueue_many`, ...), as do `Registry()` and the first `Job(...)` made, so a job added
     with `session.add(Job(...))` is written as one enqueued."""
+    if _INSTALLED:  # asking `event.contains` three times cost a tenth of an enqueue() call
+        return
     refusals.listen()
     wake.listen()
-    if event.contains(Session, "before_flush", _hooks_before_flush):
-        return
     with _LISTENING:
         if not event.contains(Session, "before_flush", _hooks_before_flush):
             event.listen(Session, "after_flush_postexec", _link_after_flush)
             event.listen(Session, "before_flush", _hooks_before_flush)  # last: the check above
+        _INSTALLED.append(True)
 
 
 _LISTENING = threading.Lock()
+_INSTALLED: list[bool] = []
+"""Not empty once `install_listeners` has installed them all in this process."""
 
 
 def _job_made(job: Job, args: Any, kwargs: Any) -> None:
@@ -265,8 +334,8 @@ def _enqueue_core(connection: Connection, new: NewJob) -> int:
     params = row_params(new)
     depends = params.pop(DEPENDS, None)
     if new.unique is None:
-        refuse_routed(connection, [params])
-        job_id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
+        refuse_routed(connection, [{**params, "job_row_refs": has_row_refs(new.args)}])
+        job_id = int(connection.execute(_insert_and_notify(params), params).scalar_one())
         duplicate = False
     else:
         ((job_id, duplicate),) = insert_unique(connection, [params], depends=[depends])
@@ -399,8 +468,13 @@ def _hooks_before_flush(session: Session, flush_context: UOWTransaction, instanc
 
 def _not_kept_on_routes(job: Job | NewJob) -> bool:
     """Whether `job` has what a routed queue refuses, beside a unique key (checked where
-    unique jobs are written): a sequence or a partition."""
-    return job.sequence is not None or job.partition is not None
+    unique jobs are written): a sequence, a partition or a start deadline."""
+    return (
+        job.sequence is not None
+        or job.partition is not None
+        or job.expires_at is not None
+        or has_row_refs(job.args) is not None
+    )
 
 
 def _routed_params(job: Job | NewJob) -> dict[str, Any]:
@@ -410,6 +484,8 @@ def _routed_params(job: Job | NewJob) -> dict[str, Any]:
         "job_task": job.task,
         "job_sequence": job.sequence,
         "job_partition": job.partition,
+        "job_expires_at": job.expires_at,
+        "job_row_refs": has_row_refs(job.args),
     }
 
 
@@ -500,7 +576,8 @@ _ROUTES_CHECKED = "_sqla_queue_routes_checked"
 (its sequence or partition): the flush does not read the queues again for it."""
 _ENQUEUED = "_sqla_queue_enqueued"
 """Instance key of a Job made by `enqueue(session, ...)`: (the run_at expression it was given
-for a delay, or None; that delay). The flush writes it with `_write_enqueued`."""
+for a delay, or None; that delay; its `job_*` parameters as checked at the call; its tags
+then). The flush writes it with `_write_enqueued`."""
 
 
 def _write_enqueued(session: Session, job: Job) -> bool:
@@ -510,9 +587,10 @@ def _write_enqueued(session: Session, job: Job) -> bool:
     server-set columns loaded on first use, as after the unit of work's INSERT.
 
     False (the unit of work writes it) when its run_at was since set to another SQL
-    expression. Fields changed since `enqueue` are validated again, as `Job` validates them.
+    expression. The parameters `enqueue` checked are sent as they are; a field changed
+    since (set, or its args, tags or meta changed in place) has them all checked again.
     """
-    later, interval = job.__dict__[_ENQUEUED]
+    later, interval, checked, _ = job.__dict__[_ENQUEUED]
     run_at: object = job.run_at
     if run_at is later is not None:
         run_at = None
@@ -520,23 +598,24 @@ def _write_enqueued(session: Session, job: Job) -> bool:
         return False
     else:
         interval = None
-    params = plain_params(
-        job.task, job.args, job.queue, job.priority, run_at, interval, column_values(job)
-    )
-    if job.tags or job.meta:
-        params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
-            job.task, job.tags, job.meta
+    if _unchanged(job, run_at, interval, checked):
+        params = checked  # checked by enqueue, and nothing changed since
+    else:
+        params = plain_params(
+            job.task, job.args, job.queue, job.priority, run_at, interval, column_values(job)
         )
-    session.expunge(job)
-    del job.__dict__[_ENQUEUED]
+        if job.tags or job.meta:
+            params["job_tags"], params["job_meta_json"] = validate_tags_and_meta(
+                job.task, job.tags, job.meta
+            )
     connection = session.connection(bind_arguments=JOB_BIND)
-    try:
-        job.id = int(connection.execute(_INSERT_AND_NOTIFY, params).scalar_one())
-    except BaseException:
-        session.add(job)  # still pending, as a failed flush leaves the unit of work's jobs
-        raise
-    make_transient_to_detached(job)
-    session.add(job)
+    # Failed: still pending, as a failed flush leaves the unit of work's jobs.
+    job.id = int(connection.execute(_insert_and_notify(params), params).scalar_one())
+    del job.__dict__[_ENQUEUED]
+    # Pending to persistent as the unit of work makes its own (events, identity map, and
+    # gone again on rollback): expunge, make_transient_to_detached and add cost a third of
+    # the job's Python in a business transaction (profiled).
+    session._register_persistent({inspect(job)})
     session.expire(job, SERVER_SET)
     session.info.setdefault(NOTIFIED_KEY, set()).add(job.queue)
     return True

@@ -18,7 +18,9 @@ constraints still hold for them.)
    naming the hook and the reason, before anything is sent, so the transaction goes on).
    A hook that renames the task is held to the same check;
 5. with a registry, the args (as the hooks leave them) must fit the handler's signature
-   (`Task.check_args`: a missing or unexpected argument is an `InvalidJobError` naming it).
+   (`Task.check_args`: a missing or unexpected argument is an `InvalidJobError` naming it),
+   and the values of its annotated parameters are validated and turned into JSON
+   (`Task.encode_args`, `sqla_queue.job.arguments`: a `datetime` becomes its ISO text).
 
 Without a registry (no default set, a plain `enqueue(session, "name")`) none of this
 happens: the job is written as given and an unknown name fails later, in the worker.
@@ -33,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 from sqla_queue.db.models import DEFAULT_QUEUE
 from sqla_queue.errors import InvalidJobError, UnknownTaskError
 from sqla_queue.job.new_job import InsertHook, NewJob
-from sqla_queue.job.options import NO_OPTIONS, OPTION_NAMES, JobOptions
+from sqla_queue.job.options import NO_OPTIONS, OPTION_NAMES, JobOptions, expiry
 from sqla_queue.job.unique import resolve_unique
+from sqla_queue.job.validation import invalid_job
 
 if TYPE_CHECKING:
     from sqla_queue.job.tasks import TaskLookup
@@ -96,6 +99,7 @@ def prepare_job(
         meta={} if meta is None else (dict(meta) if isinstance(meta, Mapping) else meta),
         unique=resolve_unique(options.unique),
         depends_on=None if options.depends_on is None else _listed(options.depends_on),
+        expires_at=expiry(options.expires_at, values.pop("expires_in"), invalid_job(task)),
     )
     job = NewJob(
         task=task,
@@ -118,6 +122,9 @@ def prepare_job(
         known = in_force.get(job.task) if isinstance(job.task, str) else None
     if known is not None and isinstance(job.args, dict):
         known.check_args(job.args)
+        job.args = known.encode_args(job.args)
+        if job.about is None:  # a job taking a row is about it, as `about=` records
+            job.about = known.row_about(job.args)
     return job
 
 

@@ -46,6 +46,8 @@ class NewJob:
     """The partition (tenant) it is for (None: none); see docs/fairness.md."""
     sequence: str | None = None
     """The sequence it runs in, one job at a time in enqueue order (None: none)."""
+    expires_at: dt.datetime | None = None
+    """Its start deadline (None: none): not started by then, it is cancelled, never run."""
 
 
 InsertHook = Callable[[NewJob], None]

@@ -50,7 +50,9 @@ class JobOptions:
     `about` (a mapped instance, or its `'<table>:<key>'` text) names the row the job is
     about (see `sqla_queue.orm`). `partition` (a tenant's name, say) is what a fair queue
     takes turns between and a partition limit caps; jobs of one `sequence` run one at a
-    time, in enqueue order (see docs/fairness.md).
+    time, in enqueue order (see docs/fairness.md). `expires_at` (an aware datetime) or
+    `expires_in` (seconds or a timedelta from the enqueue, by the application's clock) is
+    its start deadline: a job not started by then is cancelled ("expired"), never run.
 
         enqueue(session, "emails.send", {"to": to}, options=JobOptions(queue="emails"))
     """
@@ -69,6 +71,8 @@ class JobOptions:
     about: object | None = None
     partition: str | None = None
     sequence: str | None = None
+    expires_at: dt.datetime | None = None
+    expires_in: float | dt.timedelta | None = None
 
     def over(self, defaults: JobOptions) -> JobOptions:
         """These options where given, `defaults`' (a task's) elsewhere: the one merge rule."""
@@ -103,6 +107,8 @@ class JobOptionFields(TypedDict, total=False):
     about: object | None
     partition: str | None
     sequence: str | None
+    expires_at: dt.datetime | None
+    expires_in: float | dt.timedelta | None
 
 
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(JobOptions))
@@ -148,6 +154,17 @@ def column_values(source: object) -> dict[str, Any]:
     return {name: getattr(source, name) for name in COLUMN_OPTIONS}
 
 
+def expiry(expires_at: object, expires_in: object, error: ErrorFactory) -> dt.datetime | None:
+    """A job's start deadline: `expires_at` as given, or now plus `expires_in` (seconds or a
+    timedelta, 0 to 100 years); None without either. Both given is refused."""
+    if expires_in is None:
+        return expires_at  # type: ignore[return-value]  # checked with COLUMN_OPTIONS
+    if expires_at is not None:
+        raise error("pass expires_at or expires_in, not both")
+    seconds = check_duration("expires_in", expires_in, error=error)
+    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds)
+
+
 def delay_interval(run_at: object, delay: object, error: ErrorFactory) -> dt.timedelta | None:
     """`delay` (seconds or a timedelta, 0 to 100 years) as an interval, None without one;
     refuses a delay beside a `run_at`."""
@@ -166,5 +183,6 @@ __all__ = [
     "JobOptions",
     "column_values",
     "delay_interval",
+    "expiry",
     "options_from",
 ]

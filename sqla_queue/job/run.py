@@ -23,17 +23,26 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import CancelledError as FutureCancelledError
 from typing import TYPE_CHECKING, Any
 
-from sqla_queue.errors import MAX_SNOOZE, JobTimeoutError, Snooze, UnknownTaskError
+from sqla_queue.errors import (
+    MAX_SNOOZE,
+    JobTimeoutError,
+    Sleeping,
+    Snooze,
+    UnknownTaskError,
+    WaitingForSignal,
+)
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.counts import JobCounts
 from sqla_queue.job.encoding import encode_result
 from sqla_queue.job.failures import FailureReporter
+from sqla_queue.job.journal import JOURNAL_JOB
 from sqla_queue.job.middleware import compose
 from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.job.outcome import JobAttempt, Outcome, OutcomeKind, error_text, storable
 from sqla_queue.job.retry import DEFAULT_RETRY
 
 if TYPE_CHECKING:
+    from sqla_queue.job.arguments import RowsRefused
     from sqla_queue.job.tasks import TaskLookup, TaskSpec
 
 __all__ = ["MAX_RETRY_DELAY", "JobRunner", "resources_of", "unknown_task_hint"]
@@ -48,6 +57,8 @@ ARGS_CLASS = "ArgsNotDecoded"
 """The error history's class for a job whose args could not be decoded (it never ran)."""
 MISFIT_CLASS = "ArgsDoNotFit"
 """The error history's class for a job whose args its handler cannot take (it never ran)."""
+ROWS_CLASS = "RowsNotLoaded"
+"""The error history's class for a job whose row arguments could not be loaded (it never ran)."""
 RESULT_CLASS = "ResultNotKept"
 """The error history's class for a job whose handler's result could not be kept."""
 
@@ -109,10 +120,19 @@ class JobRunner:
         """Run one attempt through its middleware and handler; always returns its outcome
         (a handler that returned past its deadline timed out: the clock decides)."""
         try:
-            return self._past_deadline(job, self._run(job))
+            outcome = self._run(job)
+            if job.deadline is None:  # no timeout: nothing for the clock to decide
+                return outcome
+            return self._past_deadline(job, outcome)
         except BaseException as exc:  # a bug in the runner itself must still settle the job
             log.exception("job %s (%s): the worker failed to run it", job.id, job.task)
             return Outcome(OutcomeKind.failed, job, error_text(exc), None, exc)
+        finally:
+            ctx = job.ctx
+            ctx.close_handed()  # its rows' session, if the handler left it open
+            journal = ctx.journal
+            if journal is not None:
+                journal.close()  # the latest progress and the lines, before the outcome
 
     def _run(self, job: JobAttempt) -> Outcome:
         ctx = job.ctx
@@ -125,6 +145,16 @@ class JobRunner:
         if misfit is not None:  # enqueued by name or by the CLI: no retry can make it fit
             log.error("job %s (%s) failed without running: %s", job.id, job.task, misfit)
             return Outcome(OutcomeKind.failed, job, misfit, error_class=MISFIT_CLASS)
+        args, misfit = task.decode_args(job.args)
+        if misfit is not None:  # stored before a deploy changed the handler's types
+            log.error("job %s (%s) failed without running: %s", job.id, job.task, misfit)
+            return Outcome(OutcomeKind.failed, job, misfit, error_class=MISFIT_CLASS)
+        try:
+            args, refused = task.load_rows(ctx, args)
+        except Exception as exc:  # the database failed the load: retried, as the handler's
+            return self.failure(job, task, exc)
+        if refused is not None:
+            return self._rows_refused(job, task, refused)
         try:
             chain = self._chains[task.name]
         except KeyError:
@@ -138,18 +168,32 @@ class JobRunner:
         job.started = True
         job.started_at = time.monotonic()
         try:
-            if chain is None:  # no middleware: the handler itself, nothing built per job
-                func = task.func
-                result = func(ctx, **job.args) if task.pass_context else func(**job.args)
-                if result is not None and inspect.isawaitable(result):
-                    result = self._await(result, job)
-            else:
-                self._local.job = job  # the innermost call of the chain reads it on this thread
-                result = chain(ctx)
+            # the log records of this thread are the job's until the handler returns
+            sink = ctx.journal_sink
+            token = JOURNAL_JOB.set(ctx) if sink is not None and sink.keeps_logs else None
+            try:
+                if chain is None:  # no middleware: the handler itself, nothing built per job
+                    func = task.func
+                    result = func(ctx, **args) if task.pass_context else func(**args)
+                    if result is not None and inspect.isawaitable(result):
+                        result = self._await(result, job)
+                else:
+                    self._local.job = job  # the chain's innermost call reads it on this thread
+                    self._local.args = args
+                    result = chain(ctx)
+            finally:
+                if token is not None:
+                    JOURNAL_JOB.reset(token)
         except (FutureCancelledError, asyncio.CancelledError) as exc:
             if ctx.cancelled:  # timed out or given up on
                 return self._given_up(job, task, exc)
             return self.failure(job, task, exc)
+        except WaitingForSignal as wait:
+            return waiting(job, task, wait)
+        except Sleeping as sleeping:
+            if ctx.committed:  # its own ctx.session() commit finished it: nothing to undo
+                return committed(job, task, None, f"it slept ({sleeping.describe()})")
+            return snoozed(job, task, sleeping)
         except Snooze as snooze:
             if ctx.committed:  # its own ctx.session() commit finished it: nothing to undo
                 return committed(job, task, None, f"it snoozed ({snooze.describe()})")
@@ -161,6 +205,10 @@ class JobRunner:
             return self.failure(job, task, exc)
         if ctx.committed:  # finished by the handler's own commit: written already
             return committed(job, task, result)
+        if ctx.parked:  # it swallowed WaitingForSignal: the job is parked all the same
+            return Outcome(OutcomeKind.waiting, job, "waiting for a signal")
+        if ctx.sleeping is not None:  # it swallowed Sleeping: the job sleeps all the same
+            return snoozed(job, task, ctx.sleeping)
         if ctx.cancelled:  # its outcome is fenced off: the job is not ours any more
             return self._given_up(job, task, None)
         if result is not None and isinstance(result, Snooze):  # returning it works as raising
@@ -171,6 +219,17 @@ class JobRunner:
                 return Outcome(OutcomeKind.failed, job, problem, error_class=RESULT_CLASS)
             return Outcome(OutcomeKind.succeeded, job, result=kept)
         return Outcome(OutcomeKind.succeeded, job)
+
+    def _rows_refused(self, job: JobAttempt, task: TaskSpec, refused: RowsRefused) -> Outcome:
+        """The outcome of a job whose rows were not handed to its handler (its task's row
+        policy: `sqla_queue.orm.row_args`); a cancel is written already."""
+        if refused.kind == "snoozed":
+            return snoozed(job, task, Snooze(refused.seconds, refused.reason))
+        if refused.kind == "cancelled":
+            log.info("job %s (%s) cancelled without running: %s", job.id, job.task, refused.reason)
+            return Outcome(OutcomeKind.cancelled, job, refused.reason)
+        log.error("job %s (%s) failed without running: %s", job.id, job.task, refused.reason)
+        return Outcome(OutcomeKind.failed, job, refused.reason, error_class=ROWS_CLASS)
 
     def _past_deadline(self, job: JobAttempt, outcome: Outcome) -> Outcome:
         """A handler that returned after its deadline timed out, even if the runner's watch,
@@ -226,7 +285,8 @@ class JobRunner:
 
         def call_handler(ctx: JobContext) -> Any:
             job: JobAttempt = self._local.job
-            result = func(ctx, **job.args) if pass_context else func(**job.args)
+            args = self._local.args
+            result = func(ctx, **args) if pass_context else func(**args)
             if result is not None and inspect.isawaitable(result):
                 return self._await(result, job)
             return result
@@ -330,8 +390,10 @@ def committed(job: JobAttempt, task: TaskSpec, result: Any, problem: str | None 
     )
 
 
-def snoozed(job: JobAttempt, task: TaskSpec, snooze: Snooze) -> Outcome:
-    """The outcome of a snoozed attempt: queued again after its delay, attempt refunded."""
+def snoozed(job: JobAttempt, task: TaskSpec, snooze: Snooze | Sleeping) -> Outcome:
+    """The outcome of a snoozed attempt: queued again after its delay, attempt refunded.
+    A `Sleeping` (`ctx.sleep`) is written as a park instead (`Outcome.sleeps`: status
+    `waiting` until the sleep's end, its attempt refunded)."""
     log.info("job %s (%s) %s", job.id, job.task, snooze.describe())
     return Outcome(
         OutcomeKind.snoozed,
@@ -339,6 +401,22 @@ def snoozed(job: JobAttempt, task: TaskSpec, snooze: Snooze) -> Outcome:
         snooze.describe(),
         snooze.seconds,
         snooze,
+        task_max_attempts=task.max_attempts,
+    )
+
+
+def waiting(job: JobAttempt, task: TaskSpec, wait: WaitingForSignal) -> Outcome:
+    """The outcome of a run that waits for a signal: parked already (writes nothing), or,
+    when a sender's open transaction kept it from parking, put back to run again soon, as
+    a snooze is (its attempt refunded)."""
+    if wait.retry_in is None:
+        return Outcome(OutcomeKind.waiting, job, wait.describe())
+    return Outcome(
+        OutcomeKind.snoozed,
+        job,
+        wait.describe(),
+        wait.retry_in,
+        wait,
         task_max_attempts=task.max_attempts,
     )
 
@@ -361,6 +439,9 @@ async def _as_task(awaitable: Awaitable[Any], job: JobAttempt) -> Any:
     """An async handler as a task `give_up` can cancel (the handle is set before the
     check, `give_up` marks before it reads the handle: one of the two sees the other)."""
     job.task_handle = asyncio.current_task()
+    sink = job.ctx.journal_sink
+    if sink is not None and sink.keeps_logs:
+        JOURNAL_JOB.set(job.ctx)  # the task's own context: its log lines are the job's
     if job.ctx.cancelled:  # timed out or cancelled while it was being scheduled
         raise asyncio.CancelledError
     return await awaitable

@@ -27,7 +27,10 @@ class JobStatus(str, enum.Enum):
     cancelled = "cancelled"
     waiting = "waiting"
     """Enqueued with `depends_on`: not claimable until every job it depends on has ended
-    (see `sqla_queue.enqueue.workflows`); then `queued`, in the transaction that ended the last."""
+    (see `sqla_queue.enqueue.workflows`); then `queued`, in the transaction that ended the last.
+    Or parked by `ctx.wait_for_signal` (its `signal_key` set, its `run_at` the deadline):
+    `queued` again in the transaction that sends the signal, or by a worker's keeper once
+    the deadline has passed (see `sqla_queue.enqueue.signals`)."""
 
     @property
     def state(self) -> State:
@@ -108,6 +111,18 @@ UNFINISHED = statuses(finished=False)
 NOT_STARTED = tuple(s for s in UNFINISHED if s != JobStatus.running.value)
 """The statuses of a job no handler has started: queued, waiting (what a debounced
 duplicate replaces, and what deleting the row a job is about cancels)."""
+CLAIMED = "claimed"
+"""Not a status: the `running` rows whose handler has not started (claimed ahead, waiting in
+a worker's buffer for a free handler; `started_at` still NULL). Counts show them apart, so
+`running` means handlers at work: a worker at concurrency 1 never shows `running 9`."""
+COUNTED = tuple(
+    name
+    for status in JobStatus
+    for name in ((status.value, CLAIMED) if status is JobStatus.running else (status.value,))
+)
+"""What stats, the queues page and the API count per queue: each status, with `CLAIMED`
+apart from (and after) `running`."""
+
 HOLDS_SEQUENCE = (*UNFINISHED, JobStatus.failed.value)
 """The statuses in which a job may hold its sequence: queued, running, waiting, and failed
 (in a queue whose `sequence_on_failure` is `hold`; see `sqla_queue.admin.partitions`)."""

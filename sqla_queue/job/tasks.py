@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from sqla_queue.job.arguments import RowsRefused
+    from sqla_queue.job.context import JobContext
     from sqla_queue.job.lifecycle import LifecycleHooks
     from sqla_queue.job.middleware import Middleware
     from sqla_queue.job.new_job import InsertHook
@@ -70,6 +72,21 @@ class TaskSpec(Protocol):
 
     def args_misfit(self, args: Mapping[str, Any]) -> str | None:
         """Why the handler cannot take `args`, or None when it can."""
+
+    def encode_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """`args` as the JSON a job keeps (annotated values validated and converted)."""
+
+    def decode_args(self, args: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+        """The handler's keyword arguments rebuilt from stored `args`, or why they cannot be."""
+
+    def row_about(self, args: Mapping[str, Any]) -> str | None:
+        """The `about` of a job with these encoded args (its row argument), or None."""
+
+    def load_rows(
+        self, ctx: JobContext, args: Mapping[str, Any]
+    ) -> tuple[Mapping[str, Any], RowsRefused | None]:
+        """Decoded `args` with their row references loaded (in the session `ctx.session()`
+        returns next), or why the handler is not called; `args` as they are without any."""
 
 
 class TaskLookup(Protocol):

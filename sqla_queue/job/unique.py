@@ -51,8 +51,9 @@ class Unique:
     its run_at (throttle: at most one run per window, with the latest args). A holder that
     already runs is never touched, except that it lets its key go so the duplicate is
     written as a new job, to run after it; a finished holder (finished `states`) is kept.
-    A done job stays in the table only under retention `keep`: "once ever" (adding done,
-    failed and cancelled) holds as long as the row does.
+    A done job stays in the jobs table only under retention `keep` (which leaves there a
+    job whose `states` include done; its other jobs move to the history, as an `archive`
+    queue's): "once ever" (adding done, failed and cancelled) holds as long as the row does.
     """
 
     args: Sequence[str] | None = None

@@ -344,6 +344,17 @@ def check_sequence(value: object, error: ErrorFactory = configuration_error) -> 
     check_text("sequence", value, MAX_KEY_LENGTH, error, example='sequence=f"order-{id}"')
 
 
+def check_expires_at(value: object, error: ErrorFactory = configuration_error) -> None:
+    """Refuse a start deadline that is not an aware datetime."""
+    if not isinstance(value, dt.datetime):
+        raise error(f"expires_at must be a datetime, got {value!r:.80}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise error(
+            "expires_at has no time zone; pass an aware datetime such as "
+            "datetime.now(timezone.utc) + timedelta(hours=1), or use expires_in="
+        )
+
+
 def check_about(value: object, error: ErrorFactory = configuration_error) -> None:
     """Refuse an `about` text that is not `<table>:<key>` of printable text, at most
     `MAX_ABOUT_LENGTH` characters."""
@@ -371,6 +382,7 @@ COLUMN_OPTIONS: dict[str, Callable[[object, ErrorFactory], None]] = {
     "about": check_about,
     "partition": check_partition,
     "sequence": check_sequence,
+    "expires_at": check_expires_at,
 }
 """The options of a job (`sqla_queue.job.options.JobOptions`) written as they are into the
 jobs column of the same name (NULL when not given), each with the check of a given value
@@ -432,6 +444,38 @@ _ENCODER = json.JSONEncoder(allow_nan=False, default=_reject_non_json)
 """Built once: `json.dumps` with options builds an encoder per call (profiled: bulk enqueue)."""
 
 
+def _one_encoder() -> Callable[[object], str]:
+    """`_ENCODER.encode` of a dict, without the C encoder it builds per call (a third of
+    its cost, profiled: bulk enqueue); the same text. Without a circular-reference check: a
+    cycle raises RecursionError, which `encode_json_object` explains as `_args_problem`."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - an interpreter without the C accelerator
+        return _ENCODER.encode
+    chunks = make(
+        None, _reject_non_json, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+        False, False, False,
+    )  # fmt: skip
+
+    def encode(value: object) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+encode_json = _one_encoder()
+"""A dict as JSON text, as `_ENCODER.encode` writes it (no NaN, nothing but JSON types)."""
+
+
+def encodes_as(value: object, encoded: str) -> bool:
+    """Whether `value` is still the JSON `encoded` (what `encode_json_object` gave for it
+    once): True lets a flush write a job checked at its enqueue without checking it again,
+    and is False for anything changed since, in place or not (it is then checked again)."""
+    try:
+        return type(value) is dict and encode_json(value) == encoded
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
 def _args_problem(args: object, max_depth: int, label: str = "args") -> str | None:
     """Why decoding `args` would fail in a worker (too deep, too long an int), or None."""
     stack: list[tuple[object, int]] = [(args, 0)]
@@ -468,7 +512,7 @@ def encode_json_object(
             detail=f"{label} must be a dict of {what} with str keys, got {type(value).__name__}",
         )
     try:
-        encoded = _ENCODER.encode(value)
+        encoded = encode_json(value)
     except (RecursionError, ValueError) as exc:
         problem = _args_problem(value, limits.max_args_depth, label)
         if problem is None and isinstance(exc, RecursionError):
@@ -516,6 +560,32 @@ def encode_json_object(
             detail=f"{label} contain a lone surrogate (a str that is not valid Unicode, e.g. "
             "decoded with surrogateescape), which PostgreSQL's jsonb cannot store",
         )
+    return encoded
+
+
+def plain_args_json(args: object) -> str | None:
+    """`args` as the JSON text `encode_json_object` would return for them, when nothing in
+    that text asks for a closer look (no `\\u` escape, exponent, long digit run or deep
+    nesting, within the size limit): bulk enqueue's common case, checked by cheap tests
+    only. None for anything else, which `encode_json_object` then checks (and refuses or not)."""
+    if type(args) is not dict:
+        return None
+    for key in args:
+        if type(key) is not str:
+            return None
+    try:
+        encoded = encode_json(args)
+    except (RecursionError, ValueError, TypeError):
+        return None
+    size = len(encoded)
+    if (
+        size > limits.max_args_bytes
+        or size > MAX_INT_DIGITS
+        or "\\u" in encoded
+        or (("e+" in encoded or "e-" in encoded) and _EXPONENT.search(encoded))
+        or encoded.count("[") + encoded.count("{") > limits.max_args_depth
+    ):
+        return None
     return encoded
 
 
@@ -611,3 +681,38 @@ def validate_tags_and_meta(task: object, tags: object, meta: object) -> tuple[li
         "JSON values",
     )
     return unique, encoded
+
+
+MAX_SIGNAL_KEY_LENGTH = 200
+"""A signal key's length at most (the SQL function `sqla_queue.signal` refuses longer ones)."""
+MAX_SIGNAL_SECONDS = 3650 * 86400.0
+"""A signal's expiry and a wait's timeout at most: ten years, in seconds."""
+
+
+def check_signal_key(key: object, call: str) -> str:
+    """A signal key (`sqla_queue.signal`, `ctx.wait_for_signal`), or a `ValueError` in one
+    line naming what is wrong with it."""
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_SIGNAL_KEY_LENGTH:
+        got = f"a {type(key).__name__}" if not isinstance(key, str) else f"{len(key)} characters"
+        raise ValueError(
+            f"{call}: a signal key is a string of 1 to {MAX_SIGNAL_KEY_LENGTH} characters "
+            f"(got {got}); name what the signal is about, e.g. 'payment:42'"
+        )
+    return key
+
+
+def signal_seconds(value: object, what: str, call: str) -> float:
+    """A signal's `expires_in` or a wait's `timeout` (a timedelta or seconds) in seconds, or
+    a `ValueError` in one line."""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not 0 < seconds <= MAX_SIGNAL_SECONDS
+    ):
+        raise ValueError(
+            f"{call}: {what} must be a positive timedelta or number of seconds, at most "
+            f"10 years (got {value!r})"
+        )
+    return float(seconds)

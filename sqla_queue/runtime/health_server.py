@@ -3,6 +3,8 @@
     GET /livez   200 while the process's loops are alive and none is stuck, else 503
     GET /readyz  200 while /livez holds and the database answers, else 503
     GET /health  the same as /readyz
+    GET /scaling the autoscaling signal per queue (`sqla_queue.db.scaling`), when the
+                 runner serves it (the table worker does)
 
 Each answer is a small JSON object saying what is ok and what is not. The server is the
 standard library's `ThreadingHTTPServer` on a daemon thread: no dependency, and a slow
@@ -66,6 +68,7 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     livez: Probe
     readyz: Probe
+    extra: dict[str, Probe]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,10 +88,11 @@ class _Handler(BaseHTTPRequestHandler):
             probe = self.server.livez
         elif path in READINESS_PATHS:
             probe = self.server.readyz
+        elif path in self.server.extra:
+            probe = self.server.extra[path]
         else:
-            self._send(
-                404, {"status": "not found", "paths": ["/livez", "/readyz", "/health"]}, body
-            )
+            paths = ["/livez", "/readyz", "/health", *sorted(self.server.extra)]
+            self._send(404, {"status": "not found", "paths": paths}, body)
             return
         try:
             ok, report = probe()
@@ -112,13 +116,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class HealthServer:
-    """Serves `livez` and `readyz` on `host:port` from a daemon thread until `stop()`."""
+    """Serves `livez` and `readyz` (and the `extra` paths' probes, e.g. `/scaling`) on
+    `host:port` from a daemon thread until `stop()`."""
 
-    def __init__(self, host: str, port: int, livez: Probe, readyz: Probe) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        livez: Probe,
+        readyz: Probe,
+        extra: dict[str, Probe] | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self._livez = livez
         self._readyz = readyz
+        self._extra = dict(extra or {})
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -135,6 +148,7 @@ class HealthServer:
             ) from None
         server.livez = self._livez
         server.readyz = self._readyz
+        server.extra = self._extra
         self._server = server
         self.port = int(server.server_address[1])  # the port bound, when given 0
         self._thread = threading.Thread(

@@ -46,6 +46,10 @@ class Listener:
         self._thread = threading.Thread(target=self._run, name="sqla-queue-listener", daemon=True)
         self._failing = False
         self.connected = threading.Event()
+        self.backend_pid: int | None = None
+        """The server process id of its connection while it listens (None while it is
+        reconnecting): the worker's registration records it, and the autoscaling signal
+        counts the worker only while that backend is there (a SIGKILLed worker's goes)."""
         self.pulse = pulse or Pulse()
         """Busy while it connects or handles a notification, idle while it waits for one
         (or out a backoff): `/livez` (sqla_queue.worker.health)."""
@@ -87,6 +91,7 @@ class Listener:
     def _listen(self) -> None:
         try:
             with listening(self._engine, queries.LISTEN) as conn:
+                self.backend_pid = conn.info.backend_pid
                 self.connected.set()
                 if self._failing:
                     log.warning("LISTEN connection restored")
@@ -102,6 +107,7 @@ class Listener:
                             self._wake()
                         self.pulse.idle()
         finally:
+            self.backend_pid = None
             self.connected.clear()
 
     def _cancelled(self, payload: str) -> None:

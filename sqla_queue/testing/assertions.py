@@ -1,7 +1,9 @@
 """What a test's code enqueued: `enqueued_jobs`, `assert_enqueued`, `assert_not_enqueued`.
 
-Each reads the jobs table itself (real PostgreSQL, no mock). Given a `Session` it reads
-through that session, so it sees what the session has added and not yet committed.
+Each reads the jobs table itself (real PostgreSQL, no mock), and the history too when a
+finished status is asked for (a `keep` or `archive` queue's succeeded jobs live there).
+Given a `Session` it reads through that session, so it sees what the session has added and
+not yet committed.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from typing import Any, TypedDict
 from sqlalchemy import Connection, Engine, Select, select
 from sqlalchemy.orm import Session
 
-from sqla_queue.db.models import Job, JobStatus
+from sqla_queue.db.models import HistoryJob, Job, JobStatus
 from sqla_queue.errors import ConfigurationError
+from sqla_queue.job.states import FINISHED
 from sqla_queue.registry import Task
 
 _SHOWN = 10
@@ -24,32 +27,39 @@ class JobFilters(TypedDict, total=False):
     """The filters of `enqueued_jobs` as keyword arguments (`**filters: Unpack[JobFilters]`),
     for the signatures that pass them on (`QueueHelper`): their defaults stay here alone."""
 
-    task: str | Task | None
+    task: str | Task[Any, Any] | None
     args: Mapping[str, Any] | None
     queue: str | None
     status: str | JobStatus | Sequence[str | JobStatus] | None
 
 
+def _statuses(status: str | JobStatus | Sequence[str | JobStatus] | None) -> list[str] | None:
+    if status is None:
+        return None
+    wanted = [status] if isinstance(status, str | JobStatus) else list(status)
+    return [JobStatus(s).value for s in wanted]
+
+
 def _query(
-    task: str | Task | None,
+    model: type[Job] | type[HistoryJob],
+    task: str | Task[Any, Any] | None,
     args: Mapping[str, Any] | None,
     queue: str | None,
-    status: str | JobStatus | Sequence[str | JobStatus] | None,
+    statuses: list[str] | None,
 ) -> Select[Any]:
-    statement = select(Job).order_by(Job.id)
+    statement = select(model).order_by(model.id)
     if task is not None:
-        statement = statement.where(Job.task == (task.name if isinstance(task, Task) else task))
+        statement = statement.where(model.task == (task.name if isinstance(task, Task) else task))
     if args is not None:
-        statement = statement.where(Job.args.contains(dict(args)))
+        statement = statement.where(model.args.contains(dict(args)))
     if queue is not None:
-        statement = statement.where(Job.queue == queue)
-    if status is not None:
-        wanted = [status] if isinstance(status, str | JobStatus) else list(status)
-        statement = statement.where(Job.status.in_([JobStatus(s).value for s in wanted]))
+        statement = statement.where(model.queue == queue)
+    if statuses is not None:
+        statement = statement.where(model.status.in_(statuses))
     return statement
 
 
-def _read(target: Session | Connection | Engine, statement: Select[Any]) -> list[Job]:
+def _read(target: Session | Connection | Engine, statement: Select[Any]) -> list[Any]:
     if isinstance(target, Session):
         return list(target.scalars(statement))
     if not isinstance(target, Connection | Engine):
@@ -67,18 +77,25 @@ def _read(target: Session | Connection | Engine, statement: Select[Any]) -> list
 def enqueued_jobs(
     target: Session | Connection | Engine,
     *,
-    task: str | Task | None = None,
+    task: str | Task[Any, Any] | None = None,
     args: Mapping[str, Any] | None = None,
     queue: str | None = None,
     status: str | JobStatus | Sequence[str | JobStatus] | None = JobStatus.queued,
-) -> list[Job]:
+) -> list[Job | HistoryJob]:
     """The jobs matching every filter given, oldest first.
 
     `task` is a name or a registered `Task`; `args` matches jobs whose args contain these
     keys with these values (jsonb `@>`: other keys may be present too); `status` defaults
-    to `queued` (scheduled jobs included), `None` for any status.
+    to `queued` (scheduled jobs included), `None` for any status. A finished job moved to
+    the history (a `keep` or `archive` queue's) is listed as a `HistoryJob`, which has the
+    same attributes.
     """
-    return _read(target, _query(task, args, queue, status))
+    statuses = _statuses(status)
+    found: list[Job | HistoryJob] = _read(target, _query(Job, task, args, queue, statuses))
+    if statuses is None or set(statuses) & set(FINISHED):
+        found += _read(target, _query(HistoryJob, task, args, queue, statuses))
+        found.sort(key=lambda job: job.id)
+    return found
 
 
 def _describe(filters: dict[str, Any]) -> str:
@@ -86,7 +103,7 @@ def _describe(filters: dict[str, Any]) -> str:
     return ", ".join(given) or "no filter"
 
 
-def _listing(jobs: list[Job]) -> str:
+def _listing(jobs: list[Job | HistoryJob]) -> str:
     if not jobs:
         return "none"
     lines = [
@@ -101,12 +118,12 @@ def _listing(jobs: list[Job]) -> str:
 def assert_enqueued(
     target: Session | Connection | Engine,
     *,
-    task: str | Task | None = None,
+    task: str | Task[Any, Any] | None = None,
     args: Mapping[str, Any] | None = None,
     queue: str | None = None,
     status: str | JobStatus | Sequence[str | JobStatus] | None = JobStatus.queued,
     count: int | None = None,
-) -> list[Job]:
+) -> list[Job | HistoryJob]:
     """Assert that a job matches (exactly `count` jobs, if given); return the matches.
 
     The filters are those of `enqueued_jobs`. On failure the message lists the jobs that
@@ -128,7 +145,7 @@ def assert_enqueued(
 def assert_not_enqueued(
     target: Session | Connection | Engine,
     *,
-    task: str | Task | None = None,
+    task: str | Task[Any, Any] | None = None,
     args: Mapping[str, Any] | None = None,
     queue: str | None = None,
     status: str | JobStatus | Sequence[str | JobStatus] | None = JobStatus.queued,

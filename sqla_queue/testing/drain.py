@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,10 @@ from sqlalchemy.orm import Session
 
 from sqla_queue.db import queries
 from sqla_queue.db.models import Job
+from sqla_queue.db.queries import signals as signal_queries
+from sqla_queue.db.queries import steps as step_queries
 from sqla_queue.enqueue.results import read_parent_results
+from sqla_queue.enqueue.signals import engine_transaction, receive_signal
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.history import error_entry
@@ -31,6 +34,8 @@ from sqla_queue.job.run import JobRunner, resources_of
 from sqla_queue.registry import Registry
 from sqla_queue.worker import Worker, WorkerConfig, WorkerStats
 from sqla_queue.worker.jobs import decode_args
+from sqla_queue.worker.steps import ExecuteJournal
+from sqla_queue.worker.transactional import job_session
 
 DRAIN_WORKER_ID = "sqla_queue.testing.drain"
 """The `locked_by` of jobs claimed by `drain`."""
@@ -52,12 +57,21 @@ class DrainResult:
     snoozed: int = 0
     deferred: int = 0
     """Jobs of a task `registry` does not know, put back as a worker puts them back."""
+    waiting: int = 0
+    """Runs that ended parked by `ctx.wait_for_signal` (the job waits for its signal)."""
     errors: list[tuple[int, str]] = field(default_factory=list, compare=False)
 
     @property
     def ran(self) -> int:
         """Jobs claimed and settled, whatever their outcome (snoozed and deferred included)."""
-        return self.succeeded + self.retried + self.failed + self.snoozed + self.deferred
+        return (
+            self.succeeded
+            + self.retried
+            + self.failed
+            + self.snoozed
+            + self.deferred
+            + self.waiting
+        )
 
 
 def drain(
@@ -90,7 +104,17 @@ def drain(
     after its delay without spending an attempt (with `include_scheduled`, a job that
     always snoozes runs until `max_jobs`). A handler's `BaseException` (`pytest.fail`,
     `KeyboardInterrupt`) is written as a failed attempt too, then always raised. Jobs a
-    handler enqueues and commits are run in the same call.
+    handler enqueues and commits are run in the same call. Durable steps (`ctx.step`) and
+    sleeps are recorded in the same transaction as the claims; a `session=True` step is
+    refused (it needs a worker: `run_until_empty`); a sleeping job is parked until its
+    end (status `waiting`; `include_scheduled` does not wake it early), and each round
+    queues those whose end has come. A handler's
+    `ctx.wait_for_signal()` parks its job as under the worker (counted in `waiting`); each
+    round first queues the parked jobs whose signal came or whose deadline passed, as a
+    worker's keeper does, so a signal sent between two calls is seen by the next. Given an
+    Engine, a handler's `ctx.session()` works as under the worker, and so do ORM row
+    arguments (loaded in it); given a Session or a Connection (the test's transaction,
+    which another session cannot see), a job taking a row fails, saying so in one line.
     """
     if not isinstance(target, Session | Connection | Engine):
         raise ConfigurationError(
@@ -107,7 +131,7 @@ def drain(
     params: dict[str, Any] = {"worker_id": DRAIN_WORKER_ID, "limit": 1}
     if queue_names is not None:
         params["queues"] = queue_names
-    runner = _DrainRunner(registry)
+    runner = _DrainRunner(registry, target if isinstance(target, Engine) else None)
     deferred: list[int] = []  # not made due again in this call: no worker here has their task
     try:
         with _connection_for(target) as run:
@@ -117,10 +141,14 @@ def drain(
                         queries.make_scheduled_due(queue_names, skip_ids=True),
                         {"job_ids": deferred},
                     )
+                run(signal_queries.wake_waiting_jobs())  # past their deadline, or signalled
+                run(step_queries.wake_sleeping_jobs(), {"ahead": 0.0})  # their sleep is over
                 row = run(claim, params).first()
                 if row is None:
                     break
-                outcome = runner.run(row, run)
+                if row.status == "cancelled":  # past its expires_at: the claim cancelled it
+                    continue
+                outcome = runner.run(row, run, _signal_transaction(target, run))
                 _write(run, outcome, result)
                 if outcome.kind is OutcomeKind.deferred:
                     deferred.append(outcome.job.id)
@@ -136,6 +164,31 @@ def drain(
         if isinstance(target, Session):
             target.expire_all()  # the Job objects it holds now show their new status
     return result
+
+
+class _OwnTransactions:
+    """`ctx.wait_for_signal()`'s transactions of their own, for a drain given an Engine (its
+    autocommit connection would release the key's lock before the park)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._transaction = engine_transaction(engine)
+
+    def __call__(self) -> AbstractContextManager[Any]:
+        return self._transaction()
+
+
+def _signal_transaction(target: Session | Connection | Engine, run: Any) -> Any:
+    """What `ctx.wait_for_signal()` runs its statements in: the drain's own transaction
+    (a Session's or a Connection's, a test's: no key lock is taken in it), or, given an
+    Engine, transactions of their own (with the key's lock, as under the worker)."""
+    if isinstance(target, Engine):
+        return _OwnTransactions(target)
+
+    @contextmanager
+    def same() -> Iterator[Any]:
+        yield run
+
+    return same
 
 
 @contextmanager
@@ -178,7 +231,10 @@ class _DrainRunner:
     thread of its own (started on first use, stopped when `drain` returns), so the calling
     thread may itself be inside a loop; a timed handler is given up on at its deadline."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, engine: Engine | None = None) -> None:
+        self.engine = engine
+        self.registry = registry
+        """A drain given an Engine: its jobs' `ctx.session()` (and row arguments) work."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._timers: dict[tuple[int, int], asyncio.TimerHandle] = {}
@@ -209,9 +265,14 @@ class _DrainRunner:
         if timer is not None:
             timer.cancel()
 
-    def run(self, row: Any, execute: Any) -> Outcome:
+    def run(self, row: Any, execute: Any, signal_transaction: Any = None) -> Outcome:
         """One claimed row's attempt, through `run_job` and the lifecycle hooks; `execute`
-        runs its `ctx.parent_results()` query (in the drain's transaction)."""
+        runs its `ctx.parent_results()` query (in the drain's transaction), and
+        `signal_transaction` gives its `ctx.wait_for_signal()` its transactions."""
+        registry = self.runner.registry
+        task = registry.get(row.task)
+        task_max = task.max_attempts if task is not None else None
+        own = isinstance(signal_transaction, _OwnTransactions)
         args, decode_error = decode_args(row.args_json)
         ctx = JobContext(
             row.id,
@@ -221,7 +282,15 @@ class _DrainRunner:
             resources=self.resources,
             tags=row.tags,
             meta=row.meta_json,
+            about=row.about,
             parent_results=lambda ctx: read_parent_results(execute, ctx.job_id),
+            steps=ExecuteJournal(execute),
+            session_factory=None if self.engine is None else self._job_session,
+            signals=None
+            if signal_transaction is None
+            else lambda ctx, key, seq, timeout: receive_signal(
+                signal_transaction, ctx, key, seq, timeout, task_max, own_transactions=own
+            ),
         )
         job = JobAttempt(ctx, args, row.max_attempts, decode_error)
         self.runner.claimed(ctx)
@@ -230,6 +299,10 @@ class _DrainRunner:
             self._loop.call_soon_threadsafe(self._disarm, job.key)
         self.runner.finished(outcome)
         return outcome
+
+    def _job_session(self, ctx: JobContext) -> Session:
+        assert self.engine is not None
+        return job_session(self.engine, ctx, self.registry)
 
     def close(self) -> None:
         if self._loop is not None:
@@ -257,11 +330,16 @@ def _write(run: Any, outcome: Outcome, result: DrainResult) -> None:
             "job_delays": [outcome.retry_in],
             "job_task_max_attempts": [outcome.task_max_attempts],
         }
-        run(queries.snooze_jobs(), {**fence, **errors, **params})
+        if outcome.sleeps:  # parked until its end, as under the worker
+            run(queries.park_sleeping_jobs(), {**fence, **params})
+        else:
+            run(queries.snooze_jobs(), {**fence, **errors, **params})
         result.snoozed += 1
     elif kind is OutcomeKind.deferred:
         run(queries.defer_jobs(), {**fence, **errors})
         result.deferred += 1
+    elif kind is OutcomeKind.waiting:
+        result.waiting += 1
     elif kind in WRITES_NOTHING:
         if job.ctx.cancelled:  # its slot of a limited queue is free again
             run(queries.free_cancelled_jobs(), fence)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from sqla_queue.db.models import Job
+from sqla_queue.db.models import HistoryJob, Job
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.registry import Registry
 from sqla_queue.testing.assertions import (
@@ -50,13 +50,13 @@ class QueueHelper:
             )
         return found
 
-    def jobs(self, **filters: Unpack[JobFilters]) -> list[Job]:
+    def jobs(self, **filters: Unpack[JobFilters]) -> list[Job | HistoryJob]:
         """`enqueued_jobs` on this helper's database."""
         return enqueued_jobs(self.target, **filters)
 
     def assert_enqueued(
         self, *, count: int | None = None, **filters: Unpack[JobFilters]
-    ) -> list[Job]:
+    ) -> list[Job | HistoryJob]:
         """`assert_enqueued` on this helper's database."""
         return assert_enqueued(self.target, count=count, **filters)
 

@@ -22,9 +22,10 @@ Session-wide:
   (`pkg.module:registry`), or None; override it to build one.
 
 Per test:
-- `sqla_queue_queues`: the queues every test database has: `default` and those the
-  registry's tasks name (made with the default settings; a queue `sqla_queue_prepare`
-  made is left as it is); override it to return other names;
+- `sqla_queue_queues`: the queues every test database has: `default`, those the
+  registry's tasks name (made with the default settings) and those it declares
+  (`Registry.declare_queue`, made with their settings); a queue `sqla_queue_prepare` made
+  is left as it is; override it to return other names;
 - `sqla_queue_database_url` / `sqla_queue_engine`: a database of the test's own, cloned
   from the template; for code that commits (a web app's own sessions, a real worker);
 - `sqla_queue_connection`: a connection to one database shared by the session's tests,
@@ -44,7 +45,7 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, event, pool
 from sqlalchemy.orm import Session
 
-from sqla_queue.admin.queues import create_queue
+from sqla_queue.admin.queues import create_declared_queue, create_queue
 from sqla_queue.enqueue.hooks import default_registry, set_default_registry
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.registry import Registry, load_registry
@@ -97,10 +98,11 @@ def sqla_queue_registry(pytestconfig: pytest.Config) -> Registry | None:
 
 @pytest.fixture
 def sqla_queue_queues(sqla_queue_registry: Registry | None) -> list[str]:
-    """The queues each test's database has: `default` and those the registry's tasks name."""
+    """The queues each test's database has: `default`, those the registry's tasks name and
+    those it declares (`Registry.declare_queue`)."""
     names = {"default"}
     if sqla_queue_registry is not None:
-        names.update(sqla_queue_registry[name].queue or "default" for name in sqla_queue_registry)
+        names.update(sqla_queue_registry.queue_names())
     return sorted(names)
 
 
@@ -109,10 +111,14 @@ def _to_create(names: list[str]) -> list[str]:
     return [name for name in names if name != "default"]
 
 
-def _create_queues(bind: Connection, names: list[str]) -> None:
-    """Create the queues of `names` that do not exist yet (an existing one is left as it is)."""
+def _create_queues(bind: Connection, names: list[str], registry: Registry | None) -> None:
+    """Create the queues of `names` that do not exist yet (an existing one is left as it is),
+    each declared one with its settings (`Registry.declare_queue`)."""
     for name in names:
-        create_queue(bind, name)
+        if registry is not None and name in registry.declared_queues:
+            create_declared_queue(bind, registry.declared_queues[name])
+        else:
+            create_queue(bind, name)
 
 
 def _template_for(
@@ -143,6 +149,7 @@ def sqla_queue_database_url(
     sqla_queue_databases: TemplateDatabases,
     sqla_queue_prepare: Callable[[Engine], None] | None,
     sqla_queue_queues: list[str],
+    sqla_queue_registry: Registry | None,
     request: pytest.FixtureRequest,
 ) -> Iterator[str]:
     """A fresh migrated database of this test's own, with `sqla_queue_queues`; dropped after it."""
@@ -151,7 +158,7 @@ def sqla_queue_database_url(
         engine = create_engine(url, poolclass=pool.NullPool)
         try:
             with engine.begin() as connection:
-                _create_queues(connection, names)
+                _create_queues(connection, names, sqla_queue_registry)
         finally:
             engine.dispose()
     yield url
@@ -182,6 +189,7 @@ def sqla_queue_connection(
     sqla_queue_databases: TemplateDatabases,
     sqla_queue_prepare: Callable[[Engine], None] | None,
     sqla_queue_queues: list[str],
+    sqla_queue_registry: Registry | None,
     request: pytest.FixtureRequest,
 ) -> Iterator[Connection]:
     """A connection inside a transaction (with `sqla_queue_queues`) rolled back after the test."""
@@ -190,7 +198,7 @@ def sqla_queue_connection(
     with sqla_queue_shared_engine.connect() as connection:
         event.listen(connection, "commit", lambda _: committed.append(True))
         transaction = connection.begin()
-        _create_queues(connection, _to_create(sqla_queue_queues))
+        _create_queues(connection, _to_create(sqla_queue_queues), sqla_queue_registry)
         yield connection
         transaction.rollback()
     if committed:

@@ -29,29 +29,39 @@ from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from sqla_queue.db import queries
-from sqla_queue.db.database import create_queue_engine
-from sqla_queue.db.migrate import check_schema
+from sqla_queue.db.database import autocommit_read_committed, create_queue_engine
+from sqla_queue.db.migrate import SCHEMA_REVISION, check_schema, newer_expand_revisions
 from sqla_queue.enqueue.results import parent_results_on
+from sqla_queue.enqueue.signals import receive_on
 from sqla_queue.job.context import JobContext
+from sqla_queue.job.journal import capture_job_logs
 from sqla_queue.job.outcome import Outcome, OutcomeKind
 from sqla_queue.job.run import resources_of
 from sqla_queue.registry import Registry
 from sqla_queue.runtime.health_server import HealthServer, Pulse
 from sqla_queue.runtime.listener import Listener
-from sqla_queue.worker.board import JobBoard
+from sqla_queue.worker.board import JobBoard, wake_once
 from sqla_queue.worker.completer import Completer
 from sqla_queue.worker.config import WorkerConfig, WorkerStats
-from sqla_queue.worker.connection import DatabaseLink, FailureLog, backoff_delays, describe
+from sqla_queue.worker.connection import (
+    DatabaseLink,
+    FailureLog,
+    backoff_delays,
+    describe,
+    waitable,
+)
 from sqla_queue.worker.executor import Executor
 from sqla_queue.worker.health import DatabaseCheck, ThreadOf, WorkerHealth
 from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob
+from sqla_queue.worker.journal import DatabaseJournal
 from sqla_queue.worker.keeper import Keeper
 from sqla_queue.worker.periodic import Scheduler
 from sqla_queue.worker.producer import Producer, ProducerSettings
 from sqla_queue.worker.shutdown import Shutdown, exit_now
+from sqla_queue.worker.steps import EngineJournal
 from sqla_queue.worker.transactional import job_session
 
 log = logging.getLogger("sqla_queue.worker")
@@ -85,8 +95,15 @@ class Worker:
         self._job_session = functools.partial(job_session, self.engine, registry=registry)
         # ctx.parent_results(): the kept results of the jobs it depends on, on this engine
         self._parent_results = functools.partial(parent_results_on, self.engine)
+        # ctx.step() and ctx.sleep(): each job's durable steps, recorded on this engine
+        self._step_journal = EngineJournal(self.engine)
+        # ctx.wait_for_signal(): the mailbox and the park, on this engine
+        self._receive_signal = functools.partial(receive_on, self.engine, registry)
+        # ctx.progress() and the handler's log lines, kept with the attempt
+        self._journal = DatabaseJournal(self.engine, keeps_logs=cfg.job_logs)
         self.stats = WorkerStats()
         self._stopping = threading.Event()
+        self._said_newer_schema = False  # the newer expand-only revisions, said once
         self._wake = threading.Event()
         self._signals = 0
         self._listener: Listener | None = None
@@ -97,7 +114,7 @@ class Worker:
         """The health server while `run()` serves one (`WorkerConfig.health_port`)."""
         self.resources = resources_of(registry, cfg.resources)
         hooks = registry.hooks
-        self.board = JobBoard(cfg.concurrency, cfg.batch, self._wake.set)
+        self.board = JobBoard(cfg.concurrency, cfg.batch, wake_once(self._wake))
         self.db = DatabaseLink(
             self.engine, self._stopping, cfg.give_up_after, FailureLog(), cfg.synchronous_commit
         )
@@ -146,6 +163,8 @@ class Worker:
         database_check: DatabaseCheck | None = None
         try:
             self._run_thread = threading.current_thread()
+            if self.config.job_logs:
+                capture_job_logs()
             if self.config.health_port is not None:
                 database_check = DatabaseCheck(self.engine)
                 self.health = self._health_server(database_check)
@@ -215,13 +234,29 @@ class Worker:
                 return None
             try:
                 check_schema(conn)
+                newer = newer_expand_revisions(conn)
+                if newer and not self._said_newer_schema:  # an older, compatible build
+                    self._said_newer_schema = True
+                    log.warning(
+                        "worker %s was built for schema %s; the database is at newer, "
+                        "expand-only revision(s) %s, which this code works with: running "
+                        "(upgrade this worker's sqla-queue when you can)",
+                        self.config.worker_id,
+                        SCHEMA_REVISION,
+                        ", ".join(newer),
+                    )
                 known = {row["name"] for row in conn.execute(queries.queue_settings()).mappings()}
                 self.keeper.register(conn)
+                self.db.failures.recovered()
                 return known
-            except OperationalError as exc:
+            except DBAPIError as exc:
+                if not waitable(exc):
+                    raise
                 self.db.close()
                 self.db.failures.failed(
-                    "start", "database connection lost while starting (%s); retrying", describe(exc)
+                    "start",
+                    "could not start on the database (%s); retrying",
+                    describe(exc),
                 )
                 self.db.pulse.idle()
                 self._stopping.wait(next(delays))
@@ -229,7 +264,15 @@ class Worker:
 
     def _make_job(self, row: Any, columns: ClaimColumns) -> ClaimedJob:
         return ClaimedJob(
-            row, columns, self.resources, self._beat_one, self._job_session, self._parent_results
+            row,
+            columns,
+            self.resources,
+            self._beat_one,
+            self._job_session,
+            self._parent_results,
+            self._step_journal,
+            self._receive_signal,
+            self._journal,
         )
 
     def _beat_one(self, ctx: JobContext) -> bool:
@@ -265,6 +308,8 @@ class Worker:
                 pulse=self._listener_pulse,
             )
             self._listener.start()
+            listener = self._listener
+            self.keeper.session_pid = lambda: listener.backend_pid
         self.keeper.start()
 
     def _stop_threads(self) -> None:
@@ -277,7 +322,7 @@ class Worker:
 
     def _deregister(self) -> None:
         try:
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            with autocommit_read_committed(self.engine) as conn:
                 self.keeper.deregister(conn)
         except Exception as exc:  # it expires by itself within dead_after seconds
             log.warning("could not remove this worker's registration: %s", describe(exc))
@@ -304,7 +349,13 @@ class Worker:
             self._state,
             lambda: self.keeper.schema_refusal,
         )
-        return HealthServer(cfg.health_host, cfg.health_port, checks.livez, checks.readyz)
+        return HealthServer(
+            cfg.health_host,
+            cfg.health_port,
+            checks.livez,
+            checks.readyz,
+            extra={"/scaling": database.scaling},
+        )
 
     def _state(self) -> str:
         if self._stopping.is_set():

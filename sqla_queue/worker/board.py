@@ -26,12 +26,29 @@ WAKE_MORE_AFTER = 0.001
 awake ones are busy: blocking handlers get a thread each within about this)."""
 
 
+def wake_once(event: threading.Event) -> Callable[[], None]:
+    """`event.set`, skipped while the event is set already: the dispatcher has not yet woken
+    and cleared it, and it reads the board after it clears it, so it sees whatever changed
+    before this call. A set costs a Condition round (a lock, a notify): with claims sent
+    ahead, every handler return past `flush_size` would pay it while the dispatcher waits
+    for the server."""
+    is_set, set_ = event.is_set, event.set
+
+    def wake() -> None:
+        if not is_set():
+            set_()
+
+    return wake
+
+
 class JobBoard:
     """Held jobs: waiting (`ready`), running (counted) and settled (outcomes to write)."""
 
     def __init__(self, concurrency: int, flush_size: int, wake: Callable[[], None]) -> None:
         self.concurrency = concurrency
         self.flush_size = flush_size
+        """Settled outcomes that make the producer write them: the worker's `batch`, or the
+        claim's size while claims are sent ahead (then the next claim, soon, folds them)."""
         self._wake = wake
         self.mutex = threading.Lock()
         """The lock itself: `with board.mutex` costs less than entering the condition."""
@@ -51,6 +68,11 @@ class JobBoard:
         """Set while stopping: handler threads take no new job."""
         self.claimable = False
         """Whether a claim may find jobs: handler threads wake the producer for room only then."""
+        self.refill_at = 0
+        """Ready jobs left when the producer wants its next claim sent (set by the producer):
+        0 claims once the ready queue is empty; while claims are sent ahead (`room`'s
+        `ahead`), a handler thread that leaves this many ready wakes it, so the next claim is
+        in flight while the handlers work through these."""
 
     # -- the producer's side -------------------------------------------------------------------
 
@@ -68,8 +90,8 @@ class JobBoard:
         producer must check again (jobs wait and threads are idle)."""
         with self.mutex:
             late = 0
-            for job in self.ready:
-                if now - job.claimed_at < WAKE_MORE_AFTER:
+            for job in self.ready:  # no further than the idle threads it could wake
+                if late >= self._idle or now - job.claimed_at < WAKE_MORE_AFTER:
                     break
                 late += 1
             if late:
@@ -83,9 +105,12 @@ class JobBoard:
             self._idle -= woken
             self.lock.notify(woken)
 
-    def room(self, batch: int) -> int:
-        """How many more jobs the worker may claim: it holds concurrency + batch - 1 at most."""
-        return min(batch, self.concurrency + batch - 1 - len(self.ready) - self.running)
+    def room(self, batch: int, ahead: int = 0) -> int:
+        """How many more jobs the worker may claim: it holds concurrency + batch - 1 at most;
+        while claims are sent `ahead` of the handlers (up to `ahead` jobs still waiting to
+        start), concurrency + batch + ahead. Never more than `concurrency` run."""
+        held = self.concurrency + batch + (ahead if ahead else -1)
+        return min(batch, held - len(self.ready) - self.running)
 
     def take_unstarted(self) -> list[ClaimedJob]:
         """Stop handing out jobs and return those not yet started (shutdown)."""
@@ -137,8 +162,12 @@ class JobBoard:
                 self.lock.wait()
             self.running += 1  # first: an unlocked reader may count it twice, never zero times
             job = self.ready.popleft()
-            if not self.ready and self.claimable and self.running < self.concurrency:
-                self._wake()  # room to claim the next batch while this one runs
+            # room to claim the next batch while this one runs (or, claiming ahead, while
+            # the handlers work through the `refill_at` jobs left)
+            left = len(self.ready)
+            room = left or self.running < self.concurrency
+            if left == self.refill_at and self.claimable and room:
+                self._wake()
             return job
 
     def returned(self, job: ClaimedJob, outcome: Outcome) -> Outcome | None:

@@ -51,6 +51,7 @@ class Completer:
         self._retry = queries.retry_jobs()
         self._fail = queries.fail_jobs()
         self._snooze = queries.snooze_jobs()
+        self._park_sleeping = queries.park_sleeping_jobs()
         self._free_cancelled = queries.free_cancelled_jobs()
         self._defer = queries.defer_jobs()
         self._store = queries.store_results()
@@ -84,7 +85,8 @@ class Completer:
             and not o.result_pending
         ]
         pending = [o for o in outcomes if o.result_pending]  # committed by their session
-        snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed]
+        snoozed = [o for o in outcomes if o.kind is OutcomeKind.snoozed and not o.sleeps]
+        sleeping = [o for o in outcomes if o.sleeps]
         refused = self._write(self._complete, succeeded, _result)
         self.stats.succeeded += len(succeeded)
         refused += self._write(
@@ -96,7 +98,8 @@ class Completer:
         refused += self._write(self._fail, failed, _failed)
         self.stats.failed += len(failed)
         refused += self._write(self._snooze, snoozed, _snoozed)
-        self.stats.snoozed += len(snoozed)
+        refused += self._write(self._park_sleeping, sleeping, _slept)
+        self.stats.snoozed += len(snoozed) + len(sleeping)
         # a job cancelled while its handler ran kept its queue's slot until now
         given_up = [o for o in outcomes if o.job.ctx.cancelled]
         self._write(self._free_cancelled, given_up, _none)
@@ -112,6 +115,8 @@ class Completer:
                 self.stats.cancelled += 1
             elif outcome.kind is OutcomeKind.lost:
                 self.stats.lost += 1
+            elif outcome.kind is OutcomeKind.waiting:  # parked in its own transaction
+                self.stats.waiting += 1
         self._fail_refused(refused)
         self.board.forget(o.job for o in outcomes)
 
@@ -247,6 +252,10 @@ def _snoozed(outcome: Outcome) -> dict[str, Any]:
         "job_errors": storable(outcome.error),
         "job_task_max_attempts": outcome.task_max_attempts,
     }
+
+
+def _slept(outcome: Outcome) -> dict[str, Any]:
+    return {"job_delays": outcome.retry_in, "job_task_max_attempts": outcome.task_max_attempts}
 
 
 def _params(

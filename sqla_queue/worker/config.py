@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqla_queue.db.models import HISTORY_AHEAD, HISTORY_PERIOD_DAYS
 from sqla_queue.errors import ConfigurationError
 from sqla_queue.job.validation import (
     MAX_BATCH,
@@ -46,7 +47,8 @@ class WorkerConfig:
     at least half of each full claim's jobs within 0.1 s of it, and fall back when they do
     not, or when a claim comes back short. None is max(batch, 500); `batch` or less keeps
     every claim at `batch`. The worker holds at most concurrency + the current claim's size
-    - 1 jobs."""
+    - 1 jobs; concurrency + twice the size while a grown claim is sent ahead of the handlers
+    (no queue has a limit: `Producer.ahead`)."""
     lease: float = 60.0
     """Seconds a claimed job may go without a heartbeat before any worker requeues it (at
     least 1). Stored on each job at its claim; a task's own `lease` overrides it."""
@@ -60,6 +62,9 @@ class WorkerConfig:
     """With `burst`: seconds ahead to look for work. While a queued job of its queues falls
     due within that long (a retry, a snooze, a delayed job), the worker waits for it
     instead of exiting; 0 exits once nothing is due now."""
+    burst_until_empty: bool = False
+    """With `burst`: wait for every queued job of its queues due later (a retry, a snooze, a
+    delayed job), however far off, and exit only once none is left (`--until-empty`)."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight handlers get to finish after SIGTERM before their jobs are requeued."""
     heartbeat: float = 2.0
@@ -75,9 +80,19 @@ class WorkerConfig:
     claims and finishes: those jobs run again, as the queue's at-least-once already allows,
     and no committed job is lost (docs/durability.md). Enqueues, `ctx.session()` and the
     application's own connections always commit as the server is configured."""
+    job_logs: bool = True
+    """Keep the log records each handler emits (through `logging`, on its thread or task)
+    with its attempt, in `sqla_queue.job_logs` (one insert per attempt that logged); False
+    keeps none (`ctx.progress` is written either way)."""
     vacuum_threshold: int | None = 1000
     """Dead rows in the jobs table (beyond a tenth of its live rows) at which a worker runs
     VACUUM on it itself, one worker at a time; None leaves the table to autovacuum."""
+    history_period_days: int = HISTORY_PERIOD_DAYS
+    """Days of finished jobs per partition of the history (`jobs_history`) the keeper makes
+    from now on (1: a partition a day, pruned a day at a time); partitions already made keep
+    their span."""
+    history_ahead: int = HISTORY_AHEAD
+    """Periods ahead of now the keeper keeps history partitions made for."""
     health_port: int | None = None
     """Serve `/livez`, `/readyz` and `/health` over HTTP on this port while the worker runs
     (`sqla_queue.worker.health`); None serves nothing."""
@@ -102,8 +117,14 @@ class WorkerConfig:
             raise ConfigurationError(
                 detail=f"synchronous_commit must be True or False, got {self.synchronous_commit!r}"
             )
+        if not isinstance(self.job_logs, bool):
+            raise ConfigurationError(
+                detail=f"job_logs must be True or False, got {self.job_logs!r}"
+            )
         if self.vacuum_threshold is not None:
             check_count("vacuum_threshold", self.vacuum_threshold, 0)
+        check_count("history_period_days", self.history_period_days, 1, 366)
+        check_count("history_ahead", self.history_ahead, 0, 366)
         if self.health_port is not None:
             check_count("health_port", self.health_port, 1, 65535)
         if not isinstance(self.health_host, str) or not self.health_host:
@@ -135,6 +156,16 @@ class WorkerConfig:
                 self.burst or not self.burst_wait,
                 "burst_wait waits for jobs due soon before a burst worker exits: it needs "
                 "burst (--burst)",
+            ),
+            (
+                self.burst or not self.burst_until_empty,
+                "burst_until_empty waits until a burst worker's queues are empty: it needs "
+                "burst (--burst --until-empty)",
+            ),
+            (
+                not (self.burst_until_empty and self.burst_wait),
+                "burst_until_empty already waits for every job due later: drop burst_wait "
+                "(--burst-wait), or keep it and drop burst_until_empty (--until-empty)",
             ),
             (
                 self.health_stuck_after > 0,
@@ -180,8 +211,13 @@ class WorkerStats:
     its slot until it returned)."""
     deferred: int = 0
     """Jobs put back for a worker that has a handler for their task."""
+    waiting: int = 0
+    """Runs that ended parked by `ctx.wait_for_signal` (the job waits for its signal)."""
     largest_claim: int = 0
     """The most jobs one claim asked for (`batch`, or more while claims grew)."""
+    claims_ahead: int = 0
+    """Claims sent while jobs of the claim before still waited to start: sent ahead, their
+    round trip overlapped the handlers (`Producer.ahead`)."""
     not_yet_due: int = 0
     """A burst worker's: the queued jobs of its queues due later when it exited (a retry,
     a snooze, a delayed job), which it left."""

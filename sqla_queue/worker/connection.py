@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from sqla_queue.db.database import describe as describe
+from sqla_queue.db.database import read_committed
 from sqla_queue.errors import DatabaseUnavailableError
 from sqla_queue.runtime.health_server import Pulse
 
@@ -39,14 +41,6 @@ FATAL_CONNECT_ERRORS = (
 )
 
 
-def describe(exc: BaseException) -> str:
-    """The first line of the driver's message: never the SQL statement or its parameters."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return first[:300]
-
-
 def failure_kind(exc: BaseException) -> str:
     """A short name for a kind of failure: the SQLSTATE, else the exception type."""
     orig = getattr(exc, "orig", None)
@@ -61,6 +55,24 @@ def is_row_error(exc: BaseException) -> bool:
     running the same statement again would fail the same way."""
     state = getattr(getattr(exc, "orig", None), "sqlstate", None) or ""
     return state[:2] in ("22", "23", "54")
+
+
+READ_ONLY = "25006"
+"""SQLSTATE read_only_sql_transaction: the server refuses writes (a standby the connection
+string failed over to, or `default_transaction_read_only = on`, as during a demotion)."""
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """Whether a statement failed because the server accepts no writes now: waited out, as an
+    outage is, until it does."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == READ_ONLY
+
+
+def waitable(exc: BaseException) -> bool:
+    """Whether a failed statement may succeed if run again later: an operational error (a
+    statement timeout, a server starting up, a serialization failure) or a read-only server;
+    never a row's data (`is_row_error`)."""
+    return (isinstance(exc, OperationalError) or is_read_only(exc)) and not is_row_error(exc)
 
 
 def refusal(exc: BaseException) -> str:
@@ -248,6 +260,7 @@ class DatabaseLink:
 
     With `synchronous_commit=False` its session commits without waiting for the disk
     (`SET synchronous_commit = off`): it carries only the worker's own claims and finishes.
+    Its statements run at READ COMMITTED whatever the server's default (`read_committed`).
     JIT is off in its session (`SET jit = off`): PostgreSQL compiles any statement whose
     estimated cost passes `jit_above_cost`, and on a table never analyzed the claim of a
     queue with a limit or turns passed it at 100,000 jobs: 90 ms of compiling for a 5 ms
@@ -273,6 +286,7 @@ class DatabaseLink:
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         conn.detach()  # closed, not pooled, when the link lets it go: its settings stay its own
         try:
+            read_committed(conn)  # the session is its own: nothing to restore
             conn.exec_driver_sql("SET jit = off")
             if not self.synchronous_commit:
                 conn.exec_driver_sql("SET synchronous_commit = off")
@@ -306,13 +320,15 @@ class DatabaseLink:
                 self.stopping.wait(delay)
                 self.pulse.busy()
             else:
-                self.failures.recovered()
+                # not "reachable again" yet: a server that takes connections may still refuse
+                # the statement (read-only, starting up); the first statement that runs says it
                 return self.conn
         return None
 
     def execute(self, statement: Any, params: Any = None) -> Any:
         """Run one autocommit statement, reconnecting on a lost connection and waiting out
-        other operational errors (a statement timeout, a server starting up) with backoff."""
+        other operational errors (a statement timeout, a server starting up) and a read-only
+        server with backoff."""
         delays = backoff_delays(0.1)
         while True:
             conn = self.conn
@@ -335,15 +351,25 @@ class DatabaseLink:
                     )
                     self.close()
                     continue
-                if not isinstance(exc, OperationalError) or is_row_error(exc):
+                if not waitable(exc):
                     raise  # a program limit (class 54) fails the same way every time
                 delay = next(delays)
-                self.failures.failed(
-                    failure_kind(exc),
-                    "database error (%s); retrying in %.2fs",
-                    describe(exc),
-                    delay,
-                )
+                if is_read_only(exc):
+                    self.failures.failed(
+                        READ_ONLY,
+                        "the database is read-only (%s): a standby, or "
+                        "default_transaction_read_only = on; claiming nothing until it is "
+                        "writable, retrying in %.2fs",
+                        describe(exc),
+                        delay,
+                    )
+                else:
+                    self.failures.failed(
+                        failure_kind(exc),
+                        "database error (%s); retrying in %.2fs",
+                        describe(exc),
+                        delay,
+                    )
                 self.pulse.idle()
                 if self.stopping.wait(delay):
                     raise Stopped from None

@@ -14,9 +14,10 @@ whose thread has exited is dead.
 
 Readiness: live, started (registered; not while waiting for the database at start or
 after a stop was asked), claiming (not stopped by a schema revision it does not know,
-`schema` in the report), and the database answers `SELECT 1` on a connection of its own
-within `DATABASE_TIMEOUT` seconds; that answer is kept for `DATABASE_CACHE` seconds, so
-probes do not add load.
+`schema` in the report), and the database answers on a connection of its own within
+`DATABASE_TIMEOUT` seconds and accepts writes (not a standby, not
+`default_transaction_read_only`: a worker there claims nothing); that answer is kept for
+`DATABASE_CACHE` seconds, so probes do not add load.
 """
 
 from __future__ import annotations
@@ -26,15 +27,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, pool, text
+from sqlalchemy import Engine, create_engine, pool
 
+from sqla_queue.db import queries
+from sqla_queue.db.scaling import scaling_signal
 from sqla_queue.runtime.health_server import Pulse
 from sqla_queue.worker.connection import describe
 
 DATABASE_TIMEOUT = 2.0
-"""Seconds the readiness check's `SELECT 1` (its connection included) may take."""
+"""Seconds the readiness check's query (its connection included) may take."""
 DATABASE_CACHE = 1.0
 """Seconds a readiness check's database answer is reused for."""
+READ_ONLY_ANSWER = (
+    "read-only: a standby, or default_transaction_read_only = on; the worker claims nothing "
+    "until the database accepts writes"
+)
+"""`/readyz`'s `database` when the server answers but refuses writes (after a failover)."""
 
 
 ThreadOf = Callable[[], threading.Thread | None]
@@ -42,7 +50,8 @@ ThreadOf = Callable[[], threading.Thread | None]
 
 
 class DatabaseCheck:
-    """`SELECT 1` on a connection of its own, its answer cached for `cache` seconds."""
+    """Whether the database answers and accepts writes (`queries.TRANSACTION_READ_ONLY`), on
+    a connection of its own, the answer cached for `cache` seconds."""
 
     def __init__(
         self, engine: Engine, timeout: float = DATABASE_TIMEOUT, cache: float = DATABASE_CACHE
@@ -50,18 +59,21 @@ class DatabaseCheck:
         self.timeout = timeout
         self.cache = cache
         # A pool of none: the worker's own pool may be busy or broken, which is not the
-        # database's health; connect_timeout is in whole seconds (libpq's least is 2).
+        # database's health; connect_timeout is in whole seconds (libpq's least is 2). The
+        # statement timeout is the transaction's own (SET LOCAL): PgBouncer refuses an
+        # `options` startup parameter, and a session's SET would stay on its server connection.
         self._engine = create_engine(
             engine.url,
             poolclass=pool.NullPool,
-            connect_args={
-                "connect_timeout": max(2, round(timeout)),
-                "options": f"-c statement_timeout={int(timeout * 1000)}",
-            },
+            connect_args={"connect_timeout": max(2, round(timeout))},
         )
+        self._statement_timeout = f"SET LOCAL statement_timeout = {int(timeout * 1000)}"
         self._lock = threading.Lock()
         self._checked_at = float("-inf")
         self._error: str | None = "not checked yet"
+        self._scaling_lock = threading.Lock()
+        self._scaled_at = float("-inf")
+        self._scaling: tuple[bool, dict[str, Any]] = (False, {})
 
     def __call__(self) -> str | None:
         """None when the database answered, else why not. Probes at once share one check."""
@@ -73,11 +85,27 @@ class DatabaseCheck:
 
     def _check(self) -> str | None:
         try:
-            with self._engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            with self._engine.begin() as conn:
+                conn.exec_driver_sql(self._statement_timeout)
+                read_only = conn.exec_driver_sql(queries.TRANSACTION_READ_ONLY).scalar()
         except Exception as exc:
             return describe(exc)
-        return None
+        return READ_ONLY_ANSWER if read_only else None
+
+    def scaling(self) -> tuple[bool, dict[str, Any]]:
+        """`GET /scaling`: every queue's autoscaling signal (`sqla_queue.db.scaling`) by
+        name, read on this check's own connection (bounded by its statement timeout) and
+        kept for `cache` seconds, so any number of pollers cost one read a second."""
+        with self._scaling_lock:
+            if time.monotonic() - self._scaled_at >= self.cache:
+                try:
+                    with self._engine.begin() as conn:
+                        found = scaling_signal(conn)
+                    self._scaling = (True, {"queues": {s.queue: s.as_dict() for s in found}})
+                except Exception as exc:
+                    self._scaling = (False, {"status": "error", "error": describe(exc)})
+                self._scaled_at = time.monotonic()
+            return self._scaling
 
     def dispose(self) -> None:
         self._engine.dispose()
@@ -146,4 +174,10 @@ class WorkerHealth:
         return ok, report
 
 
-__all__ = ["DATABASE_CACHE", "DATABASE_TIMEOUT", "DatabaseCheck", "WorkerHealth"]
+__all__ = [
+    "DATABASE_CACHE",
+    "DATABASE_TIMEOUT",
+    "READ_ONLY_ANSWER",
+    "DatabaseCheck",
+    "WorkerHealth",
+]

@@ -4,8 +4,9 @@ core's, `sqla_queue.job.outcome`)."""
 from __future__ import annotations
 
 import json
+import json.scanner
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqla_queue.job.context import JobContext
@@ -13,9 +14,23 @@ from sqla_queue.job.outcome import JobAttempt
 
 __all__ = ["ClaimColumns", "ClaimedJob", "decode_args"]
 
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed: its context is a decoder's
+)
+"""The JSON decoder's own scanner (C): `json.loads` without its three Python-level calls and
+its two whitespace matches, for the JSON text PostgreSQL writes (a jsonb's, which has no
+whitespace around it)."""
+
 
 def decode_args(args_json: str) -> tuple[dict[str, Any], str | None]:
     """A claimed row's args, decoded from its JSON text: (args, None), or ({}, why not)."""
+    try:  # a jsonb's text: one JSON object, nothing around it
+        args, end = _scan_once(args_json, 0)
+    except (StopIteration, RecursionError, ValueError, TypeError):
+        pass  # json.loads says why (or decodes what is around the value)
+    else:
+        if end == len(args_json) and type(args) is dict:
+            return args, None
     try:
         args = json.loads(args_json)
     except (RecursionError, ValueError) as exc:
@@ -29,6 +44,7 @@ class ClaimColumns:
     """Where each column is in the claim's rows (plain tuples), found once per claim."""
 
     __slots__ = (
+        "about",
         "args_json",
         "attempts",
         "id",
@@ -42,6 +58,7 @@ class ClaimColumns:
     )
 
     def __init__(self, keys: list[str]) -> None:
+        self.about: int = keys.index("about")
         self.args_json: int = keys.index("args_json")
         self.attempts: int = keys.index("attempts")
         self.id: int = keys.index("id")
@@ -67,22 +84,29 @@ class ClaimedJob(JobAttempt):
         heartbeat: Any = None,
         session_factory: Any = None,
         parent_results: Any = None,
+        steps: Any = None,
+        signals: Any = None,
+        journal_sink: Any = None,
     ) -> None:
         # Decoded here, one job at a time: a row that cannot be decoded fails alone.
         args, decode_error = decode_args(row[columns.args_json])
-        ctx = JobContext(
+        ctx = JobContext(  # by position: one per job, and keywords cost more to pass
             row[columns.id],
             row[columns.task],
             row[columns.queue],
             row[columns.attempts],
             heartbeat,
             resources,
-            tags=row[columns.tags],
-            meta=row[columns.meta_json],
-            session_factory=session_factory,
-            parent_results=parent_results,
+            row[columns.tags],
+            row[columns.meta_json],
+            session_factory,
+            parent_results,
+            steps,
+            signals,
+            journal_sink,
+            row[columns.about],
         )
-        super().__init__(ctx, args, row[columns.max_attempts], decode_error)
+        JobAttempt.__init__(self, ctx, args, row[columns.max_attempts], decode_error)
         self.claimed_at = time.monotonic()
         self.reported_started = False
         self._token = [True]

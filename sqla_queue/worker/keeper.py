@@ -9,7 +9,10 @@ One thread, ticking every `heartbeat` seconds (sooner when a job lease needs it)
 - extends the lease of every held job every quarter of its lease, and reports which
   jobs have started (the reaper refunds the attempt of one that had not);
 - reaps: requeues the jobs of expired workers and jobs past their own lease deadline,
-  then removes those workers' registrations (kept in `stopped_workers` as lost);
+  then removes those workers' registrations (kept in `stopped_workers` as lost); and
+  queues the jobs parked for a signal past their wait's deadline (they time out as they
+  run) and the sleeping jobs whose end comes before its next look (due at their end),
+  deleting expired signals and the waits of gone jobs about once a minute;
 - looks at the jobs table as it starts and every worker beat, and starts its upkeep on a
   thread of its own when due: a VACUUM once its dead rows pass `vacuum_threshold`, an
   ANALYZE when its statistics are missing or stale (`vacuum`, the one place that decides);
@@ -34,8 +37,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from sqla_queue.db import queries
-from sqla_queue.db.migrate import head_revision, unknown_revisions
+from sqla_queue.db.database import autocommit_read_committed
+from sqla_queue.db.migrate import (
+    SCHEMA_REVISION,
+    head_revision,
+    package_version,
+    unknown_revisions,
+)
 from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS, JobStatus
+from sqla_queue.db.queries import signals as signal_queries
+from sqla_queue.db.queries import steps as step_queries
 from sqla_queue.db.rollup import RollupWriter
 from sqla_queue.errors import SchemaUnknownError
 from sqla_queue.registry import Registry
@@ -54,6 +65,19 @@ OVERRUN_GRACE = 1.0
 OVERRUN_REPORT_EVERY = 60.0
 """Seconds between two log lines about the same handler that has not returned."""
 MAX_OVERRUNS_SHOWN = 20
+SIGNAL_UPKEEP_EVERY = 60.0
+"""Seconds between a worker's deletes of expired signals and of the waits of gone jobs."""
+HISTORY_UPKEEP_EVERY = 60.0
+"""Seconds between a worker's calls of the history's upkeep (`queries.keep_history`): the
+partitions ahead, an ANALYZE of filled ones, a batch of an earlier release's rows moved."""
+HISTORY_MOVE_BATCH = 5000
+"""Rows of an earlier release's archive (`jobs_archive`), and of the succeeded jobs it left
+in `jobs` (`queries.move_kept_done`), one call moves to the history."""
+KEPT_MOVE_EVERY = 3600.0
+"""Seconds between two looks for succeeded jobs an earlier release left in `jobs` once a
+look found none: the look reads every finished job still in `jobs` (the failed ones too),
+so it does not run every round; a worker of an earlier release running beside this one
+leaves them there until it stops."""
 """Overrunning handlers listed in the worker's registration (the longest first)."""
 
 
@@ -96,6 +120,10 @@ class Keeper:
         }
         shortest = min([config.lease, *self.task_leases.values()])
         self.beat_jobs_every = max(0.25, shortest / 4)
+        self._next_signal_upkeep = 0.0
+        self._next_history_upkeep = 0.0  # the first round makes the partitions it needs
+        self._history_refused = False
+        self._next_kept_move = 0.0  # the first round looks for an earlier release's rows
         self.tick = min(config.heartbeat, self.beat_jobs_every)
         self.last_job_beat = time.monotonic()
         self._loop_warned = False
@@ -115,7 +143,14 @@ class Keeper:
             "stale_after": config.dead_after,
             "loop_blocked_for": None,  # seconds, while the event loop is blocked
             "overruns": None,  # handlers past their timeout or cancel (`_watch_overruns`)
+            "version": package_version(),
+            "schema_revision": SCHEMA_REVISION,  # what `migrate` checks a contract revision by
+            "session_pid": None,  # the held connection's backend (`session_pid`)
         }
+        self.session_pid: Callable[[], int | None] = lambda: None
+        """The server process id of the connection the worker holds open while it runs
+        (its listener's; None without one: `poll_only`, or reconnecting), written with
+        each worker beat: the autoscaling signal's sign of a live session."""
 
     def register(self, conn: Connection) -> None:
         """Register the worker (called once before its first claim)."""
@@ -162,10 +197,11 @@ class Keeper:
             self._watch_loop()  # needs no database: watched even while it is away
             self._watch_overruns()
             try:
-                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                with autocommit_read_committed(self.engine) as conn:
                     now = time.monotonic()
                     if now >= next_worker_beat:
                         next_worker_beat = now + self.config.heartbeat
+                        self._registration["session_pid"] = self.session_pid()
                         self.limits = bool(conn.execute(beat_worker, self._registration).scalar())
                         self._check_schema(conn)
                     if now >= next_upkeep:
@@ -183,6 +219,8 @@ class Keeper:
                         next_reap = now + self.config.heartbeat * random.uniform(0.75, 1.25)
                         self._reap(conn, reap, notify)
                         self._record_lost(conn, expired)
+                        self._wake_waiting(conn, notify)
+                        self._keep_history(conn)
                 self.failures.recovered()
             except Exception as exc:
                 self.failures.failed(
@@ -229,7 +267,7 @@ class Keeper:
             ids = {"job_ids": [j.id for j in missing], "job_attempts": [j.attempt for j in missing]}
             still = set(conn.execute(queries.held_jobs(), ids).scalars())
             for job in missing:
-                if job.id not in still and not job.settled:
+                if job.id not in still and not job.settled and not job.ctx.parked:
                     log.warning("job %s is no longer ours (reaped or cancelled)", job.id)
                     job.ctx.mark_lost()
         for job in jobs:  # cancelled while it runs (a poll-only worker hears of it here)
@@ -245,7 +283,7 @@ class Keeper:
         if job.ctx.cancelled:
             return False
         lease = self.task_leases.get(job.task) or self.config.lease
-        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        with autocommit_read_committed(self.engine) as conn:
             params = {
                 "job_ids": [job.id],
                 "job_attempts": [job.attempt],
@@ -272,7 +310,8 @@ class Keeper:
             "job_ids": [j.id for j in self.board.held_jobs()],
         }
         conn.execute(queries.free_unheld_cancelled_jobs(), held)  # their slots are free
-        reaped = conn.execute(reap, {"task_max_attempts": self.task_max_attempts}).mappings().all()
+        reaper = {"task_max_attempts": self.task_max_attempts, "reaper_id": self.config.worker_id}
+        reaped = conn.execute(reap, reaper).mappings().all()
         if not reaped:
             return
         self.stats.reaped += len(reaped)
@@ -290,9 +329,60 @@ class Keeper:
             conn.execute(notify, {"queues": queued})
         self._on_reaped()
 
+    def _wake_waiting(self, conn: Connection, notify: Any) -> None:
+        """Queue the jobs parked for a signal whose wait's deadline passed (they time out
+        when they run) or whose signal came unseen, and the sleeping jobs whose end comes
+        before the next look (due at their end); and, about once a minute, delete
+        expired signals and the waits of jobs that are gone."""
+        woken = list(conn.execute(signal_queries.wake_waiting_jobs()).scalars())
+        # sleepers whose end comes before the next look: queued now, due at their end
+        ahead = {"ahead": self.config.heartbeat * 1.25 + self.tick}
+        woken += conn.execute(step_queries.wake_sleeping_jobs(), ahead).scalars()
+        if woken:
+            conn.execute(notify, {"queues": sorted(set(woken))})
+        now = time.monotonic()
+        if now >= self._next_signal_upkeep:
+            self._next_signal_upkeep = now + SIGNAL_UPKEEP_EVERY * random.uniform(0.75, 1.25)
+            conn.execute(signal_queries.delete_expired_signals())
+            conn.execute(signal_queries.delete_orphan_waits())
+
+    def _keep_history(self, conn: Connection) -> None:
+        """About once a minute, the history's upkeep: partitions made ahead, strays moved out
+        of its DEFAULT partition, filled partitions analyzed, and a batch of the rows an
+        earlier release archived (`jobs_archive`) or left `done` in `jobs` moved in; again at
+        once while such rows remain. A failure is logged once and does not stop the round."""
+        now = time.monotonic()
+        if now < self._next_history_upkeep:
+            return
+        params = {
+            "period_days": self.config.history_period_days,
+            "ahead": self.config.history_ahead,
+            "batch": HISTORY_MOVE_BATCH,
+        }
+        try:
+            moved = conn.execute(queries.keep_history(), params).scalar_one()
+            done = 0
+            if now >= self._next_kept_move:
+                batch = {"batch": HISTORY_MOVE_BATCH}
+                done = conn.execute(queries.move_kept_done(), batch).rowcount
+                self._next_kept_move = now + (0 if done else KEPT_MOVE_EVERY)
+        except Exception as exc:
+            self._next_history_upkeep = now + HISTORY_UPKEEP_EVERY
+            if not self._history_refused:
+                self._history_refused = True
+                log.warning("the history's upkeep failed (%s); will retry", describe(exc))
+            return
+        self._history_refused = False
+        if moved:
+            log.info("moved %d archived job(s) of an earlier release into the history", moved)
+        if done:
+            log.info("moved %d kept job(s) an earlier release left in jobs into the history", done)
+        full = max(moved, done) >= HISTORY_MOVE_BATCH  # more wait: the next round goes on
+        self._next_history_upkeep = now + (0 if full else HISTORY_UPKEEP_EVERY)
+
     def _record_lost(self, conn: Connection, expired: Any) -> None:
         """Remove expired registrations that hold no job any more, recorded as lost."""
-        for worker_id, hostname, pid in conn.execute(expired):
+        for worker_id, hostname, pid in conn.execute(expired, {"reaper_id": self.config.worker_id}):
             log.warning(
                 "worker %s (host %s, pid %s) stopped heartbeating: recorded as lost",
                 worker_id,

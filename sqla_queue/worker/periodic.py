@@ -35,6 +35,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
 from sqla_queue.db import queries
+from sqla_queue.db.database import begin_read_committed
 
 if TYPE_CHECKING:
     from sqla_queue.registry import Registry
@@ -125,7 +126,7 @@ class Scheduler:
         if not schedules:
             return []
         looked_mono = time.monotonic()
-        with self.engine.begin() as conn:
+        with begin_read_committed(self.engine) as conn:
             if now is None:
                 now = conn.execute(queries.database_now()).scalar_one()
                 looked_mono = time.monotonic()

@@ -20,7 +20,7 @@ from sqla_queue.db import queries
 from sqla_queue.db.queries.claim import TaskSettings
 from sqla_queue.job.outcome import Outcome
 from sqla_queue.worker.board import WAKE_MORE_AFTER, JobBoard
-from sqla_queue.worker.claim_size import DEFAULT_MAX_BATCH, ClaimSize
+from sqla_queue.worker.claim_size import DEFAULT_MAX_BATCH, GROW_WITHIN, ClaimSize
 from sqla_queue.worker.completer import FLUSH_DELAY, Completer
 from sqla_queue.worker.config import WorkerConfig, WorkerStats
 from sqla_queue.worker.connection import (
@@ -97,6 +97,8 @@ class Producer:
         self._static = static
         self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
+        self._claim_sent = time.monotonic()  # when the last claim was sent
+        self._flush_size = settings.board.flush_size
         max_batch = DEFAULT_MAX_BATCH if config.max_batch is None else config.max_batch
         self.sizes = ClaimSize(config.batch, max(config.batch, max_batch))
 
@@ -123,20 +125,29 @@ class Producer:
                 # Handlers wake us for room to claim only while a claim may find jobs.
                 board.claimable = not queue_empty
                 size = self.sizes.next(now, board.finished)
-                want = board.room(size)
+                ahead = self.ahead(size, now)
+                board.refill_at = ahead
+                board.flush_size = max(self._flush_size, ahead)
+                want = board.room(size, ahead)
                 if board.outcomes and not flush_after:
                     flush_after = now + FLUSH_DELAY
                 if (
                     (not queue_empty or (board.running == 0 and board.only_successes()))
-                    and not board.ready
+                    and len(board.ready) <= ahead
                     and want > 0
                     and (want == size or board.running == 0)
                     and not self._keeper_behind()
                     and self.keeper.schema_refusal is None
                 ):
                     wrote = cfg.burst and bool(board.outcomes)
+                    # sent ahead, the claim's round trip overlaps the handlers: the jobs
+                    # they return meanwhile tell the claim size how quick they are
+                    finished, waiting = board.finished, len(board.ready)
                     claimed = self.claim(want)  # writes pending outcomes first
-                    self.sizes.claimed(size, claimed, time.monotonic(), board.finished)
+                    if not ahead:
+                        finished = board.finished
+                    self.sizes.claimed(size, claimed, time.monotonic(), finished)
+                    self.stats.claims_ahead += waiting > 0
                     self.stats.largest_claim = max(self.stats.largest_claim, want)
                     flush_after = 0.0
                     if claimed < want:
@@ -187,14 +198,40 @@ class Producer:
         finally:
             pulse.idle()
 
+    def ahead(self, size: int, now: float) -> int:
+        """How many claimed jobs may still wait to start when the next claim is sent: `size`
+        while the claims have grown past `batch` (the jobs are quick: `ClaimSize`) and no
+        queue has a concurrency or rate limit, a fair or partition limit (the keeper's
+        beat, `keeper.limits`); else 0, and the next claim waits for the ready queue to
+        empty, as a limited queue's slots and slow jobs need. Sent ahead, the claim (with
+        the finishes it folds) is in flight while the handlers run the batch before it:
+        the worker's Python and the server's work overlap instead of adding up, and the
+        worker holds at most concurrency + 2 x size jobs (the ones waiting are not
+        running: they take no handler slot until a handler thread takes them). Only while
+        the handlers keep up: once the oldest waiting job has waited `GROW_WITHIN`, the
+        handlers, not the server, are what the jobs wait for, and the next claim waits for
+        the ready queue to empty (a job claimed ahead never waits much longer than one
+        claimed when the queue emptied, far from the executor's `RECHECK_AFTER`)."""
+        if size <= self.config.batch or self.keeper.limits:
+            return 0
+        try:
+            oldest = self.board.ready[0].claimed_at
+        except IndexError:  # none waits (a handler thread may take the last meanwhile)
+            return size
+        return size if now - oldest <= GROW_WITHIN else 0
+
     def _burst_wait(self) -> float | None:
         """A burst worker with nothing due now: None to exit, recording what it leaves
         (`WorkerStats.not_yet_due`); or the seconds to wait, while a job of its queues
-        falls due within `burst_wait` (polling at least every `poll_interval`)."""
+        falls due within `burst_wait`, or any does with `burst_until_empty` (polling at least
+        every `poll_interval`)."""
         cfg = self.config
-        count, earliest, seconds = self.db.execute(queries.not_yet_due(cfg.queues)).one()
+        since_claim = time.monotonic() - self._claim_sent
+        count, earliest, seconds = self.db.execute(
+            queries.not_yet_due(cfg.queues), {"since_claim": since_claim}
+        ).one()
         self.stats.not_yet_due, self.stats.next_due_at = int(count), earliest
-        if not count or float(seconds) > cfg.burst_wait:
+        if not count or (not cfg.burst_until_empty and float(seconds) > cfg.burst_wait):
             return None
         return min(max(float(seconds), BURST_RECHECK), cfg.poll_interval)
 
@@ -227,6 +264,7 @@ class Producer:
         statement: one commit per cycle instead of two.
         """
         limits = self.keeper.limits
+        self._claim_sent = time.monotonic()  # before the claim's snapshot: `_burst_wait`
         successes = self.completer.take_successes()
         if successes is None:
             self.completer.flush()
@@ -260,6 +298,14 @@ class Producer:
         jobs: list[ClaimedJob] = []
         status, make_job = columns.status, self._make_job
         for row in rows:
+            if row[status] == "cancelled":  # past its start deadline: cancelled by the claim
+                log.info(
+                    "job %s (%s) cancelled without running: expired (not started by its "
+                    "expires_at)",
+                    row[columns.id],
+                    row[columns.task],
+                )
+                continue
             if row[status] != "running":  # exhausted its attempts: failed by the claim
                 log.error(
                     "job %s (%s) failed: attempt %s exceeds its max_attempts",

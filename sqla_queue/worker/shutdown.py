@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, create_engine, pool
 
 from sqla_queue.db import queries
+from sqla_queue.db.database import begin_read_committed
 from sqla_queue.job.outcome import Outcome, OutcomeKind
 from sqla_queue.worker.board import JobBoard
 from sqla_queue.worker.completer import Completer
@@ -129,10 +130,12 @@ def exit_now(engine: Engine, board: JobBoard) -> None:
         fresh = create_engine(
             engine.url,
             poolclass=pool.NullPool,
-            connect_args={"connect_timeout": 2, "options": "-c statement_timeout=2000"},
+            connect_args={"connect_timeout": 2},
         )
         try:
-            with fresh.begin() as conn:
+            with begin_read_committed(fresh) as conn:
+                # the transaction's own: PgBouncer refuses an `options` startup parameter
+                conn.exec_driver_sql("SET LOCAL statement_timeout = 2000")
                 if unstarted:
                     conn.execute(queries.release_jobs(), release_params(unstarted, 1))
                 if started:

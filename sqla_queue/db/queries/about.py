@@ -3,7 +3,9 @@ is deleted."""
 
 from __future__ import annotations
 
-from sqlalchemy import Text, Update, bindparam, func, update
+from typing import Any
+
+from sqlalchemy import Select, Text, Update, bindparam, func, select, update
 
 from sqla_queue.db.queries.common import jobs
 from sqla_queue.job.states import NOT_STARTED, JobStatus
@@ -25,4 +27,23 @@ def cancel_jobs_about() -> Update:
             last_error=bindparam("reason", type_=Text),
         )
         .returning(jobs.c.id)
+    )
+
+
+def later_job_about() -> Select[Any]:
+    """The id of a job of task `:job_task` about row `:about_key`, enqueued after job
+    `:job_id` and not finished (None: there is none): what `changed="latest"` asks (a later
+    job loads the row as it is when it starts)."""
+    return (
+        select(jobs.c.id)
+        .where(
+            jobs.c.about == bindparam("about_key", type_=Text),
+            jobs.c.task == bindparam("job_task", type_=Text),
+            jobs.c.id > bindparam("job_id"),
+            jobs.c.status.in_(
+                [JobStatus.queued.value, JobStatus.waiting.value, JobStatus.running.value]
+            ),
+        )
+        .order_by(jobs.c.id.desc())
+        .limit(1)
     )

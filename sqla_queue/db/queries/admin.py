@@ -26,8 +26,8 @@ from sqlalchemy import (
 
 from sqla_queue.db.models import DEFAULT_MAX_ATTEMPTS, NO_TAGS
 from sqla_queue.db.queries.common import (
-    archive,
     cancelled_held,
+    history,
     job_ids_param,
     jobs,
     of_workflow,
@@ -54,6 +54,11 @@ LISTED_COLUMNS = (
 """What `jobs list` shows of each job: never its args, which may be large."""
 
 
+HISTORY_STATUSES = (JobStatus.done, JobStatus.failed)
+"""The statuses a job in the history may have (done; failed when its result could not be
+stored after its commit): a list by another status reads the jobs table only."""
+
+
 def list_jobs(
     *,
     queue: bool = False,
@@ -63,41 +68,49 @@ def list_jobs(
     before: bool = False,
     workflow: bool = False,
 ) -> Select[Any]:
-    """Jobs newest first, up to `:limit`; each flag adds its filter (`:queue`, `:task`,
-    `:tags`: jobs having all of them, by the GIN index; `:before`: ids below it, the keyset
-    cursor; `:workflow_id`: the jobs of that workflow, by its partial index). The status
-    is a literal, as the partial indexes need."""
-    statement = select(*LISTED_COLUMNS)
-    if queue:
-        statement = statement.where(jobs.c.queue == bindparam("queue", type_=Text))
-    if task:
-        statement = statement.where(jobs.c.task == bindparam("task", type_=Text))
-    if status is not None:
-        statement = statement.where(status_is(status))
-    if tags:
-        statement = statement.where(
-            jobs.c.tags.contains(bindparam("tags", type_=ARRAY(Text))),
-            jobs.c.tags != NO_TAGS,  # the GIN index's predicate: it holds tagged jobs only
-        )
-    if workflow:
-        statement = statement.where(*of_workflow())
-    if before:
-        statement = statement.where(jobs.c.id < bindparam("before", type_=BigInteger))
-    return statement.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
+    """Jobs newest first, up to `:limit`, from the jobs table and the history; each flag
+    adds its filter (`:queue`, `:task`, `:tags`: jobs having all of them, by the GIN
+    index; `:before`: ids below it, the keyset cursor; `:workflow_id`: the jobs of that
+    workflow, by its partial index). The status is a literal, as the partial indexes
+    need. Each table is read newest first up to `:limit` (the history by its partitions'
+    primary keys, merged), then the two are merged."""
+
+    def listed(table: Any) -> Select[Any]:
+        statement = select(*(table.c[c.name] for c in LISTED_COLUMNS))
+        if queue:
+            statement = statement.where(table.c.queue == bindparam("queue", type_=Text))
+        if task:
+            statement = statement.where(table.c.task == bindparam("task", type_=Text))
+        if status is not None:
+            statement = statement.where(status_is(status, table))
+        if tags:
+            statement = statement.where(
+                table.c.tags.contains(bindparam("tags", type_=ARRAY(Text))),
+                table.c.tags != NO_TAGS,  # the GIN index's predicate: it holds tagged jobs only
+            )
+        if workflow:
+            statement = statement.where(*of_workflow(table))
+        if before:
+            statement = statement.where(table.c.id < bindparam("before", type_=BigInteger))
+        return statement.order_by(table.c.id.desc()).limit(bindparam("limit", type_=Integer))
+
+    if status is not None and status not in HISTORY_STATUSES:
+        return listed(jobs)
+    both = union_all(listed(jobs).subquery().select(), listed(history).subquery().select())
+    merged = both.subquery("listed")
+    return select(merged).order_by(merged.c.id.desc()).limit(bindparam("limit", type_=Integer))
 
 
 def job_detail() -> Select[Any]:
-    """The job `:job_id` from the jobs table, else from the archive; `archived` says which."""
+    """The job `:job_id` from the jobs table, else from the history; `archived` says which."""
     live = select(*jobs.c, literal(False).label("archived")).where(
         jobs.c.id == bindparam("job_id", type_=BigInteger)
     )
-    # the archive keeps no started_at: its claim's time is when it started
-    kept: dict[str, Any] = {c.name: archive.c[c.name] for c in archive.c}
-    kept["started_at"] = archive.c.locked_at.label("started_at")
+    kept: dict[str, Any] = {c.name: history.c[c.name] for c in history.c}
     archived = select(
         *(kept[c.name] if c.name in kept else literal(None, c.type).label(c.name) for c in jobs.c),
         literal(True).label("archived"),
-    ).where(archive.c.id == bindparam("job_id", type_=BigInteger))
+    ).where(history.c.id == bindparam("job_id", type_=BigInteger))
     return select(union_all(live, archived).subquery()).limit(1)
 
 
@@ -212,7 +225,7 @@ def take_not_revived() -> Select[Any]:
 
 
 def delete_jobs() -> Select[Any]:
-    """Delete jobs `:job_ids` that are not running, and archived ones of those ids.
+    """Delete jobs `:job_ids` that are not running, and those of the history of those ids.
 
     Returns (id, status) of each deleted row. A running job is left alone (cancel it first),
     and so is a cancelled one whose handler still runs (it holds its queue's slot): the
@@ -227,9 +240,9 @@ def delete_jobs() -> Select[Any]:
         .cte("live")
     )
     archived = (
-        delete(archive)
-        .where(archive.c.id == any_(ids))
-        .returning(archive.c.id, archive.c.status)
+        delete(history)
+        .where(history.c.id == any_(ids))
+        .returning(history.c.id, history.c.status)
         .cte("archived")
     )
     return select(union_all(select(live), select(archived)).subquery())
@@ -254,3 +267,12 @@ def queue_depth() -> Select[Any]:
         select(func.count()).select_from(later).scalar_subquery().label("scheduled"),
         running.scalar_subquery().label("running"),
     )
+
+
+def job_statuses() -> Select[Any]:
+    """(id, status) of the jobs among `:job_ids` that exist, in the jobs table or the
+    history (by each one's id index; a finished job is found wherever it is kept)."""
+    ids = job_ids_param()
+    live = select(jobs.c.id, jobs.c.status).where(jobs.c.id == any_(ids))
+    kept = select(history.c.id, history.c.status).where(history.c.id == any_(ids))
+    return select(union_all(live, kept).subquery())

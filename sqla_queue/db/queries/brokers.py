@@ -16,6 +16,7 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    literal_column,
     select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -31,6 +32,7 @@ from sqla_queue.db.queries.common import (
     seconds_param,
     status_is,
 )
+from sqla_queue.job.arguments import ROW_MARK
 
 done = cast(Table, BrokerDone.__table__)
 
@@ -74,14 +76,22 @@ def may_read_queues() -> Select[Any]:
     return select(func.has_table_privilege(queues.fullname, "SELECT"))
 
 
+_ROW_PATH = f"""'$.*."{ROW_MARK}"'::jsonpath"""
+
+
 def count_unfinished_not_kept_on_routes() -> Select[Any]:
     """How many jobs of `:queue_name` queued or running have a unique key (`unique`), a
-    sequence (`sequence`), a partition (`partition`): what a routed queue cannot keep."""
+    sequence (`sequence`), a partition (`partition`), an ORM row argument (`rows`): what a
+    routed queue cannot keep."""
     unfinished = jobs.c.status.in_([JobStatus.queued.value, JobStatus.running.value])
     statement = select(
         func.count(jobs.c.unique_key).label("unique"),  # count(x) counts the rows x is set in
         func.count(jobs.c.sequence).label("sequence"),
         func.count(jobs.c.partition).label("partition"),
+        # an args value that is a row reference (`sqla_queue.job.arguments.ROW_MARK`)
+        func.count()
+        .filter(func.jsonb_path_exists(jobs.c.args, literal_column(_ROW_PATH)))
+        .label("rows"),
     ).where(jobs.c.queue == bindparam("queue_name", type_=Text), unfinished)
     return cast("Select[Any]", statement)
 

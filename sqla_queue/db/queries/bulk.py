@@ -13,13 +13,25 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import BigInteger, Integer, Select, and_, bindparam, case, func, or_, select
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    and_,
+    bindparam,
+    case,
+    false,
+    func,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.elements import ColumnElement
 
 from sqla_queue.db.models import NO_TAGS
 from sqla_queue.db.queries.admin import LISTED_COLUMNS
-from sqla_queue.db.queries.common import cancelled_held, jobs, status_is
+from sqla_queue.db.queries.common import cancelled_held, history, jobs, status_is
 from sqla_queue.job.states import JobStatus
 
 LIKE_ESCAPE = "\\"
@@ -54,6 +66,8 @@ class Filter(Protocol):
     def created_after(self) -> dt.datetime | None: ...
     @property
     def args(self) -> Mapping[str, Any] | None: ...
+    @property
+    def waiting_for(self) -> str | None: ...
 
 
 def error_headline(table: Any = jobs) -> ColumnElement[str]:
@@ -113,24 +127,46 @@ def conditions(
             found.append(column >= after)
     if where.args is not None:
         found.append(table.c.args.op("@>")(bindparam(None, dict(where.args), type_=JSONB)))
+    if where.waiting_for is not None:  # parked for that signal (ix_jobs_signal_key's predicate)
+        if "signal_key" in table.c:
+            found += [
+                status_is(JobStatus.waiting, table),
+                table.c.signal_key.is_not(None),
+                table.c.signal_key == where.waiting_for,
+            ]
+        else:  # the archive: its jobs have ended, none waits
+            found.append(false())
     return found
+
+
+def _reads_history(statuses: Sequence[JobStatus]) -> bool:
+    """Whether jobs in `statuses` may be in the history too (a succeeded job of a `keep` or
+    `archive` queue is there): any status, or `done` among them."""
+    return not statuses or JobStatus.done in statuses
 
 
 def batch_ids(where: Filter, statuses: Sequence[JobStatus], *, held: bool) -> Select[Any]:
     """Ids of up to `:batch` jobs matching `where` in `statuses`, above `:after_id`, by id,
-    locked (FOR UPDATE: the conditions are checked again on a row another transaction
-    changed meanwhile). Without `held`, a cancelled job whose handler still runs is left
-    out (no admin command may requeue or delete it yet)."""
-    statement = select(jobs.c.id).where(
-        *conditions(where, jobs, statuses), jobs.c.id > bindparam("after_id", type_=BigInteger)
-    )
+    from the jobs table (locked, FOR UPDATE: the conditions are checked again on a row
+    another transaction changed meanwhile) and, for `done`, the history (by its
+    partitions' primary keys, merged). Without `held`, a cancelled job whose handler
+    still runs is left out (no admin command may requeue or delete it yet)."""
+    after = bindparam("after_id", type_=BigInteger)
+    limit = bindparam("batch", type_=Integer)
+    statement = select(jobs.c.id).where(*conditions(where, jobs, statuses), jobs.c.id > after)
     if not held:
         statement = statement.where(~cancelled_held())
-    return (
-        statement.order_by(jobs.c.id)
-        .limit(bindparam("batch", type_=Integer))
-        .with_for_update(of=jobs)
+    live = statement.order_by(jobs.c.id).limit(limit).with_for_update(of=jobs)
+    if not _reads_history(statuses):
+        return live
+    kept = (
+        select(history.c.id)
+        .where(*conditions(where, history, statuses), history.c.id > after)
+        .order_by(history.c.id)
+        .limit(limit)
     )
+    both = union_all(live.subquery().select(), kept.subquery().select()).subquery("ids")
+    return select(both.c.id).order_by(both.c.id).limit(limit)
 
 
 def count(where: Filter, statuses: Sequence[JobStatus], *, held: bool) -> Select[Any]:
@@ -138,24 +174,48 @@ def count(where: Filter, statuses: Sequence[JobStatus], *, held: bool) -> Select
     statement = select(func.count()).select_from(jobs).where(*conditions(where, jobs, statuses))
     if not held:
         statement = statement.where(~cancelled_held())
-    return statement
+    if not _reads_history(statuses):
+        return statement
+    kept = select(func.count()).select_from(history).where(*conditions(where, history, statuses))
+    return select(statement.scalar_subquery() + kept.scalar_subquery())
 
 
 def sample(where: Filter, statuses: Sequence[JobStatus], *, held: bool) -> Select[Any]:
     """(id, task, status, error) of the first `:limit` jobs `batch_ids` would go through, by
     id, unlocked: what a confirmation shows of what matched."""
-    statement = select(
-        jobs.c.id, jobs.c.task, jobs.c.status, error_headline(jobs).label("error")
-    ).where(*conditions(where, jobs, statuses))
-    if not held:
-        statement = statement.where(~cancelled_held())
-    return statement.order_by(jobs.c.id).limit(bindparam("limit", type_=Integer))
+    limit = bindparam("limit", type_=Integer)
+
+    def first(table: Any) -> Select[Any]:
+        statement = select(
+            table.c.id, table.c.task, table.c.status, error_headline(table).label("error")
+        ).where(*conditions(where, table, statuses))
+        if not held and table is jobs:
+            statement = statement.where(~cancelled_held())
+        return statement.order_by(table.c.id).limit(limit)
+
+    if not _reads_history(statuses):
+        return first(jobs)
+    both = union_all(first(jobs).subquery().select(), first(history).subquery().select())
+    merged = both.subquery("sampled")
+    return select(merged).order_by(merged.c.id).limit(limit)
 
 
 def search(where: Filter, *, before: bool) -> Select[Any]:
     """Up to `:limit` jobs matching `where`, newest first, below `:before` if `before` (the
-    keyset cursor: each page costs the same, however deep)."""
-    statement = select(*LISTED_COLUMNS).where(*conditions(where))
-    if before:
-        statement = statement.where(jobs.c.id < bindparam("before", type_=BigInteger))
-    return statement.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
+    keyset cursor: each page costs the same, however deep), from the jobs table and, when
+    the filter may match a `done` job, the history (each read newest first, merged)."""
+    limit = bindparam("limit", type_=Integer)
+
+    def newest(table: Any) -> Select[Any]:
+        statement = select(*(table.c[c.name] for c in LISTED_COLUMNS)).where(
+            *conditions(where, table)
+        )
+        if before:
+            statement = statement.where(table.c.id < bindparam("before", type_=BigInteger))
+        return statement.order_by(table.c.id.desc()).limit(limit)
+
+    if not _reads_history(where.statuses):
+        return newest(jobs)
+    both = union_all(newest(jobs).subquery().select(), newest(history).subquery().select())
+    merged = both.subquery("found")
+    return select(merged).order_by(merged.c.id.desc()).limit(limit)

@@ -6,18 +6,23 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Delete,
+    Insert,
     Select,
     Text,
     and_,
     bindparam,
     case,
     column,
+    delete,
     exists,
     func,
+    null,
     or_,
     select,
     table,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_queue.db.models import SCHEMA, JobStatus
 from sqla_queue.db.queries.common import (
@@ -51,10 +56,88 @@ def schema_marks() -> Select[Any]:
         (func.to_regclass(name).is_(None), False),
         else_=func.has_table_privilege(name, "SELECT"),
     )
+    kinds = f"{SCHEMA}.schema_revisions"
+    kinds_readable = case(
+        (func.to_regclass(kinds).is_(None), False),
+        else_=func.has_table_privilege(kinds, "SELECT"),
+    )
     return select(
         func.obj_description(_namespaces.c.oid, "pg_namespace").label("marker"),
         readable.label("readable"),
+        kinds_readable.label("kinds_readable"),
     ).where(_namespaces.c.nspname == SCHEMA)
+
+
+_kinds = table("schema_revisions", column("revision"), column("kind"), schema=SCHEMA)
+
+
+def revision_kinds() -> Select[Any]:
+    """(revision, kind) of every revision `schema_revisions` records."""
+    return select(_kinds.c.revision, _kinds.c.kind)
+
+
+def relation_exists() -> Select[Any]:
+    """Whether relation `:name` (schema-qualified) exists."""
+    return select(func.to_regclass(bindparam("name", type_=Text)).is_not(None))
+
+
+def record_revision() -> Insert:
+    """Record revision `:revision` as applied, of kind `:kind`."""
+    statement = pg_insert(_kinds).values(
+        revision=bindparam("revision", type_=Text), kind=bindparam("kind", type_=Text)
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[_kinds.c.revision], set_={"kind": statement.excluded.kind}
+    )
+
+
+def forget_revision() -> Delete:
+    """Forget revision `:revision` (it was downgraded)."""
+    return delete(_kinds).where(_kinds.c.revision == bindparam("revision", type_=Text))
+
+
+_activity_now = catalog_view("pg_stat_activity", "pid", "datname", "state", "xact_start", "query")
+
+
+def oldest_transaction() -> Select[Any]:
+    """(pid, state, seconds, query) of the oldest open transaction of this database other
+    than this session's: what a migration's lock waits for, most likely."""
+    return (
+        select(
+            _activity_now.c.pid,
+            _activity_now.c.state,
+            seconds_since(_activity_now.c.xact_start).label("seconds"),
+            _activity_now.c.query,
+        )
+        .where(
+            _activity_now.c.datname == func.current_database(),
+            _activity_now.c.pid != func.pg_backend_pid(),
+            _activity_now.c.xact_start.is_not(None),
+        )
+        .order_by(_activity_now.c.xact_start)
+        .limit(1)
+    )
+
+
+def live_worker_versions(with_versions: bool) -> Select[Any]:
+    """(id, hostname, pid, version, schema_revision) of every live registered worker;
+    without the version columns (a schema before sqlaq_0022), those two are NULL."""
+    w = table(
+        "workers",
+        column("id"),
+        column("hostname"),
+        column("pid"),
+        column("expires_at"),
+        column("version"),
+        column("schema_revision"),
+        schema=SCHEMA,
+    )
+    versions = (
+        (w.c.version, w.c.schema_revision)
+        if with_versions
+        else (null().label("version"), null().label("schema_revision"))
+    )
+    return select(w.c.id, w.c.hostname, w.c.pid, *versions).where(w.c.expires_at >= func.now())
 
 
 # -- doctor (sqla_queue.doctor): the essay's failure modes, read from the catalogs -----------
@@ -362,3 +445,87 @@ def applied_revisions(version_table: str, schema: str | None = None) -> Select[A
     else on the search path)."""
     versions = table(version_table, column("version_num"), schema=schema)
     return select(versions.c.version_num)
+
+
+# -- the schema as the catalogue holds it (doctor's drift check) ------------------------------
+
+_index = catalog_view("pg_index", "indexrelid", "indrelid", "indisvalid")
+_trigger = catalog_view("pg_trigger", "tgname", "tgrelid", "tgisinternal")
+_proc = catalog_view("pg_proc", "proname", "pronamespace")
+_columns = table(
+    "columns", column("table_schema"), column("table_name"), column("column_name"),
+    schema="information_schema",
+)  # fmt: skip
+
+
+def _relations(alias: str) -> Any:
+    return catalog_view("pg_class", "oid", "relname", "relnamespace").alias(alias)
+
+
+def schema_indexes() -> Select[Any]:
+    """(name, table, valid) of every index in our schema."""
+    index, owner = _relations("index_class"), _relations("table_class")
+    return (
+        select(
+            index.c.relname.label("name"),
+            owner.c.relname.label("table"),
+            _index.c.indisvalid.label("valid"),
+        )
+        .select_from(
+            _index.join(index, index.c.oid == _index.c.indexrelid)
+            .join(owner, owner.c.oid == _index.c.indrelid)
+            .join(_namespaces, _namespaces.c.oid == index.c.relnamespace)
+        )
+        .where(_namespaces.c.nspname == SCHEMA)
+    )
+
+
+def schema_triggers() -> Select[Any]:
+    """(name, table) of every trigger of our tables (not the constraints' own)."""
+    owner = _relations("trigger_table")
+    return (
+        select(_trigger.c.tgname.label("name"), owner.c.relname.label("table"))
+        .select_from(
+            _trigger.join(owner, owner.c.oid == _trigger.c.tgrelid).join(
+                _namespaces, _namespaces.c.oid == owner.c.relnamespace
+            )
+        )
+        .where(_namespaces.c.nspname == SCHEMA, _trigger.c.tgisinternal.is_(False))
+    )
+
+
+def schema_functions() -> Select[Any]:
+    """The names of the functions in our schema."""
+    return (
+        select(_proc.c.proname)
+        .select_from(_proc.join(_namespaces, _namespaces.c.oid == _proc.c.pronamespace))
+        .where(_namespaces.c.nspname == SCHEMA)
+    )
+
+
+def schema_columns() -> Select[Any]:
+    """(table, column) of every column of our tables."""
+    return select(
+        _columns.c.table_name.label("table"), _columns.c.column_name.label("column")
+    ).where(_columns.c.table_schema == SCHEMA)
+
+
+def role_privileges(wanted: list[tuple[str, str]]) -> Select[Any]:
+    """Whether role `:role` exists (`role_exists`), has USAGE on our schema (`usage`), and
+    each (table, privilege) of `wanted` (`p0`, `p1`, ...; NULL when the table is missing)."""
+    role = bindparam("role", type_=Text)
+    exists_ = func.to_regrole(role).is_not(None)
+    checks = [
+        case(
+            (func.to_regclass(f"{SCHEMA}.{name}").is_(None), None),
+            else_=func.has_table_privilege(role, f"{SCHEMA}.{name}", privilege),
+        )
+        for name, privilege in wanted
+    ]
+    return select(
+        exists_.label("role_exists"),
+        case((exists_, func.has_schema_privilege(role, SCHEMA, "USAGE")), else_=False).label(
+            "usage"
+        ),
+        *(case((exists_, check), else_=None).label(f"p{i}") for i, check in enumerate(checks)),
+    )

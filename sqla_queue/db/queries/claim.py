@@ -45,6 +45,7 @@ from sqla_queue.db.queries.common import (
     CLAIMED_COLUMNS,
     ONE,
     ONE_SECOND,
+    ZERO,
     cancelled_held,
     claimed_columns,
     held_rows,
@@ -62,6 +63,9 @@ from sqla_queue.job.states import HOLDS_SEQUENCE, status_in
 from sqla_queue.job.validation import MAX_DURATION
 
 # -- claim -----------------------------------------------------------------------------------
+
+EXPIRED = "expired"
+"""The reason a job not started by its `expires_at` is cancelled with, by the claim."""
 
 
 TaskSettings = Mapping[str, Mapping[str, Any]]
@@ -87,8 +91,12 @@ def _task_number(
 
     With `settings`, the object is a constant in the text: a plan made once for all runs
     (see `claim_jobs`) then still reads it once, where a parameter is cast to jsonb again
-    for every row.
+    for every row; and an empty object is no lookup at all (a typed NULL, which PostgreSQL
+    folds away: `coalesce(NULL, x)` is `x`), so a worker whose tasks set no lease of their
+    own computes none per claimed row.
     """
+    if settings is not None and not settings[name]:  # no task has its own: NULL, as looked up
+        return null().cast(type_)
     source = bindparam(name, {}, type_=JSONB) if settings is None else _json_literal(settings[name])
     return source[table.c.task].astext.cast(type_)
 
@@ -259,7 +267,9 @@ def claim_jobs(
 
     Each job's lease deadline is now plus its task's lease, else the worker's. A job whose
     next attempt would exceed its max_attempts (its last worker died mid-run) is marked
-    failed here instead of running: the returned `status` says which.
+    failed here instead of running, and a job never started and past its start deadline
+    (`expires_at`) is cancelled with the reason "expired" (its attempt not counted): the
+    returned `status` says which.
     """
     c, k = jobs_alias("c"), jobs_alias("k")
     limit: Any = (
@@ -412,15 +422,21 @@ def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
         _task_number("task_leases", Float, j, settings), bindparam("lease", 60.0, type_=Float)
     )
     exhausted = j.c.attempts >= candidates.c.max_attempts
+    # checked on the claimed rows only: the plain claim reads no more rows for it. A start
+    # deadline: a job that has started once (a retry, a snooze, a durable sleep or wait
+    # resumed) is past it and runs on
+    expired = and_(j.c.expires_at <= func.now(), j.c.attempts == ZERO)
+    ended = or_(expired, exhausted)
     claimed = (
         update(j)
         .where(j.c.id == candidates.c.id)
         .values(
             status=case(
+                (expired, literal_column(f"'{JobStatus.cancelled.value}'")),
                 (exhausted, literal_column(f"'{JobStatus.failed.value}'")),
                 else_=literal_column(f"'{JobStatus.running.value}'"),
             ),
-            attempts=j.c.attempts + ONE,
+            attempts=case((expired, j.c.attempts), else_=j.c.attempts + ONE),
             # the budget the worker runs it with, kept for jobs show (the task's, if known)
             max_attempts=func.coalesce(
                 j.c.max_attempts, _task_number("task_max_attempts", Integer, j, settings)
@@ -428,10 +444,12 @@ def _claimed(candidates: CTE, settings: TaskSettings | None) -> Select[Any]:
             locked_at=func.now(),
             heartbeat_at=func.now(),
             locked_by=bindparam("worker_id", type_=Text),
-            lease_expires_at=func.now() + lease * ONE_SECOND,
+            # none for an expired job: a cancelled job with a lease is one whose handler runs
+            lease_expires_at=case((expired, null()), else_=func.now() + lease * ONE_SECOND),
             started_at=null(),
-            finished_at=case((exhausted, func.now())),
+            finished_at=case((ended, func.now())),
             last_error=case(
+                (expired, literal_text(EXPIRED)),
                 (
                     exhausted,
                     func.concat(

@@ -48,11 +48,37 @@ def statistics_stale(reltuples: float, changed: int) -> bool:
     return reltuples < 0 or changed > max(STALE_CHANGES, reltuples)
 
 
+_EXPLAIN_TEXTS: dict[tuple[Any, ...], tuple[str, str]] = {}
+"""`claim_explain_sql`'s texts by (dialect class, paramstyle, queue names, batch): building
+and compiling the claim costs tens of ms of CPU each time, and its text depends on nothing
+else (doctor and the dashboard's doctor page EXPLAIN both forms on every call)."""
+EXPLAIN_TEXTS_KEPT = 32
+"""Texts `_EXPLAIN_TEXTS` keeps at most (forms of `--queues` lists); then it starts over."""
+
+
 def claim_explain_sql(
     dialect: Dialect, queue_names: list[str] | None, batch: int
 ) -> tuple[str, str]:
     """`PREPARE` and `EXPLAIN EXECUTE` texts of the worker's claim (no limited queue, the
-    batch in its text, as the worker sends it), for a generic plan's EXPLAIN."""
+    batch in its text, as the worker sends it), for a generic plan's EXPLAIN; built once
+    per form and kept (`_EXPLAIN_TEXTS`)."""
+    key = (
+        type(dialect),
+        dialect.paramstyle,
+        None if queue_names is None else tuple(queue_names),
+        batch,
+    )
+    texts = _EXPLAIN_TEXTS.get(key)
+    if texts is None:
+        if len(_EXPLAIN_TEXTS) >= EXPLAIN_TEXTS_KEPT:
+            _EXPLAIN_TEXTS.clear()
+        texts = _EXPLAIN_TEXTS[key] = _build_explain_sql(dialect, queue_names, batch)
+    return texts
+
+
+def _build_explain_sql(
+    dialect: Dialect, queue_names: list[str] | None, batch: int
+) -> tuple[str, str]:
     statement = claim_jobs(queue_names, False, batch, {"task_leases": {}, "task_max_attempts": {}})
     compiled = statement.compile(dialect=dialect)
     names: list[str] = []

@@ -29,12 +29,23 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import BindParameter, ColumnElement, Grouping
 from sqlalchemy.sql.selectable import TableClause, TableValuedAlias
 
-from sqla_queue.db.models import ArchivedJob, Job, JobStatus, Queue, QueueStart, WorkerRegistration
+from sqla_queue.db.models import (
+    ArchivedJob,
+    HistoryJob,
+    Job,
+    JobStatus,
+    Queue,
+    QueueStart,
+    WorkerRegistration,
+)
 from sqla_queue.job.states import FINISHED, sql_literal
 
 jobs = cast(Table, Job.__table__)
 queues = cast(Table, Queue.__table__)
 archive = cast(Table, ArchivedJob.__table__)
+"""The unpartitioned archive of releases before sqlaq_0030 (the keeper empties it)."""
+history = cast(Table, HistoryJob.__table__)
+"""The finished jobs kept by `keep` and `archive` queues, partitioned by finish time."""
 workers = cast(Table, WorkerRegistration.__table__)
 queue_starts = cast(Table, QueueStart.__table__)
 
@@ -60,12 +71,14 @@ def claimed_columns(table: Any = jobs) -> tuple[Any, ...]:
         table.c.status,
         table.c.tags,
         table.c.meta.cast(Text).label("meta_json"),
+        table.c.about,
     )
 
 
 CLAIMED_COLUMNS = claimed_columns()
 """The columns a claim returns: id, task, args_json, attempts, max_attempts, queue, status,
-tags, meta_json.
+tags, meta_json, about (the row a job is about, which a row argument is checked against
+before it is loaded: `sqla_queue.orm.row_args`; NULL, so nothing to send, for most jobs).
 
 `args` and `meta` come back as JSON text, so the worker decodes each job on its own: one
 row whose args cannot be decoded (nested too deep, an integer too long) fails alone, not
@@ -131,6 +144,8 @@ def literal_text(value: str) -> Any:
     return literal_column("'" + value.replace("'", "''") + "'", Text)
 
 
+ZERO: Any = literal_column("0", Integer)
+"""The constant 0 as SQL text, not a bound parameter (a claim's EXPLAIN names every one)."""
 ONE: Any = literal_column("1", Integer)
 """The constant 1 as SQL text (`SELECT 1`, `LIMIT 1`), not a bound parameter."""
 

@@ -11,13 +11,15 @@ from sqlalchemy import (
     bindparam,
     func,
     literal_column,
+    null,
     select,
     text,
+    union_all,
 )
 from sqlalchemy.sql.elements import TextClause
 
 from sqla_queue.db.queries.bulk import Filter, conditions, error_headline
-from sqla_queue.db.queries.common import job_ids_param, jobs
+from sqla_queue.db.queries.common import history, job_ids_param, jobs
 from sqla_queue.job.states import FINISHED_SQL
 
 _FINISHED = literal_column(FINISHED_SQL, Text)
@@ -32,7 +34,9 @@ BOUNDED_COUNTS: TextClause = text(
       (SELECT count(*) FROM (SELECT 1 FROM sqla_queue.jobs j WHERE j.queue = q.name
          AND j.status = 'queued' LIMIT :cap) s) AS queued,
       (SELECT count(*) FROM (SELECT 1 FROM sqla_queue.jobs j WHERE j.queue = q.name
-         AND j.status = 'running' LIMIT :cap) s) AS running,
+         AND j.status = 'running' AND j.started_at IS NOT NULL LIMIT :cap) s) AS running,
+      (SELECT count(*) FROM (SELECT 1 FROM sqla_queue.jobs j WHERE j.queue = q.name
+         AND j.status = 'running' AND j.started_at IS NULL LIMIT :cap) s) AS claimed,
       (SELECT count(*) FROM (SELECT 1 FROM sqla_queue.jobs j WHERE j.queue = q.name
          AND j.status = 'waiting' LIMIT :cap) s) AS waiting,
       extract(epoch FROM now() - (SELECT min(j.run_at) FROM sqla_queue.jobs j
@@ -41,22 +45,28 @@ BOUNDED_COUNTS: TextClause = text(
     FROM sqla_queue.queues q ORDER BY q.name
     """
 )
-"""Per queue of the queues table: (name, paused, queued, running, waiting, oldest due age
-in seconds), each count stopping at `:cap`. Each reads a partial index's rows only (claim,
+"""Per queue of the queues table: (name, paused, queued, running (handlers started),
+claimed (running rows whose handler has not started), waiting, oldest due age in seconds),
+each count stopping at `:cap`. Each reads a partial index's rows only (claim,
 lease, waiting): the backlog, never the finished jobs, whatever the table's history."""
 
 NO_JIT: TextClause = text("SET LOCAL jit = off")
 """For the transaction of a read whose estimated cost (a subquery per queue of a queues
 table never analyzed) would start JIT compilation: 300 ms of compiling for 50 ms of work."""
 
-ESTIMATED_ROWS: TextClause = text("EXPLAIN (FORMAT JSON) SELECT 1 FROM sqla_queue.jobs")
-"""The planner's estimate of the jobs table's rows (its statistics scaled to its size)."""
+ESTIMATED_ROWS: TextClause = text(
+    "EXPLAIN (FORMAT JSON) SELECT 1 FROM sqla_queue.jobs"
+    " UNION ALL SELECT 1 FROM sqla_queue.jobs_history"
+)
+"""The planner's estimate of the jobs' rows, in the jobs table and the history (their
+statistics scaled to their sizes): a big history makes the counts bounded too."""
 
 ESTIMATED_COUNT: TextClause = text(
     "EXPLAIN (FORMAT JSON) SELECT 1 FROM sqla_queue.jobs WHERE queue = :queue AND status = :status"
+    " UNION ALL SELECT 1 FROM sqla_queue.jobs_history WHERE queue = :queue AND status = :status"
 )
-"""The planner's estimate of `:queue`'s jobs in `:status`, from the column statistics: no
-row read (the finished statuses' counts on a big table)."""
+"""The planner's estimate of `:queue`'s jobs in `:status`, in the jobs table and the history,
+from the column statistics: no row read (the finished statuses' counts on a big table)."""
 
 
 LISTED = (
@@ -76,13 +86,25 @@ LISTED = (
 )
 
 
-def _newest(before: bool) -> Any:
-    """The newest `:window` jobs (older than `:before_id` if `before`), newest first."""
-    columns = [jobs.c[name] for name in (*LISTED, "last_error", "errors", "args")]
-    statement = select(*columns).order_by(jobs.c.id.desc()).limit(bindparam("window"))
+def _newest_of(table: Any, columns: list[Any], before: bool) -> Select[Any]:
+    """The newest `:window` rows of `table` (by its id index: the history's partitions'
+    primary keys, merged), older than `:before_id` if `before`."""
+    statement = select(*columns).order_by(table.c.id.desc()).limit(bindparam("window"))
     if before:
-        statement = statement.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
-    return statement.subquery("window")
+        statement = statement.where(table.c.id < bindparam("before_id", type_=BigInteger))
+    return statement
+
+
+def _newest(before: bool) -> Any:
+    """The newest `:window` jobs of the jobs table and the history (older than `:before_id`
+    if `before`), newest first."""
+    names = (*LISTED, "last_error", "errors", "args")
+    live = _newest_of(jobs, [*(jobs.c[n] for n in names), jobs.c.signal_key], before)
+    kept = _newest_of(
+        history, [*(history.c[n] for n in names), null().cast(Text).label("signal_key")], before
+    )
+    both = union_all(live.subquery().select(), kept.subquery().select()).subquery("both")
+    return select(both).order_by(both.c.id.desc()).limit(bindparam("window")).subquery("window")
 
 
 def job_page(where: Filter, before: bool) -> Select[Any]:
@@ -110,9 +132,11 @@ def job_page(where: Filter, before: bool) -> Select[Any]:
 
 def window_end(before: bool) -> Select[Any]:
     """(oldest id, rows) of the window `job_page` searched: where the next page starts."""
-    ids = select(jobs.c.id).order_by(jobs.c.id.desc()).limit(bindparam("window"))
-    if before:
-        ids = ids.where(jobs.c.id < bindparam("before_id", type_=BigInteger))
+    both = union_all(
+        _newest_of(jobs, [jobs.c.id], before).subquery().select(),
+        _newest_of(history, [history.c.id], before).subquery().select(),
+    ).subquery("both")
+    ids = select(both.c.id).order_by(both.c.id.desc()).limit(bindparam("window"))
     searched = ids.subquery("searched")
     # A cast: SQLAlchemy 2.0 and 2.1 type a two-column Select differently.
     return cast("Select[Any]", select(func.min(searched.c.id), func.count()))

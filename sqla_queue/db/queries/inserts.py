@@ -3,7 +3,7 @@ and staging table."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -45,8 +45,10 @@ from sqla_queue.job.validation import COLUMN_OPTIONS
 # -- enqueue ---------------------------------------------------------------------------------
 
 
-def _inserted_values() -> dict[str, Any]:
-    """The columns an enqueue writes, each from its `job_*` parameter."""
+def _inserted_values(options: Collection[str] = COLUMN_OPTIONS) -> dict[str, Any]:
+    """The columns an enqueue writes, each from its `job_*` parameter; of the column
+    options (`COLUMN_OPTIONS`), only `options`: a column no job of the statement uses is
+    not named, so head enqueues into a schema older than that column (issue 35)."""
     run_at = func.coalesce(
         bindparam("job_run_at", type_=DateTime(timezone=True)),
         func.now() + func.coalesce(bindparam("job_delay", type_=Interval), text("'0'::interval")),
@@ -58,39 +60,50 @@ def _inserted_values() -> dict[str, Any]:
         "queue": bindparam("job_queue", type_=Text),
         "priority": bindparam("job_priority", type_=SmallInteger),
         "run_at": run_at,
-        **{name: bindparam(f"job_{name}", type_=jobs.c[name].type) for name in COLUMN_OPTIONS},
+        **{name: bindparam(f"job_{name}", type_=jobs.c[name].type) for name in options},
         "tags": bindparam("job_tags", type_=ARRAY(Text)),
         "meta": cast(bindparam("job_meta_json", type_=Text), JSONB),
     }
 
 
-def insert_jobs() -> Insert:
+def insert_jobs(options: Collection[str] = COLUMN_OPTIONS) -> Insert:
     """Insert jobs, for executemany; returns ids in parameter order.
 
     Parameters per row: `job_task`, `job_args_json` (JSON text), `job_queue`, `job_priority`,
     `job_run_at` (or NULL), `job_delay` (an interval, or NULL), `job_<name>` of each column
-    option (`COLUMN_OPTIONS`: `job_max_attempts`, ...), `job_tags` (a list), `job_meta_json`
-    (JSON text). A NULL `job_run_at` means now plus
-    the delay, by the database clock.
+    option of `options` (of `COLUMN_OPTIONS`: `job_max_attempts`, ...), `job_tags` (a list),
+    `job_meta_json` (JSON text). A NULL `job_run_at` means now plus the delay, by the
+    database clock.
     """
-    return (
-        insert(jobs).values(**_inserted_values()).returning(jobs.c.id, sort_by_parameter_order=True)
-    )
+    values = _inserted_values(options)
+    return insert(jobs).values(**values).returning(jobs.c.id, sort_by_parameter_order=True)
 
 
-def insert_job_and_notify() -> Select[Any]:
+def insert_job_and_notify(options: Collection[str] = COLUMN_OPTIONS) -> Select[Any]:
     """Insert one job and NOTIFY its queue in the same statement (one round trip, for
     `enqueue(connection, ...)`); returns its id. Parameters: those of `insert_jobs`.
 
     PostgreSQL folds identical notifications of one transaction into one and delivers
     them at commit, so a transaction of many enqueues still wakes each queue's workers once.
     """
-    inserted = insert(jobs).values(**_inserted_values()).returning(jobs.c.id, jobs.c.queue)
+    return _notified(_inserted_values(options))
+
+
+def insert_plain_job_and_notify() -> Select[Any]:
+    """`insert_job_and_notify` of a job without run_at, delay, column options, tags or meta:
+    only its task, args, queue and priority are sent, the rest are the columns' defaults
+    (5 parameters fewer to bind, send and evaluate)."""
+    values = _inserted_values(())
+    return _notified({name: values[name] for name in ("task", "args", "queue", "priority")})
+
+
+def _notified(values: dict[str, Any]) -> Select[Any]:
+    inserted = insert(jobs).values(**values).returning(jobs.c.id, jobs.c.queue)
     written = inserted.cte("written")
     return select(written.c.id, func.pg_notify(NOTIFY_CHANNEL, written.c.queue))
 
 
-def insert_unique_jobs(with_ids: bool) -> Insert:
+def insert_unique_jobs(with_ids: bool, options: Collection[str] = COLUMN_OPTIONS) -> Insert:
     """Insert unique jobs, skipping each whose key a blocking row holds; returns the ids
     written (a skipped row returns none).
 
@@ -100,7 +113,7 @@ def insert_unique_jobs(with_ids: bool) -> Insert:
     partial index is the only one a fresh id can meet, and it waits for (never locks) a
     conflicting row of an open transaction.
     """
-    values = _inserted_values()
+    values = _inserted_values(options)
     values["unique_key"] = bindparam("job_unique_key", type_=LargeBinary)
     values["unique_states"] = bindparam("job_unique_states", type_=SmallInteger)
     if with_ids:
@@ -125,9 +138,14 @@ def replace_unique_holder(keep_run_at: bool, wait: bool = True) -> Update:
     Without `wait` a row another transaction has locked (a worker's claim of it, another
     replacing enqueue) is left alone, and nothing is returned: then run it with `wait`, in
     a savepoint (an UPDATE that waited and found the row started keeps its lock)."""
-    values: dict[str, Any] = {"args": _inserted_values()["args"]}
+    inserted = _inserted_values()
+    # new args about another row (a row argument, about=) make the job about that row
+    values: dict[str, Any] = {
+        "args": inserted["args"],
+        "about": func.coalesce(inserted["about"], jobs.c.about),
+    }
     if not keep_run_at:
-        values["run_at"] = _inserted_values()["run_at"]
+        values["run_at"] = inserted["run_at"]
     h = jobs.alias("h")
     fenced = (
         h.c.id == bindparam("holder", type_=BigInteger),
@@ -230,14 +248,18 @@ CREATE_STAGED_JOBS = (
 )
 """Not expressible in Core: created once per session (IF NOT EXISTS), rows gone at commit."""
 COPY_STAGED_JOBS = f"COPY {STAGED_JOBS} ({', '.join(STAGED_JOB_COLUMNS)}) FROM STDIN"
-_STAGED = ", ".join(STAGED_JOB_COLUMNS)
-INSERT_STAGED_JOBS = (
-    f"WITH staged AS (DELETE FROM {STAGED_JOBS} RETURNING {_STAGED}) "
-    f"INSERT INTO {jobs.fullname} ({_STAGED}) SELECT {_STAGED} FROM staged ORDER BY id "
-    "ON CONFLICT DO NOTHING RETURNING id"
-)
-"""Not expressible in Core on a temporary table: the staged rows into jobs, duplicates
-skipped by the unique index; returns the ids written."""
+
+
+def insert_staged_jobs(options: Collection[str] = COLUMN_OPTIONS) -> str:
+    """Not expressible in Core on a temporary table: the staged rows into jobs, duplicates
+    skipped by the unique index; returns the ids written. Of the column options, only
+    `options` are copied into jobs (the others are NULL in the staging table)."""
+    staged = ", ".join(c for c in STAGED_JOB_COLUMNS if c not in COLUMN_OPTIONS or c in options)
+    return (
+        f"WITH staged AS (DELETE FROM {STAGED_JOBS} RETURNING {staged}) "
+        f"INSERT INTO {jobs.fullname} ({staged}) SELECT {staged} FROM staged ORDER BY id "
+        "ON CONFLICT DO NOTHING RETURNING id"
+    )
 
 
 def may_stage_jobs() -> Select[Any]:

@@ -35,7 +35,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import TableValuedAlias
 
@@ -50,16 +49,17 @@ from sqla_queue.db.queries.claim import bounded_seconds, effective_max_attempts,
 from sqla_queue.db.queries.common import (
     ONE,
     ONE_SECOND,
-    archive,
     cancelled_held,
     claimed_batch,
     fenced_rows,
+    history,
     job_ids_param,
     jobs,
     jobs_alias,
     literal_text,
     queues,
     seconds_interval,
+    seconds_param,
     status_is,
     workers,
 )
@@ -69,9 +69,10 @@ from sqla_queue.db.queries.history import (
     batch_errors,
     ended_attempt_entry,
 )
+from sqla_queue.db.queries.workers import not_the_reaper, session_seen
 from sqla_queue.job.encoding import PENDING_RESULT as PENDING_RESULT
 from sqla_queue.job.history import LOST_CLASS
-from sqla_queue.job.states import statuses
+from sqla_queue.job.states import UNIQUE_BITS, statuses
 from sqla_queue.job.validation import INT4_MAX
 
 # -- finish ----------------------------------------------------------------------------------
@@ -98,7 +99,8 @@ def _update_fenced(batch: TableValuedAlias) -> Update:
 
 
 def complete_keep() -> Update:
-    """Mark claimed jobs done (retention `keep`). Parameters: `job_ids`, `job_attempts`."""
+    """Mark claimed jobs done in `jobs` (what `complete_jobs` does to a `keep` queue's job
+    whose unique key blocks while done). Parameters: `job_ids`, `job_attempts`."""
     batch = claimed_batch()
     return _update_fenced(batch).values(
         status=JobStatus.done.value, finished_at=func.now(), started_at=_started()
@@ -111,9 +113,10 @@ def complete_delete() -> Delete:
     return delete(jobs).where(*fenced_rows(batch))
 
 
-def _archived_values(source: CTE) -> tuple[list[str], list[Any]]:
-    """The archive's column names, and what each takes from `source` (deleted job rows)."""
-    names = [c.name for c in archive.c]
+def _history_values(source: CTE) -> tuple[list[str], list[Any]]:
+    """The history's column names, and what each takes from `source` (deleted job rows
+    whose `started_at` is already the finished job's)."""
+    names = [c.name for c in history.c]
     values = [
         literal_text(JobStatus.done.value).label("status")
         if name == "status"
@@ -152,15 +155,73 @@ def _wake_after(table: Any) -> Any:
     )
 
 
+def _blocks_while_done(table: Any) -> ColumnElement[bool]:
+    """Whether a job of `table` blocks its duplicates once `done` (a unique key, and the
+    done bit among its `unique_states`): the unique index is on `jobs` only, so such a job
+    of a `keep` queue stays there, where it goes on blocking them."""
+    done_bit = literal_column(str(UNIQUE_BITS[JobStatus.done.value]), Integer)
+    blocks: ColumnElement[bool] = and_(
+        table.c.unique_key.is_not(None),
+        func.coalesce(table.c.unique_states, 0).op("&", return_type=Integer)(done_bit)
+        != literal_column("0", Integer),
+    )
+    return blocks
+
+
+def move_kept_done() -> Insert:
+    """Move at most `:batch` succeeded jobs that an earlier release left `done` in `jobs`
+    (before sqlaq_0030, or before a `keep` queue's jobs moved too) into the history, the
+    oldest first, each with its own finish time: what `complete_jobs` would have done. A
+    `keep` queue's job whose unique key blocks while done stays (`_blocks_while_done`), as
+    does one whose result its handler's session has not stored yet (`PENDING_RESULT`).
+    Jobs another transaction holds are skipped. Returns nothing; the rowcount is the count."""
+    f, d = jobs_alias("f"), jobs_alias("d")
+    keep: ColumnElement[str] = literal_column(f"'{Retention.keep.value}'")
+    kept_by = [keep, literal_column(f"'{Retention.archive.value}'")]
+    picked = (
+        select(f.c.id)
+        .join(queues, queues.c.name == f.c.queue)
+        .where(
+            status_is(JobStatus.done, f),
+            queues.c.retention.in_(kept_by),
+            ~and_(queues.c.retention == keep, _blocks_while_done(f)),
+            f.c.result.is_distinct_from(cast(literal_text(PENDING_RESULT), JSONB)),
+        )
+        .order_by(f.c.finished_at)
+        .limit(bindparam("batch", type_=Integer))
+        .with_for_update(of=f, skip_locked=True)
+    )
+    moved = (
+        delete(d)
+        .where(d.c.id.in_(picked.scalar_subquery()))
+        .returning(*(d.c[column.name] for column in history.c))
+        .cte("moved")
+    )
+    names = [column.name for column in history.c]
+    values = [
+        func.coalesce(moved.c.finished_at, func.now())
+        if name == "finished_at"
+        else _started(moved)
+        if name == "started_at"
+        else moved.c[name]
+        for name in names
+    ]
+    return insert(history).from_select(names, select(*values))
+
+
 def _completion_ctes() -> tuple[CTE, ...]:
     """Finish a batch of succeeded jobs as each one's queue's retention says, read now.
 
     The retention is read in the same statement (a queue without a row deletes), so a queue
-    whose retention just changed is honoured at once. Archiving skips ids already archived.
-    A job with a result to keep (`:job_results`) of a queue that deletes is kept as `done`
-    instead, until its queue's `result_ttl` passes (`expire_results`). Each part joins the
-    id arrays to the jobs' primary key, as the other finishing statements do (no CTE in
-    between, whose size the planner could not know).
+    whose retention just changed is honoured at once. A job of a `keep` or `archive` queue
+    moves to the history (`jobs_history`, the partition of now), deleted from `jobs` and
+    inserted there by this one statement; but a `keep` queue's job whose unique key blocks
+    its duplicates while `done` (`_blocks_while_done`) stays `done` in `jobs`, under the
+    unique index. A job with a result to keep (`:job_results`) of a queue that deletes is
+    kept as `done` in `jobs` instead, until its queue's `result_ttl` passes
+    (`expire_results`). Each part joins the id arrays to the jobs' primary key, as the
+    other finishing statements do (no CTE in between, whose size the planner could not
+    know).
     """
 
     def retention(table: Any) -> Any:
@@ -173,15 +234,19 @@ def _completion_ctes() -> tuple[CTE, ...]:
         keep: ColumnElement[str] = literal_column(f"'{Retention.keep.value}'")
         delete_: ColumnElement[str] = literal_column(f"'{Retention.delete.value}'")
         return or_(
-            retention(table) == keep,
+            and_(retention(table) == keep, _blocks_while_done(table)),
             and_(retention(table) == delete_, batch.c.result.is_not(None)),
         )
 
     d, k = jobs_alias("d"), jobs_alias("k")  # short names keep the text short (see claim_jobs)
     gone, stays = _results_batch(), _results_batch()
     returned = [
-        gone.c.result.cast(JSONB).label("result") if column.name == "result" else d.c[column.name]
-        for column in archive.c
+        gone.c.result.cast(JSONB).label("result")
+        if column.name == "result"
+        else _started(d).label("started_at")
+        if column.name == "started_at"
+        else d.c[column.name]
+        for column in history.c
     ]
     removed = (
         delete(d)
@@ -193,16 +258,20 @@ def _completion_ctes() -> tuple[CTE, ...]:
         )
         .cte("removed")
     )
-    names, values = _archived_values(removed)
+    names, values = _history_values(removed)
     archived = (
-        pg_insert(archive)
+        insert(history)
         .from_select(
             names,
             select(*values).where(
-                removed.c.retention == literal_column(f"'{Retention.archive.value}'")
+                removed.c.retention.in_(
+                    [
+                        literal_column(f"'{Retention.keep.value}'"),
+                        literal_column(f"'{Retention.archive.value}'"),
+                    ]
+                )
             ),
         )
-        .on_conflict_do_nothing()  # no conflict target: needs no SELECT on the archive
         .cte("archived")
     )
     kept = (
@@ -247,7 +316,7 @@ def complete_jobs() -> Select[Any]:
 
 def store_results() -> Select[Any]:
     """Store the results of jobs their handler's session finished with `PENDING_RESULT`,
-    in the jobs table or the archive; or fail them with `:job_errors` (no result to keep:
+    in the jobs table or the history; or fail them with `:job_errors` (no result to keep:
     the handler raised after its commit, or returned what cannot be kept). Parameters:
     `job_ids`, `job_attempts`, `job_results` (JSON texts or NULLs), `job_errors` (or
     NULLs). Fenced on id, attempt, `done` and the pending marker. NOTIFYs each on
@@ -279,17 +348,25 @@ def store_results() -> Select[Any]:
             .cte(name)
         )
 
-    live, archived = stored(jobs, "live"), stored(archive, "archived")
+    live, archived = stored(jobs, "live"), stored(history, "archived")
     ended = union_all(select(live.c.id), select(archived.c.id)).subquery("e")
     return select(func.count(func.pg_notify(RESULTS_CHANNEL, ended.c.id.cast(Text))))
 
 
 def complete_archive() -> Insert:
-    """Move a batch of succeeded jobs to the archive table in one statement."""
+    """Move a batch of succeeded jobs to the history in one statement (retention `keep` or
+    `archive`)."""
     batch = claimed_batch()
-    moved = delete(jobs).where(*fenced_rows(batch)).returning(*jobs.c).cte("moved")
-    names, values = _archived_values(moved)
-    return insert(archive).from_select(names, select(*values)).add_cte(moved)
+    moved = (
+        delete(jobs)
+        .where(*fenced_rows(batch))
+        .returning(
+            *(c if c.name != "started_at" else _started().label("started_at") for c in jobs.c)
+        )
+        .cte("moved")
+    )
+    names, values = _history_values(moved)
+    return insert(history).from_select(names, select(*values)).add_cte(moved)
 
 
 def retry_jobs() -> Update:
@@ -315,6 +392,15 @@ def retry_jobs() -> Update:
     )
 
 
+def _refunded(batch: TableValuedAlias) -> Any:
+    """A snoozed or parked job's budget with its attempt given back: its max_attempts (else
+    its task's, `task_max` of the batch, else the default) plus one."""
+    budget = func.coalesce(
+        jobs.c.max_attempts, batch.c.task_max, literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer)
+    )
+    return budget + ONE
+
+
 def snooze_jobs() -> Update:
     """Put snoozed jobs back to `queued`, due after their delay, without spending an attempt.
 
@@ -327,16 +413,42 @@ def snooze_jobs() -> Update:
         ("job_errors", "error", Text),
         ("job_task_max_attempts", "task_max", Integer),
     )
-    budget = func.coalesce(
-        jobs.c.max_attempts, batch.c.task_max, literal_column(str(DEFAULT_MAX_ATTEMPTS), Integer)
-    )
     return (
         _update_fenced(batch)
         .values(
             status=JobStatus.queued.value,
-            max_attempts=budget + ONE,
+            max_attempts=_refunded(batch),
             run_at=func.now() + seconds_interval(batch.c.delay),
             last_error=batch.c.error,
+            locked_at=None,
+            **_ENDED,
+        )
+        .returning(_wake_after(jobs))
+    )
+
+
+def park_sleeping_jobs() -> Update:
+    """Park jobs whose handler sleeps (`ctx.sleep`): `waiting` for neither a signal nor a
+    job (`models.SLEEPS`: out of the claim's indexes, in `ix_jobs_sleep_end`), `run_at` the
+    sleep's end, until a keeper queues them (`queries.steps.wake_sleeping_jobs`); no
+    attempt spent, as `snooze_jobs` refunds it.
+
+    Parameters: `job_ids`, `job_attempts`, `job_delays` (seconds to the sleep's end, by the
+    database clock when the handler read it), `job_task_max_attempts`.
+    """
+    batch = claimed_batch(
+        ("job_delays", "delay", Float),
+        ("job_task_max_attempts", "task_max", Integer),
+    )
+    return (
+        _update_fenced(batch)
+        .values(
+            status=JobStatus.waiting.value,
+            signal_key=None,
+            deps_left=None,
+            max_attempts=_refunded(batch),
+            run_at=func.now() + seconds_interval(batch.c.delay),
+            last_error=None,
             locked_at=None,
             **_ENDED,
         )
@@ -409,6 +521,25 @@ def fail_jobs() -> Update:
             status=JobStatus.failed.value,
             finished_at=func.now(),
             started_at=_started(),
+            last_error=batch.c.error,
+            errors=batch_errors(batch),
+            heartbeat_at=None,
+            lease_expires_at=None,
+        )
+        .returning(func.pg_notify(RESULTS_CHANNEL, jobs.c.id.cast(Text)), _wake_after(jobs))
+    )
+
+
+def cancel_running_jobs() -> Update:
+    """Mark running jobs `cancelled` for good, `job_errors` their reason, before their
+    handler ran (a row argument gone or changed, by its task's policy: `sqla_queue.orm.
+    row_args`). Parameters and fence as `fail_jobs`; notifies as it does."""
+    batch = claimed_batch(("job_errors", "error", Text), defaulted=ERROR_ENTRY_ARRAYS)
+    return (
+        _update_fenced(batch)
+        .values(
+            status=JobStatus.cancelled.value,
+            finished_at=func.now(),
             last_error=batch.c.error,
             errors=batch_errors(batch),
             heartbeat_at=None,
@@ -533,8 +664,17 @@ LEGACY_LEASE_SECONDS = 60
 
 def stuck_condition() -> ColumnElement[bool]:
     """A running job the reaper requeues: past its own lease deadline, or held by a worker
-    whose registration expired. `doctor` counts stuck jobs by the same condition."""
-    dead = select(workers.c.id).where(workers.c.expires_at < func.now())
+    whose registration expired and whose session is gone (`session_seen`: a SIGKILLed
+    worker's backend ends with it, so its jobs come back after `dead_after`; a worker that
+    still holds its connection but missed its heartbeats, starved of CPU or paused, is
+    alive, and keeps its jobs until their leases end, instead of their handlers running a
+    second time beside it). A worker that records no session (`poll_only`) is judged by its
+    registration alone. `doctor` counts stuck jobs by the same condition. A reaper passes
+    its own worker's id as `:reaper_id`: a worker that is reaping is alive, however late
+    its own registration's beat (its jobs' leases still bound them)."""
+    dead = select(workers.c.id).where(
+        workers.c.expires_at < func.now(), ~session_seen(), not_the_reaper()
+    )
     # A row claimed without a deadline (by a worker older than per-job leases, during a
     # rolling upgrade) keeps the old rule: its heartbeat plus the old default lease.
     legacy = and_(
@@ -664,14 +804,14 @@ def job_status() -> Select[Any]:
 
 
 def job_outcome() -> CompoundSelect[Any]:
-    """(status, task, result, last_error) of the job `:job_id`, from jobs or else the archive
+    """(status, task, result, last_error) of the job `:job_id`, from jobs or else the history
     (no row: no such job, or it succeeded and was deleted)."""
     job_id = bindparam("job_id", type_=BigInteger)
     columns = ("status", "task", "result", "last_error")
     return (
         select(*(jobs.c[name] for name in columns))
         .where(jobs.c.id == job_id)
-        .union_all(select(*(archive.c[name] for name in columns)).where(archive.c.id == job_id))
+        .union_all(select(*(history.c[name] for name in columns)).where(history.c.id == job_id))
     )
 
 
@@ -711,15 +851,19 @@ def make_scheduled_due(queue_names: Sequence[str] | None, skip_ids: bool = False
 
 
 def not_yet_due(queue_names: Sequence[str] | None) -> Select[Any]:
-    """(count, earliest run_at, seconds until it) of the queued jobs due later in the given
-    queues (None: all): what a `--burst` worker leaves behind when it exits (a retry or a
-    snooze not yet due), and what `--burst-wait` waits for."""
+    """(count, earliest run_at, seconds until it) of the queued jobs in the given queues
+    (None: all) that the worker's last claim could not see due: due later, or fallen due
+    in the `:since_claim` seconds since that claim was sent (seconds then <= 0). What a
+    `--burst` worker leaves behind when it exits (a retry or a snooze not yet due), and
+    what `--burst-wait` waits for. Without the second part, a retry that fell due between
+    the claim and this read was counted by neither, and the burst exited leaving it."""
     columns = [
         func.count().label("count"),
         func.min(jobs.c.run_at).label("earliest"),
         func.extract("epoch", func.min(jobs.c.run_at) - func.now()).label("seconds"),
     ]
-    statement = select(*columns).where(status_is(JobStatus.queued), jobs.c.run_at > func.now())
+    unseen = func.now() - seconds_param("since_claim")
+    statement = select(*columns).where(status_is(JobStatus.queued), jobs.c.run_at > unseen)
     if queue_names is not None:
         statement = statement.where(jobs.c.queue.in_(queue_names))
     return statement

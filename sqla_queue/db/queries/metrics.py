@@ -9,11 +9,12 @@ from sqlalchemy import Select, and_, bindparam, func, or_, select
 
 from sqla_queue.db.models import JobStatus
 from sqla_queue.db.queries.common import jobs, seconds_since, status_is, workers
+from sqla_queue.job.states import CLAIMED
 
 
 def queue_depth() -> Select[Any]:
-    """Per queue with unfinished jobs: (queue, queued, due, running, waiting,
-    oldest_due_seconds).
+    """Per queue with unfinished jobs: (queue, queued, due, running (handlers started),
+    claimed (running rows whose handler has not started), waiting, oldest_due_seconds).
 
     Reads only queued, running and waiting rows (the partial indexes' rows), never finished
     ones, so its cost follows the backlog, not the table's history.
@@ -26,7 +27,8 @@ def queue_depth() -> Select[Any]:
             jobs.c.queue,
             func.count().filter(queued).label("queued"),
             func.count().filter(due).label("due"),
-            func.count().filter(running).label("running"),
+            func.count().filter(running, jobs.c.started_at.is_not(None)).label("running"),
+            func.count().filter(running, jobs.c.started_at.is_(None)).label(CLAIMED),
             func.count().filter(waiting).label("waiting"),
             seconds_since(func.min(jobs.c.run_at).filter(due)).label("oldest_due_seconds"),
         )

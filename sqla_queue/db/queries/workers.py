@@ -7,17 +7,20 @@ from typing import Any, cast
 
 from sqlalchemy import (
     ARRAY,
+    ColumnElement,
     Insert,
     Integer,
     Select,
     Table,
     Text,
+    and_,
     any_,
     bindparam,
     delete,
     exists,
     func,
     literal_column,
+    or_,
     select,
     true,
 )
@@ -42,12 +45,15 @@ stopped = cast(Table, StoppedWorker.__table__)
 def beat_worker() -> Insert:
     """Register worker `:worker_id`, or extend its registration: it expires `:stale_after`
     seconds from now unless beaten again. Parameters also `hostname`, `pid`, `queues`,
-    `concurrency`. An upsert, so a worker whose row was removed (it was thought dead)
-    registers again. `loop_blocked_for`: seconds the worker's event loop has not run, or
-    None while it runs (`loop_blocked_since`); `overruns`: the handlers past their timeout
-    or cancel that have not returned (a list as jsonb, or None). Returns `limits`: whether
-    any queue has a concurrency or rate limit, or takes turns (the worker's claim then takes
-    the statement that honours them, `claim_jobs`)."""
+    `concurrency`, `version` and `schema_revision` (the package version it runs and the
+    schema revision it was built for), and `session_pid` (the backend of the connection it
+    holds open while it runs, or None: the autoscaling signal's sign of life). An upsert,
+    so a worker whose row was removed (it was thought dead) registers again.
+    `loop_blocked_for`: seconds the worker's event loop has not run, or None while it runs
+    (`loop_blocked_since`); `overruns`: the handlers
+    past their timeout or cancel that have not returned (a list as jsonb, or None).
+    Returns `limits`: whether any queue has a concurrency or rate limit, or takes turns
+    (the worker's claim then takes the statement that honours them, `claim_jobs`)."""
     expires = func.now() + seconds_param("stale_after")
     statement = pg_insert(workers).values(
         id=bindparam("worker_id", type_=Text),
@@ -58,6 +64,9 @@ def beat_worker() -> Insert:
         expires_at=expires,
         loop_blocked_since=func.now() - seconds_param("loop_blocked_for", optional=True),
         overruns=bindparam("overruns", None, type_=JSONB(none_as_null=True)),
+        version=bindparam("version", None, type_=Text),
+        schema_revision=bindparam("schema_revision", None, type_=Text),
+        session_pid=bindparam("session_pid", None, type_=Integer),
     )
     limited = exists().where(limited_queue(queues))
     return statement.on_conflict_do_update(
@@ -67,6 +76,7 @@ def beat_worker() -> Insert:
             "expires_at": statement.excluded.expires_at,
             "loop_blocked_since": statement.excluded.loop_blocked_since,
             "overruns": statement.excluded.overruns,
+            "session_pid": statement.excluded.session_pid,
         },
     ).returning(limited.label("limits"))
 
@@ -115,12 +125,14 @@ def deregister_worker() -> Insert:
 
 
 def delete_expired_workers() -> Insert:
-    """Remove expired registrations that hold no running job any more (after the reap),
-    recording each in `stopped_workers` as `lost`; the same statement prunes the workers
-    that stopped more than `STOPPED_KEPT` ago (an index range of a small table). Returns
-    (id, hostname, pid) of each worker found lost."""
+    """Remove expired registrations that hold no running job any more (after the reap) and
+    whose session is gone (`session_seen`: a worker still connected is late, not lost),
+    never the reaper's own (`not_the_reaper`), recording each in `stopped_workers` as
+    `lost`; the same statement prunes the workers that stopped more than `STOPPED_KEPT` ago
+    (an index range of a small table). Returns (id, hostname, pid) of each worker found
+    lost."""
     holds = exists().where(jobs.c.locked_by == workers.c.id, status_is(JobStatus.running))
-    gone = _removed(workers.c.expires_at < func.now(), ~holds)
+    gone = _removed(workers.c.expires_at < func.now(), ~holds, ~session_seen(), not_the_reaper())
     pruned = (
         delete(stopped)
         .where(
@@ -171,12 +183,43 @@ def running_jobs_of_workers() -> Select[Any]:
     )
 
 
+def session_alive(registered: Any = workers) -> ColumnElement[bool]:
+    """Whether a registered worker's session is still there: the backend of the connection it
+    holds open while it runs (`session_pid`, its LISTEN's) still in the server's activity. A
+    SIGKILLed worker's connections close and the server ends their backends, so it drops out
+    at the next read, not when its registration expires. A worker that records no session
+    (`poll_only`, as behind PgBouncer's transaction pooling; a release before sqlaq_0029; its
+    listener reconnecting) and every worker read from a standby (which does not see the
+    primary's backends) are judged by expiry alone. `registered`: the workers table or an
+    alias of it."""
+    return or_(
+        registered.c.session_pid.is_(None), func.pg_is_in_recovery(), session_seen(registered)
+    )
+
+
+def not_the_reaper() -> ColumnElement[bool]:
+    """A registration other than the reaping worker's own (`:reaper_id`, NULL: every one):
+    a worker that reaps is alive, even when a starved thread let its registration lapse."""
+    return workers.c.id.is_distinct_from(bindparam("reaper_id", None, type_=Text))
+
+
+def session_seen(registered: Any = workers) -> ColumnElement[bool]:
+    """Whether a registered worker recorded its session and its backend is in the server's
+    activity (read on the primary: a standby does not see the primary's backends)."""
+    pid = registered.c.session_pid
+    return and_(
+        pid.is_not(None),
+        exists(select(literal_column("1")).select_from(func.pg_stat_get_activity(pid))),
+    )
+
+
 def live_workers() -> Select[Any]:
     """(id, hostname, pid, queues, concurrency, started_at, seconds since its heartbeat,
     running jobs (their handlers started), claimed jobs (held, waiting for a handler
     thread, or started since its last beat), seconds its event loop has been blocked or
-    NULL, its overrunning handlers or NULL) of every registered worker that has not
-    expired."""
+    NULL, its overrunning handlers or NULL, its package version and the schema revision it
+    was built for (NULL from a release before sqlaq_0022)) of every registered worker that
+    has not expired and whose session is still there (`session_alive`)."""
     held = (
         select(
             func.count().filter(jobs.c.started_at.is_not(None)).label("running"),
@@ -198,8 +241,29 @@ def live_workers() -> Select[Any]:
             held.c.claimed,
             seconds_since(workers.c.loop_blocked_since).label("loop_blocked_seconds"),
             workers.c.overruns,
+            workers.c.version,
+            workers.c.schema_revision,
         )
         .select_from(workers.join(held, true()))
-        .where(workers.c.expires_at >= func.now())
+        .where(workers.c.expires_at >= func.now(), session_alive())
         .order_by(workers.c.started_at)
     )
+
+
+READ_COMMITTED_SESSION = (
+    "SELECT set_config('default_transaction_isolation', 'read committed', false) "
+    "WHERE current_setting('default_transaction_isolation') <> 'read committed'"
+)
+"""Not expressible in Core: the session's statements at READ COMMITTED from now on, when the
+server's (or the database's, or the role's) default is stricter; a row when it changed one.
+The queue's statements are fenced and short: at REPEATABLE READ or SERIALIZABLE two workers'
+claims, or a finish and a heartbeat of the same row, fail each other with a serialization
+failure instead of one waiting for the other."""
+
+RESET_ISOLATION = "RESET default_transaction_isolation"
+"""What undoes `READ_COMMITTED_SESSION` before a pooled connection goes back to the pool."""
+
+TRANSACTION_READ_ONLY = "SELECT current_setting('transaction_read_only') = 'on'"
+"""Whether the server accepts no writes in this session's transactions: a standby (in
+recovery), or `default_transaction_read_only = on` (a demoted primary); the worker's
+readiness check asks it."""

@@ -38,8 +38,8 @@ from sqlalchemy.sql.dml import Insert
 
 from sqla_queue.db.models import JobDependency
 from sqla_queue.db.queries.common import (
-    archive,
     cancelled_held,
+    history,
     jobs,
     of_workflow,
     queues,
@@ -103,14 +103,14 @@ def flag_parents() -> Update:
 
 def recorded_outcomes() -> Select[Any]:
     """How the jobs `:job_ids`, gone from the jobs table, ended: recorded on an edge of
-    theirs when they ended, or kept in the archive. (id, status) rows; an id neither knows
+    theirs when they ended, or kept in the history. (id, status) rows; an id neither knows
     is missing."""
     on_edges = (
         select(deps.c.parent_id.label("id"), func.min(deps.c.parent_status).label("status"))
         .where(deps.c.parent_id == any_(_ids("job_ids")), deps.c.parent_status.is_not(None))
         .group_by(deps.c.parent_id)
     )
-    archived = select(archive.c.id, archive.c.status).where(archive.c.id == any_(_ids("job_ids")))
+    archived = select(history.c.id, history.c.status).where(history.c.id == any_(_ids("job_ids")))
     return select(union_all(on_edges, archived).subquery())
 
 
@@ -167,7 +167,7 @@ def parent_results() -> Select[Any]:
     parent_status, result), the result from the jobs table or the archive (NULL if none
     was kept)."""
     live = select(jobs.c.result).where(jobs.c.id == deps.c.parent_id).scalar_subquery()
-    kept = select(archive.c.result).where(archive.c.id == deps.c.parent_id).scalar_subquery()
+    kept = select(history.c.result).where(history.c.id == deps.c.parent_id).scalar_subquery()
     return (
         select(
             deps.c.position,
@@ -216,7 +216,7 @@ def workflow_jobs() -> Select[Any]:
         )
 
     live = members(jobs, jobs.c.deps_left, false().label("archived"))
-    kept = members(archive, literal(None, Integer).label("deps_left"), true().label("archived"))
+    kept = members(history, literal(None, Integer).label("deps_left"), true().label("archived"))
     both = union_all(live, kept).subquery("members")
     return select(both).order_by(both.c.id).limit(limit)
 
@@ -245,7 +245,7 @@ def _linked(edge_end: Any) -> list[Any]:
     """The task and status of the job at `edge_end` (a column of `deps`): from the jobs
     table, else the archive; NULL for a job in neither."""
     live = jobs.alias("live")
-    kept = archive.alias("kept")
+    kept = history.alias("kept")
 
     def of(name: str) -> Any:
         return func.coalesce(
@@ -306,7 +306,10 @@ def waiting_health() -> Select[Any]:
     """(waiting, held, orphaned, oldest seconds) over the waiting jobs: `held` wait for
     a job that ended failed or cancelled (a dependent retried alone: it runs once that job
     is retried and succeeds); `orphaned` wait for no job that has not ended (should never
-    be: the edges or the counter were changed by hand); the oldest waiting job's age."""
+    be: the edges or the counter were changed by hand); the oldest waiting job's age. A job
+    parked by `ctx.wait_for_signal` (its `signal_key` set) waits for a signal, and one
+    parked by `ctx.sleep` (`deps_left` NULL) for its end, not for its parents: neither is
+    counted (see `queries.signals`, `queries.steps`)."""
     edge = deps.alias("d")
     unfinished = exists().where(edge.c.child_id == jobs.c.id, edge.c.parent_status.is_(None))
     failed = exists().where(
@@ -320,7 +323,10 @@ def waiting_health() -> Select[Any]:
         func.count().filter(~unfinished, ~failed),
         func.extract("epoch", func.now() - func.min(jobs.c.created_at)),
     ]
-    return select(*columns).where(_is_waiting())
+    # deps_left is set on every job waiting for others; NULL on one parked by ctx.sleep
+    return select(*columns).where(
+        _is_waiting(), jobs.c.signal_key.is_(None), jobs.c.deps_left.is_not(None)
+    )
 
 
 def _is_waiting() -> Any:
@@ -332,7 +338,7 @@ def prune_edges() -> Delete:
     (its parents' outcomes are no longer needed by anyone who could read them)."""
     return delete(deps).where(
         ~exists().where(jobs.c.id == deps.c.child_id),
-        ~exists().where(archive.c.id == deps.c.child_id),
+        ~exists().where(history.c.id == deps.c.child_id),
     )
 
 

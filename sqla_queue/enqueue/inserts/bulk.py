@@ -17,17 +17,30 @@ from sqla_queue.db.models import (
 from sqla_queue.enqueue.hooks import default_registry, prepare_job
 from sqla_queue.errors import InvalidJobError
 from sqla_queue.job.options import OPTION_NAMES, options_from
-from sqla_queue.job.validation import COLUMN_OPTIONS, invalid_job
+from sqla_queue.job.validation import (
+    COLUMN_OPTIONS,
+    PRIORITY_MAX,
+    invalid_job,
+    plain_args_json,
+    validate_name,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from sqla_queue.job.tasks import TaskLookup
 from sqla_queue.enqueue.inserts import refusals, wake
-from sqla_queue.enqueue.inserts.copy import COPY_MIN_ROWS, is_psycopg, write_plain
+from sqla_queue.enqueue.inserts.copy import (
+    COPY_MIN_ROWS,
+    copy_plain_lines,
+    copy_text,
+    is_psycopg,
+    may_copy,
+    write_plain,
+)
 from sqla_queue.enqueue.inserts.links import Link, link_jobs
 from sqla_queue.enqueue.inserts.params import DEPENDS, JOB_BIND, plain_params, row_params
-from sqla_queue.enqueue.inserts.routed import refuse_routed
+from sqla_queue.enqueue.inserts.routed import ROW_TEXT, refuse_routed, with_row_refs
 from sqla_queue.enqueue.inserts.unique import insert_unique
 from sqla_queue.enqueue.inserts.wake import NOTIFY_QUEUES, wake_queues
 
@@ -91,6 +104,57 @@ def _bulk_params(
     return params
 
 
+_LINE_KEYS = frozenset({"task", "args", "queue", "priority"})
+"""A row with only these keys, and no registry in force, may go as a COPY line at once."""
+
+
+def _plain_lines(rows: list[Mapping[str, Any]]) -> tuple[list[str], set[str]] | None:
+    """Rows of only a task, args, a queue and a priority, each as a line of COPY's text
+    format without its id (`copy_plain_lines`), and their queues; None as soon as a row
+    is anything else or asks for a closer look (`plain_args_json`), which `_bulk_params`
+    then takes (and refuses, or not), every row again.
+
+    Each task, queue and priority is checked and escaped once per call, the args encoded
+    by one encoder, and nothing else is made per row (no parameters dict): a fifth of the
+    Python per row of `_bulk_params` and `copy_rows` (12.5 -> 2.6 µs, cProfile by process
+    CPU, 20,000 rows).
+    """
+    lines = []
+    ends: dict[tuple[str, str, int], tuple[str, str]] = {}
+    for row in rows:
+        if type(row) is not dict or not row.keys() <= _LINE_KEYS:
+            return None
+        task, queue, priority = row.get("task"), row.get("queue"), row.get("priority")
+        if queue is None:
+            queue = DEFAULT_QUEUE
+        if priority is None:
+            priority = 0
+        if type(task) is not str or type(queue) is not str or type(priority) is not int:
+            return None
+        key = (task, queue, priority)
+        end = ends.get(key)
+        if end is None:
+            if not 0 <= priority <= PRIORITY_MAX:
+                return None
+            try:  # as validate_job checks them
+                validate_name("task name", task, invalid_job(task[:60]))
+                validate_name("queue name", queue, invalid_job(task[:60]))
+            except InvalidJobError:
+                return None
+            end = ends[key] = (copy_text(task) + "\t", f"\t{copy_text(queue)}\t{priority}")
+        args = row.get("args")
+        if args is None:
+            encoded = "{}"
+        else:
+            encoded = plain_args_json(args)  # type: ignore[assignment]
+            if encoded is None or ROW_TEXT in encoded:  # a row reference: routes decide
+                return None
+            if "\\" in encoded:  # JSON's own escapes; no tab or newline in its text
+                encoded = copy_text(encoded)
+        lines.append(end[0] + encoded + end[1])
+    return lines, {queue for _, queue, _ in ends}
+
+
 def _bulk_row(row: Mapping[str, Any], registry: TaskLookup | None) -> dict[str, Any]:
     unknown = set(row) - _ROW_KEYS
     if unknown:
@@ -145,17 +209,24 @@ def enqueue_many(
     """
     refusals.listen()  # clear errors for refused rows, and the session's NOTIFY bookkeeping
     wake.listen()
+    if registry is None and default_registry() is None:
+        rows = rows if isinstance(rows, list) else list(rows)
+        as_lines = _plain_lines(rows) if len(rows) >= COPY_MIN_ROWS else None
+        if as_lines is not None:
+            connection = _connection(session)
+            driver = may_copy(connection, len(rows))
+            if driver is not None:
+                lines, queues = as_lines
+                ids = copy_plain_lines(connection, driver, lines)
+                _wake(session, connection, queues)
+                return EnqueuedIds(ids)
     params = _bulk_params(rows, registry)
     if not params:
         return EnqueuedIds()
     depends = [p.pop(DEPENDS, None) for p in params]
-    if isinstance(session, Connection):
-        connection = session
-    else:
-        if session.autoflush:  # as the INSERT path would: pending queues must exist first
-            session.flush()
-        connection = session.connection(bind_arguments=JOB_BIND)
-    refuse_routed(connection, params)  # before anything is written: the transaction goes on
+    connection = _connection(session)
+    # before anything is written: the transaction goes on
+    refuse_routed(connection, [with_row_refs(p) for p in params])
     plain = [i for i, p in enumerate(params) if p["job_unique_key"] is None]
     unique = [i for i, p in enumerate(params) if p["job_unique_key"] is not None]
     ids = [0] * len(params)
@@ -194,11 +265,25 @@ def enqueue_many(
     if links:
         link_jobs(connection, links)
     if written:
-        if isinstance(session, Connection):
-            connection.execute(NOTIFY_QUEUES, {"queues": sorted(written)})
-        else:
-            wake_queues(session, written)
+        _wake(session, connection, written)
     return EnqueuedIds(ids, duplicates)
+
+
+def _connection(session: Session | Connection) -> Connection:
+    """The connection the jobs are written on, the session's pending changes flushed first
+    (as the INSERT path would: pending queues must exist first)."""
+    if isinstance(session, Connection):
+        return session
+    if session.autoflush:
+        session.flush()
+    return session.connection(bind_arguments=JOB_BIND)
+
+
+def _wake(session: Session | Connection, connection: Connection, queues: set[str]) -> None:
+    if isinstance(session, Connection):
+        connection.execute(NOTIFY_QUEUES, {"queues": sorted(queues)})
+    else:
+        wake_queues(session, queues)
 
 
 async def enqueue_many_async(

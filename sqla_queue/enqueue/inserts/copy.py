@@ -10,6 +10,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from sqla_queue.db import queries
+from sqla_queue.enqueue.inserts.params import ByOptionsUsed
 from sqla_queue.enqueue.inserts.refusals import explain
 from sqla_queue.errors import SqlaQueueError
 from sqla_queue.job.validation import COLUMN_OPTIONS
@@ -17,7 +18,7 @@ from sqla_queue.job.validation import COLUMN_OPTIONS
 if TYPE_CHECKING:
     import psycopg
 
-_INSERT_JOBS = queries.insert_jobs()
+_INSERT_JOBS = ByOptionsUsed(queries.insert_jobs)
 _RESERVE_JOB_ID_ARRAY = queries.reserve_job_id_array()
 _MAY_RESERVE_IDS = queries.may_reserve_job_ids()
 COPY_MIN_ROWS = 100
@@ -33,20 +34,16 @@ def is_psycopg(driver: object) -> TypeGuard[psycopg.Connection[Any]]:
 
 def write_plain(connection: Connection, params: list[dict[str, Any]]) -> list[int]:
     """Rows that are not unique: COPY from COPY_MIN_ROWS on (psycopg), else INSERT."""
-    driver = connection.connection.driver_connection
-    if (
-        len(params) >= COPY_MIN_ROWS
-        and is_psycopg(driver)
-        and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
-    ):
+    driver = may_copy(connection, len(params))
+    if driver is not None:
         return copy_rows(connection, driver, params)
-    return list(connection.execute(_INSERT_JOBS, params).scalars())
+    return list(connection.execute(_INSERT_JOBS(params), params).scalars())
 
 
 _COPY_SPECIAL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_text(value: str) -> str:
+def copy_text(value: str) -> str:
     """`value` as a field of COPY's text format (backslash, tab, newline, CR escaped)."""
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
         return value.translate(_COPY_SPECIAL)
@@ -56,7 +53,7 @@ def _copy_text(value: str) -> str:
 def _copy_array(values: list[str]) -> str:
     """A text[] literal of `values`, as a field of COPY's text format."""
     quoted = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
-    return _copy_text("{" + ",".join(f'"{v}"' for v in quoted) + "}")
+    return copy_text("{" + ",".join(f'"{v}"' for v in quoted) + "}")
 
 
 _NULL = "\\N"
@@ -78,7 +75,7 @@ def _copy_value(value: object) -> str:
         return "t" if value else "f"
     if isinstance(value, dt.datetime):
         return value.isoformat()
-    return _copy_text(str(value))
+    return copy_text(str(value))
 
 
 def _run_at_text(p: dict[str, Any], now: dt.datetime, now_text: str) -> str:
@@ -89,6 +86,51 @@ def _run_at_text(p: dict[str, Any], now: dt.datetime, now_text: str) -> str:
     if not delay:
         return now_text
     return str((now + delay).isoformat())  # a delay is at most 100 years: no overflow
+
+
+_PLAIN_COLUMNS = queries.copy_jobs(["id", "task", "args", "queue", "priority"])
+
+
+def may_copy(connection: Connection, rows: int) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under `connection` when `rows` rows go by COPY (as
+    `write_plain` decides), else None."""
+    driver = connection.connection.driver_connection
+    if (
+        rows >= COPY_MIN_ROWS
+        and is_psycopg(driver)
+        and connection.execute(_MAY_RESERVE_IDS).scalar()  # a role may INSERT without it
+    ):
+        return driver
+    return None
+
+
+def copy_plain_lines(
+    connection: Connection, driver: psycopg.Connection[Any], lines: list[str]
+) -> list[int]:
+    """COPY plain jobs given as lines of COPY's text format without their id (task, args,
+    queue, priority, each escaped already: `copy_text`), ids reserved from the id sequence;
+    their ids, in order. Every other column takes its default, as in `copy_rows`."""
+    import psycopg  # imported already: `driver` is one of its connections
+
+    ids = connection.execute(_RESERVE_JOB_ID_ARRAY, {"count": len(lines)}).scalar_one()
+    if len(ids) != len(lines):  # pragma: no cover - the server's own guarantee
+        raise SqlaQueueError(f"reserved {len(ids)} job ids for {len(lines)} rows")
+    try:
+        with driver.cursor() as cursor, cursor.copy(_PLAIN_COLUMNS) as copy:
+            for start in range(0, len(lines), _COPY_CHUNK):
+                chunk = zip(
+                    ids[start : start + _COPY_CHUNK],
+                    lines[start : start + _COPY_CHUNK],
+                    strict=True,
+                )
+                copy.write("".join([f"{job_id}\t{line}\n" for job_id, line in chunk]))
+    except psycopg.Error as exc:
+        wrapped = DBAPIError.instance(_PLAIN_COLUMNS, None, exc, psycopg.Error)
+        explained = explain(exc, None, _PLAIN_COLUMNS)
+        if explained is None:
+            raise wrapped from exc
+        raise explained from wrapped
+    return ids  # type: ignore[no-any-return]  # int8[]: a list of int
 
 
 def copy_rows(
@@ -132,9 +174,9 @@ def copy_rows(
             for job_id, p in zip(ids, params, strict=True):
                 fields = [
                     str(job_id),
-                    _copy_text(p["job_task"]),
-                    _copy_text(p["job_args_json"]),
-                    _copy_text(p["job_queue"]),
+                    copy_text(p["job_task"]),
+                    copy_text(p["job_args_json"]),
+                    copy_text(p["job_queue"]),
                     str(p["job_priority"]),
                 ]
                 if scheduled:  # now() is fixed for the transaction: the INSERT's run_at too
@@ -144,7 +186,7 @@ def copy_rows(
                 if tagged:
                     tags = p["job_tags"]
                     fields.append(_copy_array(tags) if tags else "{}")
-                    fields.append(_copy_text(p["job_meta_json"]))
+                    fields.append(copy_text(p["job_meta_json"]))
                 if staged:
                     key, states = p["job_unique_key"], p["job_unique_states"]
                     fields.append(_NULL if key is None else _BYTEA_PREFIX + key.hex())
@@ -158,7 +200,7 @@ def copy_rows(
                 copy.write("\n".join(lines) + "\n")
     except psycopg.Error as exc:
         wrapped = DBAPIError.instance(statement, None, exc, psycopg.Error)
-        explained = explain(exc, None)
+        explained = explain(exc, None, statement)
         if explained is None:
             raise wrapped from exc
         raise explained from wrapped

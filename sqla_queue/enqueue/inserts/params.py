@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from sqla_queue.db.models import (
     Job,
@@ -28,6 +28,36 @@ SERVER_SET = [c.key for c in Job.__table__.columns if c.key not in {"id", *JOB_F
 
 _COLUMN_PARAMS = tuple((name, f"job_{name}") for name in COLUMN_OPTIONS)
 """Each column option's name and its parameter's (named once, not per row)."""
+
+S = TypeVar("S")
+
+
+class ByOptionsUsed(Generic[S]):
+    """An insert statement per set of column options its rows use, each built once.
+
+    A column no row uses is not named, so head enqueues into a database that an older
+    release migrated, whose jobs table lacks a newer column (`expires_at`, revision
+    sqlaq_0020), as long as no job uses it (issue 35); one that does is refused by the
+    database and explained in one line (`refusals`). The set is read from the parameters
+    already made: no round trip, and no statement built per enqueue.
+    """
+
+    def __init__(self, build: Callable[[tuple[str, ...]], S]) -> None:
+        self._build = build
+        self._built: dict[tuple[str, ...], S] = {}
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> S:
+        if len(rows) == 1:
+            row = rows[0]
+            used = tuple(name for name, key in _COLUMN_PARAMS if row[key] is not None)
+        else:
+            used = tuple(
+                name for name, key in _COLUMN_PARAMS if any(r[key] is not None for r in rows)
+            )
+        built = self._built.get(used)
+        if built is None:  # two threads may both build it: the same statement
+            built = self._built[used] = self._build(used)
+        return built
 
 
 def row_params(new: NewJob) -> dict[str, Any]:

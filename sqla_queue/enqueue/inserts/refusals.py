@@ -14,6 +14,7 @@ from sqla_queue.db.models import (
     SCHEMA,
     SCHEMA_MAX_ARGS_BYTES,
     SCHEMA_MAX_NAME_LENGTH,
+    Job,
 )
 from sqla_queue.errors import InvalidJobError, SchemaMissingError, SqlaQueueError, UnknownQueueError
 from sqla_queue.job.validation import PRIORITY_MAX
@@ -80,16 +81,26 @@ def _refused_by_check(exc: BaseException, parameters: object) -> InvalidJobError
 _NOT_THERE = re.compile(rf'^(relation "{SCHEMA}\.[^"]+"|schema "{SCHEMA}") does not exist')
 _NOT_THERE_STATES = ("42P01", "3F000")
 """undefined_table and invalid_schema_name: how a statement meets an unmigrated database."""
+_NO_COLUMN = re.compile(r'^column "(?P<column>[^"]+)" of relation "(?P<table>[^"]+)" does not')
+_NO_COLUMN_STATE = "42703"
+"""undefined_column: how a job that uses a newer column (an enqueue names a column only
+when its job uses it, `ByOptionsUsed`) meets a database an older release migrated."""
 
 
-def _schema_missing(exc: BaseException) -> SchemaMissingError | None:
+def _schema_missing(exc: BaseException, statement: str | None) -> SchemaMissingError | None:
     """The clear error for a statement on our schema in a database that lacks it (never
     migrated, or an older revision without the table), if it is one: translated when it
     happens, so the enqueue path pays no round trip to check first."""
-    if getattr(exc, "sqlstate", None) not in _NOT_THERE_STATES:
+    state = getattr(exc, "sqlstate", None)
+    if state != _NO_COLUMN_STATE and state not in _NOT_THERE_STATES:
         return None
-    match = _NOT_THERE.match(getattr(getattr(exc, "diag", None), "message_primary", None) or "")
-    if match is None:  # another schema's table: the application's own error
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None) or ""
+    if state == _NO_COLUMN_STATE:
+        found = _missing_column(primary, statement)
+    else:
+        match = _NOT_THERE.match(primary)
+        found = None if match is None else f"{match.group(1)} does not exist"
+    if found is None:  # another schema's table: the application's own error
         return None
     from sqla_queue.db.migrate import SCHEMA_REVISION  # imported only on this path
 
@@ -97,18 +108,36 @@ def _schema_missing(exc: BaseException) -> SchemaMissingError | None:
         "; the statement failed, so PostgreSQL has aborted this transaction and nothing in "
         "it can commit: roll it back, migrate, and run it again."
     )
-    return SchemaMissingError(
-        message, found=f"{match.group(1)} does not exist", expected=SCHEMA_REVISION
+    return SchemaMissingError(message, found=found, expected=SCHEMA_REVISION)
+
+
+def _missing_column(primary: str, statement: str | None) -> str | None:
+    """What an undefined_column error says is missing, if it is a column of our jobs table
+    (one a newer revision added) in a statement on that table; None for any other (the
+    error names no schema: an application's own `jobs` table has the same name)."""
+    match = _NO_COLUMN.match(primary)
+    if match is None or match.group("table") != Job.__tablename__:
+        return None
+    if statement is None or f"{SCHEMA}.{Job.__tablename__}" not in statement:
+        return None
+    column = match.group("column")
+    if column not in Job.__table__.c:  # an application's own `jobs` table
+        return None
+    return f"its jobs table has no column {column}, which this job uses"
+
+
+def explain(
+    exc: BaseException, parameters: object, statement: str | None = None
+) -> SqlaQueueError | None:
+    """Our clear error for `statement` (its SQL text), which the database refused, if `exc`
+    is one we know."""
+    return (
+        _unknown_queue(exc) or _refused_by_check(exc, parameters) or _schema_missing(exc, statement)
     )
 
 
-def explain(exc: BaseException, parameters: object) -> SqlaQueueError | None:
-    """Our clear error for a statement the database refused, if `exc` is one we know."""
-    return _unknown_queue(exc) or _refused_by_check(exc, parameters) or _schema_missing(exc)
-
-
 def _explain_refusal(context: ExceptionContext) -> BaseException | None:
-    error = explain(context.original_exception, context.parameters)
+    error = explain(context.original_exception, context.parameters, context.statement)
     if error is not None:
         error.__cause__ = context.sqlalchemy_exception
     return error

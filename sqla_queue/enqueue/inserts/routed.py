@@ -1,4 +1,5 @@
-"""What a queue routed to a broker refuses: unique keys, sequences and partitions.
+"""What a queue routed to a broker refuses: unique keys, sequences, partitions, start
+deadlines and ORM row arguments.
 
 The relay deletes a job's row when it publishes it, and broker workers take what the broker
 hands them: nothing that the table keeps for a job while it waits or runs holds there. A
@@ -17,6 +18,7 @@ from sqlalchemy import Connection
 
 from sqla_queue.db.queries import brokers as broker_queries
 from sqla_queue.errors import InvalidJobError
+from sqla_queue.job.arguments import ROW_MARK
 
 _ROUTED_AMONG = broker_queries.routed_among()
 _MAY_READ_QUEUES = broker_queries.may_read_queues()
@@ -41,10 +43,37 @@ NOT_KEPT_ON_ROUTES: dict[str, tuple[str, str, str]] = {
         "unique=False if the task is unique by default",
         "unique job(s)",
     ),
+    "expires_at": (
+        "a start deadline is not kept: the relay publishes the job and broker workers run "
+        "it whenever the broker hands it out, past its deadline too",
+        "no expires_in= or expires_at=",
+        "job(s) with a start deadline",
+    ),
+    "rows": (
+        "a row argument cannot be loaded: a broker worker has no database session to load "
+        "it in before the handler runs",
+        "pass the row's id instead of the row",
+        "job(s) with a row argument",
+    ),
 }
 """Each job feature a routed queue refuses: (why it cannot hold there, how to leave it out,
 what its jobs are called)."""
-_PARAMS = {"sequence": "job_sequence", "partition": "job_partition", "unique": "job_unique_key"}
+_PARAMS = {
+    "sequence": "job_sequence",
+    "partition": "job_partition",
+    "unique": "job_unique_key",
+    "expires_at": "job_expires_at",
+    "rows": "job_row_refs",
+}
+
+
+def has_row_refs(args: object) -> bool | None:
+    """True when a job's args hold an ORM row reference (`sqla_queue.job.arguments`), else
+    None (what `routed_refusal` reads as "not there")."""
+    if not isinstance(args, Mapping):
+        return None
+    found = any(isinstance(v, Mapping) and ROW_MARK in v for v in args.values())
+    return True if found else None
 
 
 def refused_on_routed(feature: str, queue: str, route: str, held: int = 0) -> str:
@@ -91,3 +120,16 @@ def refuse_routed(connection: Connection, params: Sequence[Mapping[str, Any]]) -
     refused = routed_refusal(connection, params)
     if refused is not None:
         raise refused[1]
+
+
+ROW_TEXT = f'"{ROW_MARK}"'
+"""A row reference's mark as it shows in a job's args as JSON text."""
+
+
+def with_row_refs(params: dict[str, Any]) -> dict[str, Any]:
+    """A bulk row's parameters, flagged (`job_row_refs`) when its args' JSON text holds a
+    row reference; as they are otherwise (no copy)."""
+    text = params.get("job_args_json")
+    if isinstance(text, str) and ROW_TEXT in text:
+        return {**params, "job_row_refs": True}
+    return params

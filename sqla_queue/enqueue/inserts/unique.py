@@ -16,13 +16,19 @@ from sqlalchemy.orm import (
 
 from sqla_queue.db import queries
 from sqla_queue.db.models import (
-    HOOKS_DUE,
-    UNIQUE_DUE,
     Job,
+    checked_job,
 )
 from sqla_queue.enqueue.inserts.copy import copy_rows
 from sqla_queue.enqueue.inserts.links import Dependency, resolve
-from sqla_queue.enqueue.inserts.params import JOB_BIND, ON_CONFLICT, SERVER_SET, row_params
+from sqla_queue.enqueue.inserts.params import (
+    DEPENDS,
+    JOB_BIND,
+    ON_CONFLICT,
+    SERVER_SET,
+    ByOptionsUsed,
+    row_params,
+)
 from sqla_queue.enqueue.inserts.routed import refuse_routed, refused_on_routed
 from sqla_queue.enqueue.inserts.wake import wake_queues
 from sqla_queue.errors import DependencyError, SqlaQueueError
@@ -35,8 +41,9 @@ from sqla_queue.job.options import column_values
 _RESERVE_JOB_IDS = queries.reserve_job_ids()
 UNIQUE_ROUNDS = 10
 """Attempts to settle a unique row whose blocking job finished between insert and lookup."""
-_INSERT_UNIQUE_ONE = queries.insert_unique_jobs(with_ids=False)
-_INSERT_UNIQUE_MANY = queries.insert_unique_jobs(with_ids=True)
+_INSERT_UNIQUE_ONE = ByOptionsUsed(lambda used: queries.insert_unique_jobs(False, used))
+_INSERT_UNIQUE_MANY = ByOptionsUsed(lambda used: queries.insert_unique_jobs(True, used))
+_INSERT_STAGED = ByOptionsUsed(queries.insert_staged_jobs)
 _UNIQUE_HOLDERS = queries.unique_holders()
 _REPLACE = {
     "replace": queries.replace_unique_holder(keep_run_at=False),
@@ -97,7 +104,8 @@ def insert_unique(
         elif len(pending) == 1 or not reserve:
             written = {}
             for i in pending:
-                inserted = connection.execute(_INSERT_UNIQUE_ONE, params[i]).scalar()
+                one = params[i]
+                inserted = connection.execute(_INSERT_UNIQUE_ONE([one]), one).scalar()
                 if inserted is not None:
                     written[i] = int(inserted)
         else:
@@ -107,7 +115,7 @@ def insert_unique(
             batch = [
                 {**params[i], "job_id": job_id} for i, job_id in zip(pending, reserved, strict=True)
             ]
-            got = set(connection.execute(_INSERT_UNIQUE_MANY, batch).scalars())
+            got = set(connection.execute(_INSERT_UNIQUE_MANY(batch), batch).scalars())
             written = {
                 i: job_id for i, job_id in zip(pending, reserved, strict=True) if job_id in got
             }
@@ -262,14 +270,19 @@ def _known_parents(new: NewJob) -> list[tuple[int, str]]:
     return [*pairs, (0, "cancel")] if unwritten else pairs
 
 
-def write_unique(session: Session, job: Job, new: NewJob) -> Job:
+def write_unique(
+    session: Session, job: Job, new: NewJob, params: dict[str, Any] | None = None
+) -> Job:
     """Write `job` (transient, as prepared in `new`) as a unique job, now; returns it.
+    `params`: `new` as `row_params` made them already, without its dependencies (else
+    they are made here: `new` checked).
 
     Written: it becomes persistent with its id, its server-set columns loaded on first
     use. A duplicate: nothing is written and it leaves the session; its id is the blocking
     job's and `job.duplicate` is True.
     """
-    params = row_params(replace(new, depends_on=None))  # linked later, by the flush
+    if params is None:
+        params = row_params(replace(new, depends_on=None))  # linked later, by the flush
     depends = None if new.depends_on is None else _known_parents(new)
     if job in session:
         session.expunge(job)
@@ -288,21 +301,22 @@ def write_unique(session: Session, job: Job, new: NewJob) -> Job:
 
 def enqueue_unique(session: Session, new: NewJob) -> Job:
     """`enqueue`'s path for a unique job: written at once, or found to be a duplicate."""
-    params = row_params(new)  # validates before anything is sent
-    job = Job(
-        task=new.task,
-        args=new.args,
-        queue=new.queue,
-        priority=new.priority,
-        tags=params["job_tags"],
-        meta=new.meta,
-        **column_values(new),
+    params = row_params(new)  # checks it, once, before anything is sent
+    params.pop(DEPENDS, None)  # linked later, by the flush
+    job = checked_job(  # not Job(...): that would check every field again
+        {
+            "task": new.task,
+            "args": new.args,
+            "queue": new.queue,
+            "priority": new.priority,
+            "tags": params["job_tags"],
+            "meta": {} if new.meta is None else new.meta,
+            **column_values(new),
+        }
     )
-    job.__dict__[HOOKS_DUE] = None  # through the hooks above: none due at flush
-    job.__dict__.pop(UNIQUE_DUE)
     if session.autoflush:  # as a flush would: pending queues must exist first
         session.flush()
-    return write_unique(session, job, new)
+    return write_unique(session, job, new, params)
 
 
 def _copy_unique(
@@ -313,5 +327,6 @@ def _copy_unique(
     connection.exec_driver_sql(queries.CREATE_STAGED_JOBS)
     reserved = copy_rows(connection, driver, params, staged=True)
     # An unknown queue or a refused row is explained by the engine's handle_error hook.
-    got = {int(i) for i in connection.exec_driver_sql(queries.INSERT_STAGED_JOBS).scalars()}
+    staged = connection.exec_driver_sql(_INSERT_STAGED(params))
+    got = {int(i) for i in staged.scalars()}
     return {i: job_id for i, job_id in enumerate(reserved) if job_id in got}

@@ -25,6 +25,7 @@ revision: str = "sqlaq_nofk_0001"
 down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = ("sqla_queue_no_queue_fk",)
 depends_on: str | Sequence[str] | None = "sqlaq_0001"
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 CONSTRAINT = "fk_jobs_queue_queues"

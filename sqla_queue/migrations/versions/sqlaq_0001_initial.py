@@ -18,6 +18,7 @@ revision: str = "sqlaq_0001"
 down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = ("sqla_queue",)
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 TZ = sa.DateTime(timezone=True)

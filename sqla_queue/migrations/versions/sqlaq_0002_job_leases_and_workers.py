@@ -13,11 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0002"
 down_revision: str | Sequence[str] | None = "sqlaq_0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "contract"  # old workers set no lease, which the reaper now reads
 
 SCHEMA = "sqla_queue"
 TZ = sa.DateTime(timezone=True)
@@ -27,24 +29,22 @@ OLD_WORKER_LEASE = "60 seconds"
 
 
 def upgrade() -> None:
-    op.add_column("jobs", sa.Column("lease_expires_at", TZ, nullable=True), schema=SCHEMA)
-    op.add_column("jobs", sa.Column("started_at", TZ, nullable=True), schema=SCHEMA)
+    # online first (sqla_queue.db.online): the columns, then the indexes, concurrently
+    online.add_columns(
+        "jobs",
+        sa.Column("lease_expires_at", TZ, nullable=True),
+        sa.Column("started_at", TZ, nullable=True),
+    )
+    online.create_index(
+        "ix_jobs_lease_expires_at", "jobs", ["lease_expires_at"], postgresql_where=RUNNING
+    )
+    online.create_index("ix_jobs_locked_by", "jobs", ["locked_by"], postgresql_where=RUNNING)
+    online.drop_index("ix_jobs_heartbeat")
     # Jobs running now keep the deadline the default worker lease gave them.
     op.execute(
         f"UPDATE {SCHEMA}.jobs SET lease_expires_at = "
         f"coalesce(heartbeat_at, locked_at, created_at) + interval '{OLD_WORKER_LEASE}', "
         "started_at = locked_at WHERE status = 'running'"
-    )
-    op.drop_index("ix_jobs_heartbeat", table_name="jobs", schema=SCHEMA)
-    op.create_index(
-        "ix_jobs_lease_expires_at",
-        "jobs",
-        ["lease_expires_at"],
-        schema=SCHEMA,
-        postgresql_where=RUNNING,
-    )
-    op.create_index(
-        "ix_jobs_locked_by", "jobs", ["locked_by"], schema=SCHEMA, postgresql_where=RUNNING
     )
     op.create_table(
         "workers",

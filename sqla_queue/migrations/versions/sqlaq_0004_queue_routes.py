@@ -17,6 +17,7 @@ revision: str = "sqlaq_0004"
 down_revision: str | Sequence[str] | None = "sqlaq_0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 

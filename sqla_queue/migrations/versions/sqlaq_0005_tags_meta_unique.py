@@ -22,11 +22,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0005"
 down_revision: str | Sequence[str] | None = "sqlaq_0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 NO_TAGS = sa.text("'{}'::text[]")
@@ -40,32 +42,25 @@ TZ = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    # online first (sqla_queue.db.online): constant defaults rewrite no row
     for table in ("jobs", "jobs_archive"):
-        op.add_column(
+        online.add_columns(
             table,
             sa.Column("tags", postgresql.ARRAY(sa.Text()), server_default=NO_TAGS, nullable=False),
-            schema=SCHEMA,
-        )
-        op.add_column(
-            table,
             sa.Column("meta", postgresql.JSONB(), server_default=NO_META, nullable=False),
-            schema=SCHEMA,
         )
-    op.execute(
-        f"ALTER TABLE {SCHEMA}.jobs ADD CONSTRAINT ck_jobs_meta_object "
-        "CHECK (jsonb_typeof(meta) = 'object')"
+    online.add_check("jobs", "ck_jobs_meta_object", "jsonb_typeof(meta) = 'object'")
+    online.create_index("ix_jobs_tags", "jobs", ["tags"], postgresql_using="gin")
+    online.add_columns(
+        "jobs",
+        sa.Column("unique_key", sa.LargeBinary(), nullable=True),
+        sa.Column("unique_states", sa.SmallInteger(), nullable=True),
     )
-    op.create_index("ix_jobs_tags", "jobs", ["tags"], schema=SCHEMA, postgresql_using="gin")
-    op.add_column("jobs", sa.Column("unique_key", sa.LargeBinary(), nullable=True), schema=SCHEMA)
-    op.add_column(
-        "jobs", sa.Column("unique_states", sa.SmallInteger(), nullable=True), schema=SCHEMA
-    )
-    op.create_index(
+    online.create_index(
         "ux_jobs_unique_key",
         "jobs",
         ["unique_key"],
         unique=True,
-        schema=SCHEMA,
         postgresql_where=sa.text(UNIQUE_PREDICATE),
     )
     op.create_table(

@@ -28,11 +28,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0006"
 down_revision: str | Sequence[str] | None = "sqlaq_0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 LOCK_SPACE = 1936814449  # the advisory lock namespace ('sqlq' as an int4), keyed by queue
@@ -70,6 +72,15 @@ $$
 
 
 def upgrade() -> None:
+    # online first (sqla_queue.db.online), then the small tables in the transaction
+    for table in ("jobs", "jobs_archive"):
+        online.add_columns(table, sa.Column("result", postgresql.JSONB(), nullable=True))
+    online.create_index(
+        "ix_jobs_kept_results",
+        "jobs",
+        ["finished_at"],
+        postgresql_where=sa.text("status = 'done' AND result IS NOT NULL"),
+    )
     op.add_column("queues", sa.Column("concurrency", sa.Integer(), nullable=True), schema=SCHEMA)
     op.add_column("queues", sa.Column("rate_limit", sa.Integer(), nullable=True), schema=SCHEMA)
     op.add_column("queues", sa.Column("rate_window", sa.Float(), nullable=True), schema=SCHEMA)
@@ -89,15 +100,6 @@ def upgrade() -> None:
     )
     op.create_check_constraint(
         op.f("ck_queues_result_ttl"), "queues", "result_ttl >= 0", schema=SCHEMA
-    )
-    for table in ("jobs", "jobs_archive"):
-        op.add_column(table, sa.Column("result", postgresql.JSONB(), nullable=True), schema=SCHEMA)
-    op.create_index(
-        "ix_jobs_kept_results",
-        "jobs",
-        ["finished_at"],
-        schema=SCHEMA,
-        postgresql_where=sa.text("status = 'done' AND result IS NOT NULL"),
     )
     op.create_table(
         "queue_starts",

@@ -46,11 +46,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0007"
 down_revision: str | Sequence[str] | None = "sqlaq_0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 TAGGED = sa.text("tags <> '{}'::text[]")
@@ -76,22 +78,17 @@ FOR EACH ROW WHEN ({TOO_LARGE}) EXECUTE FUNCTION {SCHEMA}.refuse_large_args()
 
 
 def upgrade() -> None:
+    # online first (sqla_queue.db.online): the partial index built beside the full one
+    online.drop_index("ix_jobs_locked_by")
+    online.build_replacement("ix_jobs_tags", "jobs", ["tags"], postgresql_using="gin",
+                             postgresql_where=TAGGED)  # fmt: skip
     op.add_column(
         "workers", sa.Column("loop_blocked_since", sa.DateTime(timezone=True)), schema=SCHEMA
     )
     op.execute(f"ALTER TABLE {SCHEMA}.jobs DROP CONSTRAINT ck_jobs_args_size")
     op.execute(REFUSE_LARGE_ARGS)
     op.execute(ARGS_SIZE_TRIGGER)
-    op.drop_index("ix_jobs_locked_by", table_name="jobs", schema=SCHEMA)
-    op.drop_index("ix_jobs_tags", table_name="jobs", schema=SCHEMA)
-    op.create_index(
-        "ix_jobs_tags",
-        "jobs",
-        ["tags"],
-        schema=SCHEMA,
-        postgresql_using="gin",
-        postgresql_where=TAGGED,
-    )
+    online.swap_index("ix_jobs_tags")
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 
 

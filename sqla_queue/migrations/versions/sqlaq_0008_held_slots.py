@@ -27,11 +27,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0008"
 down_revision: str | Sequence[str] | None = "sqlaq_0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 LOCK_SPACE = 1936814449  # the advisory lock namespace ('sqlq' as an int4), keyed by queue
@@ -77,10 +79,10 @@ HELD = f"""used := used + (SELECT count(*) FROM {SCHEMA}.jobs j
 
 
 def upgrade() -> None:
-    op.add_column("workers", sa.Column("overruns", postgresql.JSONB()), schema=SCHEMA)
-    op.create_index(
-        "ix_jobs_cancelled_held", "jobs", ["queue"], schema=SCHEMA, postgresql_where=CANCELLED_HELD
+    online.create_index(
+        "ix_jobs_cancelled_held", "jobs", ["queue"], postgresql_where=CANCELLED_HELD
     )
+    op.add_column("workers", sa.Column("overruns", postgresql.JSONB()), schema=SCHEMA)
     op.execute(CLAIM_SLOTS.format(schema=SCHEMA, lock_space=LOCK_SPACE, held=HELD))
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 

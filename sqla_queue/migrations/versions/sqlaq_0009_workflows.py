@@ -42,11 +42,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0009"
 down_revision: str | Sequence[str] | None = "sqlaq_0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "contract"  # a new status, `waiting`, that earlier code does not know
 
 SCHEMA = "sqla_queue"
 NOTIFY_CHANNEL = "sqla_queue"
@@ -269,34 +271,37 @@ CREATE TRIGGER job_retried BEFORE UPDATE ON {SCHEMA}.jobs
 
 
 def upgrade() -> None:
-    op.add_column("jobs", sa.Column("deps_left", sa.Integer()), schema=SCHEMA)
-    op.add_column(
+    # online first (sqla_queue.db.online): columns, indexes built concurrently, the new
+    # status check and unique index built beside the ones they replace
+    online.add_columns(
         "jobs",
+        sa.Column("deps_left", sa.Integer()),
         sa.Column("has_dependents", sa.Boolean(), server_default=sa.false(), nullable=False),
-        schema=SCHEMA,
+        sa.Column("workflow_id", sa.Text()),
     )
-    for table in ("jobs", "jobs_archive"):
-        op.add_column(table, sa.Column("workflow_id", sa.Text()), schema=SCHEMA)
-    op.create_index(
-        "ix_jobs_workflow_id",
-        "jobs",
-        ["workflow_id"],
-        schema=SCHEMA,
-        postgresql_where=sa.text("workflow_id IS NOT NULL"),
+    online.add_columns("jobs_archive", sa.Column("workflow_id", sa.Text()))
+    has_workflow = sa.text("workflow_id IS NOT NULL")
+    online.create_index(
+        "ix_jobs_workflow_id", "jobs", ["workflow_id"], postgresql_where=has_workflow
     )
-    op.create_index(
-        "ix_jobs_waiting",
-        "jobs",
-        ["id"],
-        schema=SCHEMA,
-        postgresql_where=sa.text("status = 'waiting'"),
+    online.create_index(
+        "ix_jobs_waiting", "jobs", ["id"], postgresql_where=sa.text("status = 'waiting'")
     )
-    op.create_index(
+    online.create_index(
         "ix_jobs_archive_workflow_id",
         "jobs_archive",
         ["workflow_id"],
-        schema=SCHEMA,
-        postgresql_where=sa.text("workflow_id IS NOT NULL"),
+        postgresql_where=has_workflow,
+    )
+    online.add_check(
+        "jobs", "ck_jobs_status" + online.REPLACEMENT_SUFFIX, f"status IN ({STATUSES}, 'waiting')"
+    )
+    online.build_replacement(
+        "ux_jobs_unique_key",
+        "jobs",
+        ["unique_key"],
+        unique=True,
+        postgresql_where=sa.text(_unique_predicate(True)),
     )
     op.create_table(
         "job_deps",
@@ -312,20 +317,8 @@ def upgrade() -> None:
     op.create_index("ix_job_deps_child_id", "job_deps", ["child_id", "position"], schema=SCHEMA)
     # sqlaq_0001 named it through the naming convention twice over
     op.execute(f"ALTER TABLE {SCHEMA}.jobs DROP CONSTRAINT IF EXISTS ck_jobs_ck_jobs_status")
-    op.execute(f"ALTER TABLE {SCHEMA}.jobs DROP CONSTRAINT IF EXISTS ck_jobs_status")
-    op.execute(
-        f"ALTER TABLE {SCHEMA}.jobs ADD CONSTRAINT ck_jobs_status "
-        f"CHECK (status IN ({STATUSES}, 'waiting'))"
-    )
-    op.drop_index("ux_jobs_unique_key", table_name="jobs", schema=SCHEMA)
-    op.create_index(
-        "ux_jobs_unique_key",
-        "jobs",
-        ["unique_key"],
-        unique=True,
-        schema=SCHEMA,
-        postgresql_where=sa.text(_unique_predicate(True)),
-    )
+    online.swap_check("jobs", "ck_jobs_status")
+    online.swap_index("ux_jobs_unique_key")
     op.execute(JOB_ENDED)
     op.execute(JOBS_ENDED)
     op.execute(JOB_RETRIED)

@@ -26,6 +26,7 @@ revision: str = "sqlaq_0010"
 down_revision: str | Sequence[str] | None = "sqlaq_0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 

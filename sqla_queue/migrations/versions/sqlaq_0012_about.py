@@ -20,24 +20,23 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0012"
 down_revision: str | Sequence[str] | None = "sqlaq_0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 
 
 def upgrade() -> None:
+    # online (sqla_queue.db.online): the indexes built concurrently, outside the transaction
     for table in ("jobs", "jobs_archive"):
-        op.add_column(table, sa.Column("about", sa.Text()), schema=SCHEMA)
-        op.create_index(
-            f"ix_{table}_about",
-            table,
-            ["about"],
-            schema=SCHEMA,
-            postgresql_where=sa.text("about IS NOT NULL"),
+        online.add_columns(table, sa.Column("about", sa.Text()))
+        online.create_index(
+            f"ix_{table}_about", table, ["about"], postgresql_where=sa.text("about IS NOT NULL")
         )
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")
 

@@ -42,11 +42,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from sqla_queue.db import online
 
 revision: str = "sqlaq_0013"
 down_revision: str | Sequence[str] | None = "sqlaq_0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 
@@ -267,9 +269,29 @@ $$
 
 
 def upgrade() -> None:
+    # online first (sqla_queue.db.online): the columns, then the indexes, concurrently
     for table in ("jobs", "jobs_archive"):
-        op.add_column(table, sa.Column("partition", sa.Text()), schema=SCHEMA)
-        op.add_column(table, sa.Column("sequence", sa.Text()), schema=SCHEMA)
+        online.add_columns(
+            table, sa.Column("partition", sa.Text()), sa.Column("sequence", sa.Text())
+        )
+    online.create_index(
+        "ix_jobs_partition_claim",
+        "jobs",
+        ["queue", "partition", "priority", "run_at", "id"],
+        postgresql_where=sa.text(PARTITION_CLAIM),
+    )
+    online.create_index(
+        "ix_jobs_partition_running",
+        "jobs",
+        ["queue", "partition"],
+        postgresql_where=sa.text("status = 'running' AND partition IS NOT NULL"),
+    )
+    online.create_index(
+        "ix_jobs_sequence",
+        "jobs",
+        ["sequence", "status", "id"],
+        postgresql_where=sa.text(HOLDS_SEQUENCE),
+    )
     op.add_column(
         "queues",
         sa.Column("fair", sa.Boolean(), server_default=sa.text("false"), nullable=False),
@@ -319,27 +341,6 @@ def upgrade() -> None:
         sa.Column("served_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("queue", "partition", name=op.f("pk_partition_turns")),
         schema=SCHEMA,
-    )
-    op.create_index(
-        "ix_jobs_partition_claim",
-        "jobs",
-        ["queue", "partition", "priority", "run_at", "id"],
-        schema=SCHEMA,
-        postgresql_where=sa.text(PARTITION_CLAIM),
-    )
-    op.create_index(
-        "ix_jobs_partition_running",
-        "jobs",
-        ["queue", "partition"],
-        schema=SCHEMA,
-        postgresql_where=sa.text("status = 'running' AND partition IS NOT NULL"),
-    )
-    op.create_index(
-        "ix_jobs_sequence",
-        "jobs",
-        ["sequence", "status", "id"],
-        schema=SCHEMA,
-        postgresql_where=sa.text(HOLDS_SEQUENCE),
     )
     op.execute(CLAIM_TURNS)
     op.execute(f"COMMENT ON SCHEMA {SCHEMA} IS 'sqla_queue revision {revision}'")

@@ -30,6 +30,7 @@ revision: str = "sqlaq_0014"
 down_revision: str | Sequence[str] | None = "sqlaq_0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 NOTIFY_CHANNEL = "sqla_queue"

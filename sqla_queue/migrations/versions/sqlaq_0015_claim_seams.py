@@ -33,6 +33,7 @@ revision: str = "sqlaq_0015"
 down_revision: str | Sequence[str] | None = "sqlaq_0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 

@@ -24,6 +24,7 @@ revision: str = "sqlaq_0017"
 down_revision: str | Sequence[str] | None = "sqlaq_0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+migration_kind = "expand"
 
 SCHEMA = "sqla_queue"
 
