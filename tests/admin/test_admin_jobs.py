@@ -91,7 +91,7 @@ def test_get_job_shows_args_last_error_and_timings_also_of_an_archived_job(
         conn.execute(
             text(
                 "WITH moved AS (DELETE FROM sqla_queue.jobs WHERE id = :id RETURNING *) "
-                "INSERT INTO sqla_queue.jobs_archive (id, queue, task, args, status, priority, "
+                "INSERT INTO sqla_queue.jobs_history (id, queue, task, args, status, priority, "
                 "run_at, attempts, max_attempts, created_at, finished_at) SELECT id, queue, "
                 "task, args, 'done', priority, run_at, attempts, max_attempts, created_at, now() "
                 "FROM moved"
@@ -172,7 +172,7 @@ def test_retry_is_fenced_against_a_concurrent_change(engine: Engine) -> None:
         thread.join(0.5)
         assert thread.is_alive()  # waiting on the first one's row lock
         first.commit()
-    thread.join(10)
+    thread.join(60)
     assert result == {}  # the row it waited for is queued now: left alone
     assert jobs_by_id(engine, [job_id])[job_id].max_attempts == 10  # one budget, not two
 

@@ -1,5 +1,8 @@
-"""`bulk_retry` of 100,000 failed jobs by filter: every batch is a short transaction of its
-own (sampled from pg_stat_activity by a second connection), and unique keys stay held."""
+"""`bulk_retry` of 100,000 failed jobs by filter: every batch is a transaction of its own of at
+most the batch's rows (read from the rows themselves: the transaction id that wrote each), so
+no transaction of the action grows with the filter; unique keys stay held. How long the
+transactions lasted is sampled from pg_stat_activity and printed, not asserted: a loaded
+machine stretches any of them."""
 
 from __future__ import annotations
 
@@ -17,8 +20,7 @@ pytestmark = pytest.mark.slow
 
 JOBS = 100_000
 APP = "bulk-scale-under-test"
-LONGEST_SECONDS = 3.0
-"""The longest a transaction of the action may last (a batch of 1000 takes ~0.1 s)."""
+BATCH = 1000
 
 POPULATE = """
 INSERT INTO sqla_queue.jobs
@@ -81,7 +83,7 @@ def test_retrying_100000_failed_jobs_by_filter_holds_no_long_transaction(
     batches: list[float] = []
     last = [time.perf_counter()]
 
-    def progress(_: bulk.BulkResult) -> None:
+    def progress(_: bulk.BulkResult) -> None:  # printed only: a loaded machine stretches it
         now = time.perf_counter()
         batches.append(now - last[0])
         last[0] = now
@@ -92,15 +94,29 @@ def test_retrying_100000_failed_jobs_by_filter_holds_no_long_transaction(
     try:
         with LongestTransaction(database_url) as sampler:
             started = time.perf_counter()
-            result = bulk.bulk_retry(acting, where, batch=1000, progress=progress)
+            result = bulk.bulk_retry(acting, where, batch=BATCH, progress=progress)
             took = time.perf_counter() - started
     finally:
         acting.dispose()
     assert (result.acted, result.skipped, result.held) == (JOBS + 1, 2, 2)
     assert result.batches == 101
-    assert sampler.samples > 10, "the sampler saw too little of the action"
-    assert sampler.longest < LONGEST_SECONDS, (sampler.longest, took)
-    assert max(batches) < LONGEST_SECONDS, max(batches)
+    with engine.connect() as conn:
+        # The transaction that last wrote each job the action sent back: one per batch.
+        per_transaction = (
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM sqla_queue.jobs"
+                    " WHERE status = 'queued' AND task = 'report' AND id <> :holder"
+                    " GROUP BY xmin::text"
+                ),
+                {"holder": holder},
+            )
+            .scalars()
+            .all()
+        )
+    assert sum(per_transaction) == JOBS + 1
+    assert len(per_transaction) == result.batches
+    assert max(per_transaction) <= BATCH, max(per_transaction)
     rows = jobs_by_id(engine, [*twins, held, holder])
     assert [rows[i].status for i in twins] == ["queued", "failed"]
     assert (rows[held].status, rows[holder].status) == ("failed", "queued")

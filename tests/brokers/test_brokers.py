@@ -23,6 +23,7 @@ from helpers.broker_kit import (
     processes_fixture,
 )
 from helpers.fault_kit import wait_until
+from helpers.support import until_told
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
@@ -471,7 +472,7 @@ def test_a_sync_broker_handler_past_its_timeout_keeps_its_slot_and_then_times_ou
 
     @registry.task(name="overruns", pass_context=True, timeout=0.5, max_attempts=1)
     def overruns(ctx: JobContext) -> None:
-        time.sleep(1.5)
+        until_told(ctx)  # never told: 60 s, and `told` below fails
         returned.append(time.monotonic())
 
     registry.on_job_finished(

@@ -17,6 +17,8 @@ from sqla_queue.admin import partitions
         (("enqueue", "t", "--delay", "99999999999999999999"), "from 0 to 3155760000 s"),
         (("enqueue", "t", "--delay", "1e20"), "'1e20' is not a duration"),
         (("migrate", "--revision", "bogus"), "migration failed"),
+        (("migrate", "--lock-timeout", "0"), "from 0.001 to 3600 s"),
+        (("migrate", "--lock-retries", "99999999999"), "a whole number from 0 to 10000"),
     ],
 )
 def test_cli_bad_values_are_one_line_errors(

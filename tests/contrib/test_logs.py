@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from typing import Any
 
 from helpers.fault_kit import run_cli
@@ -88,3 +90,39 @@ def test_the_default_log_format_stays_human_readable(engine: Engine, database_ur
     assert started
     assert not started[0].lstrip().startswith("{")
     assert "done: 1 succeeded, 0 retried, 0 failed" in result.stderr
+
+
+TEXT_LOG_SCRIPT = """
+import logging
+from sqla_queue.contrib.logs import configure_logging
+configure_logging("info", "text")
+log = logging.getLogger("app.mail")
+log.warning("%s", "x" * 300)
+try:
+    raise KeyError("smtp")
+except KeyError:
+    log.exception("sending failed\\nsecond line")
+log.info("after")
+"""
+
+
+def test_text_logs_off_a_terminal_are_one_line_per_record_with_tracebacks_indented() -> None:
+    # stderr is a pipe, as under systemd or Docker: no 80-column wrap, no rich layout
+    result = subprocess.run(
+        [sys.executable, "-c", TEXT_LOG_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    records = [line for line in lines if not line.startswith(" ")]
+    assert len(records) == 3, lines
+    assert records[0].endswith("WARNING app.mail: " + "x" * 300)
+    assert records[1].endswith("ERROR   app.mail: sending failed\\nsecond line")
+    assert records[2].endswith("INFO    app.mail: after")
+    traceback = lines[lines.index(records[1]) + 1 : lines.index(records[2])]
+    assert traceback[0] == "    Traceback (most recent call last):"
+    assert traceback[-1] == "    KeyError: 'smtp'"
+    assert all(line.startswith("    ") for line in traceback)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,13 @@ from helpers.support import enqueue_jobs, jobs_by_id, statuses, wait_for
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
-from sqla_queue import admin
+from sqla_queue import JobContext, admin
 from sqla_queue.cli import main
 from sqla_queue.dashboard import create_app, reads, wsgi_app
 from sqla_queue.dashboard.pages import Dashboard, DashboardOptions
 from sqla_queue.db import queries
+from sqla_queue.errors import Sleeping
+from sqla_queue.worker.steps import EngineJournal
 
 SCRIPT = "<script>alert('owned')</script>"
 
@@ -42,7 +45,7 @@ def test_queues_page_shows_counts_per_status_and_the_paused_flag(engine: Engine)
     assert row, page.text
     assert "paused" in row.group(1)
     assert re.search(r'count-queued">\s*<a[^>]*>3</a>', row.group(1))
-    assert "keep" in row.group(1)
+    assert "succeeded jobs are kept" in row.group(1)
     assert "<svg" in row.group(1)  # the last hour's chart
     # The polled fragment carries the same counts, for the live refresh.
     fragment = client(engine).get("/partials/queues").text
@@ -58,7 +61,7 @@ def test_failed_job_page_shows_args_attempts_and_the_traceback(engine: Engine) -
     assert "Traceback (most recent call last)" in page.text
     assert "RuntimeError: the mail server said no" in page.text
     assert "a@example.com" in page.text
-    assert re.search(r"<dt>attempts</dt><dd>1 of 1</dd>", page.text)
+    assert re.search(r"<dt>attempts</dt><dd id=\"attempts\">1 of 1</dd>", page.text)
     assert "Retry" in page.text
 
 
@@ -361,13 +364,13 @@ def test_cli_serves_the_dashboard_and_asks_for_its_credentials(database_url: str
             except OSError:
                 return None
 
-        assert wait_for(answers, timeout=30) == 200
+        assert wait_for(answers, timeout=60) == 200
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(url, timeout=2)
+            urllib.request.urlopen(url, timeout=30)  # a loaded server answers late, not never
         assert refused.value.code == 401
     finally:
         server.terminate()
-        output, _ = server.communicate(timeout=20)
+        output, _ = server.communicate(timeout=60)
     assert f"sqla-queue dashboard on http://127.0.0.1:{port}/" in output
 
 
@@ -538,3 +541,36 @@ def test_the_package_s_public_names_are_those_of_its_modules() -> None:
         security.is_loopback,
         app.wsgi_app,
     ]
+
+
+def test_the_job_page_lists_its_steps_and_when_it_sleeps_until(engine: Engine) -> None:
+    (job_id,) = enqueue_jobs(engine, "t", 1)
+    with engine.begin() as conn:
+        (claimed,) = conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": "w"}).all()
+    ctx = JobContext(claimed.id, "t", "default", claimed.attempts, steps=EngineJournal(engine))
+    ctx.step("charge", lambda: {"charge": SCRIPT})
+    with pytest.raises(KeyError):
+        ctx.step("mail", _raise_key_error)
+    with pytest.raises(Sleeping):
+        ctx.sleep(timedelta(hours=1))
+    with engine.begin() as conn:  # what the worker writes for the Sleeping it raised
+        params = {"job_ids": [job_id], "job_attempts": [claimed.attempts]}
+        conn.execute(
+            queries.park_sleeping_jobs(),
+            {**params, "job_delays": [3600.0], "job_task_max_attempts": [None]},
+        )
+    page = client(engine).get(f"/jobs/{job_id}").text
+    assert re.search(r'<dt>sleeping until</dt><dd id="sleeping-until">', page)
+    charge = re.search(r'<tr data-step="charge">(.*?)</tr>', page, re.S)
+    assert charge, page
+    assert "done" in charge.group(1)
+    assert "&lt;script&gt;" in charge.group(1)
+    assert "<script>" not in page
+    mail = re.search(r'<tr data-step="mail">(.*?)</tr>', page, re.S)
+    assert mail, page
+    assert "failed: KeyError: &#39;order&#39;" in mail.group(1)
+    assert re.search(r'<tr data-step="sleep#1">.*?sleep</span>', page, re.S)
+
+
+def _raise_key_error() -> None:
+    raise KeyError("order")

@@ -8,6 +8,7 @@ README's screenshots from these tests.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ def dashboard_url(engine: Engine) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    wait_for(lambda: server.started, timeout=15)
+    wait_for(lambda: server.started, timeout=60)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
@@ -75,11 +76,13 @@ def page(dashboard_url: str) -> Iterator[Any]:
         assert errors == []
 
 
-def screenshot(tab: Any, name: str) -> None:
+def screenshot(tab: Any, name: str, full_page: bool = True) -> None:
+    """Into $SQLA_QUEUE_SCREENSHOTS when set; the viewport only for a page too long to
+    capture whole."""
     folder = os.environ.get("SQLA_QUEUE_SCREENSHOTS")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        tab.screenshot(path=str(Path(folder) / name), full_page=True)
+        tab.screenshot(path=str(Path(folder) / name), full_page=full_page)
 
 
 def flaky_registry(state: dict[str, bool]) -> Registry:
@@ -124,7 +127,7 @@ def test_see_a_failed_jobs_traceback_retry_it_and_see_it_succeed(engine: Engine,
     expect(mail.locator(".count-failed")).to_have_text("1")
     mail.locator(".count-failed a").click()
     page.locator(f'tr[data-job="{job_id}"] a[href$="/jobs/{job_id}"]').click()
-    last_error = page.locator("pre.traceback").last  # after each attempt's own (collapsed)
+    last_error = page.locator("#last-error pre.traceback")  # the error of a failed job
     expect(last_error).to_contain_text("Traceback (most recent call last)")
     expect(page.locator("dl.facts a.tag")).to_have_text("signup")
     expect(last_error).to_contain_text("ConnectionError: SMTP server refused ada@example.com")
@@ -194,6 +197,26 @@ def test_the_queues_page_charts_the_last_hour_and_day(engine: Engine, page: Any)
     assert page.locator('tr[data-queue="images"] svg.chart rect.bad').count() > 0
     expect(page.locator('tr[data-queue="images"] .count-queued')).to_have_text("40")
     expect(page.locator('tr[data-queue="reports"] td').nth(1)).to_have_text("paused")
+    # retention in plain words beside the counts; no implementation words on the page
+    expect(page.locator('tr[data-queue="reports"] td.retention')).to_have_text(
+        "succeeded jobs are deleted"
+    )
+    expect(page.locator('tr[data-queue="reports"] .count-done')).to_have_text("0 deleted")
+    expect(page.locator('tr[data-queue="mail"] td.retention')).to_have_text(
+        "succeeded jobs are kept in the history"
+    )
+    shown = (
+        page.locator("main").inner_text()
+        if page.locator("main").count()
+        else page.inner_text("body")
+    )
+    for word in ("route", "planner", "rollup", "job_counts"):
+        assert word not in shown, word
+    # the hover value: the browser's tooltip is the bar's <title>, its minute and counts
+    newest = page.locator('tr[data-queue="mail"] td.chart-hour svg.chart rect.ok').last
+    expect(newest.locator("title")).to_have_text(re.compile(r"^\d\d:\d\d UTC: 3 ended, 1 failed$"))
+    hour_axis = page.locator('tr[data-queue="mail"] td.chart-hour svg.chart text.axis')
+    expect(hour_axis).to_have_text(["-60 min", "now", re.compile(r"^\d+/min$"), "0"])
     screenshot(page, "dashboard-queues.png")
     page.goto("/queues/images")
     task_bars = page.locator('tr[data-task="resize"] td.chart-hour svg.chart rect.ok')
@@ -341,6 +364,12 @@ def test_retry_every_job_matching_a_filter_after_confirming_the_count(
     screenshot(page, "dashboard-jobs-filtered.png")
     page.get_by_role("button", name="Retry all…", exact=True).click()
     expect(page.locator("#bulk-count")).to_contain_text("3 jobs that retry takes match")
+    sample = page.locator("#bulk-sample tbody tr")  # the errors the operator is about to act on
+    expect(sample).to_have_count(3)
+    for row in sample.all():
+        expect(row.locator(".error-head")).to_have_text(
+            "ConnectionError: SMTP server refused ada@example.com"
+        )
     screenshot(page, "dashboard-bulk-confirm.png")
     assert {j.status for j in jobs_by_id(engine, smtp).values()} == {"failed"}
     page.get_by_role("button", name="Retry 3 jobs").click()
@@ -348,3 +377,70 @@ def test_retry_every_job_matching_a_filter_after_confirming_the_count(
     expect(page.locator('form.filters input[name="error"]')).to_have_value("smtp server")
     assert {j.status for j in jobs_by_id(engine, smtp).values()} == {"queued"}
     assert {j.status for j in jobs_by_id(engine, other).values()} == {"failed"}
+
+
+def test_a_jobs_page_shows_its_result_progress_and_each_attempts_log_lines(
+    engine: Engine, page: Any
+) -> None:
+    from helpers.apps import journaled
+    from helpers.support import make_due
+
+    from sqla_queue.testing import run_until_empty
+    from sqla_queue.worker import WorkerConfig
+
+    expect = playwright_api.expect
+    with engine.begin() as conn:
+        if not admin.create_queue(conn, "default", retention="keep"):
+            admin.set_retention(conn, "default", "keep")
+    (chatty,) = enqueue_jobs(engine, "journal.chatty", 1)
+    (tight,) = enqueue_jobs(engine, "journal.tight", 1, args={"calls": 500})
+    config = WorkerConfig(concurrency=2, poll_only=True)
+    run_until_empty(engine, journaled.registry, config)
+    make_due(engine)
+    run_until_empty(engine, journaled.registry, config)
+
+    page.goto(f"/jobs/{tight}")
+    expect(page.locator("#attempts")).to_have_text("1 of 5")  # the budget, never 1/-
+    expect(page.locator("#progress .percent")).to_have_text("100%")
+    expect(page.locator("#progress .progress-message")).to_have_text("call 500")
+    expect(page.locator("#progress time")).to_have_attribute("title", re.compile(r" UTC$"))
+    expect(page.locator("#result")).to_contain_text('"writes": 1')
+
+    page.goto(f"/jobs/{chatty}")
+    expect(page.locator("h1 .status")).to_have_text("done")
+    expect(page.locator("#last-error")).to_have_count(0)  # done: its old error is history
+    first = page.locator('table.log[data-log-attempt="1"] tbody tr')
+    expect(first).to_have_count(200)
+    expect(first.first).to_contain_text("attempt 1 starts")
+    expect(page.locator('table.log[data-log-attempt="2"] tbody tr').first).to_contain_text(
+        "attempt 2 starts"
+    )
+    expect(page.locator("#errors tr[data-attempt='1']")).to_contain_text("first attempt fails")
+    page.set_viewport_size({"width": 1280, "height": 1400})
+    page.evaluate("document.querySelector('table.log').previousElementSibling.scrollIntoView()")
+    screenshot(page, "dashboard-job-logs.png", full_page=False)
+    page.goto(f"/jobs/{tight}")
+    screenshot(page, "dashboard-job-progress.png")
+
+
+def test_the_doctor_page_shows_headlines_and_fixes_with_the_figures_folded(
+    engine: Engine, page: Any
+) -> None:
+    expect = playwright_api.expect
+    failed = enqueue_jobs(engine, "send", 2)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET status = 'failed', attempts = 1, last_error = 'boom', "
+                "finished_at = now() - interval '8 days' WHERE id = ANY(:ids)"
+            ),
+            {"ids": failed},
+        )
+    page.goto("/doctor")
+    row = page.locator('#findings tr[data-check="failed_jobs"]')
+    expect(row.locator(".fix")).to_contain_text("sqla-queue prune --status failed --older-than 7d")
+    details = page.locator("#findings details.finding-details").first
+    expect(details.locator("pre")).not_to_be_visible()  # folded until opened
+    details.locator("summary").click()
+    expect(details.locator("pre")).to_be_visible()
+    screenshot(page, "dashboard-doctor.png")

@@ -105,7 +105,7 @@ def test_on_a_big_table_the_counts_are_capped_or_estimated_and_say_so(
     assert rows["default"].counts["failed"] >= 1  # the planner's estimate: at least a row
     row = _row(client(engine).get("/").text, "mail")
     assert re.search(r'count-queued" title="counted up to 3[^"]*">.*?>3</a>\+</td>', row)
-    assert re.search(r'count-failed" title="the planner\'s estimate[^"]*">~', row)
+    assert re.search(r'count-failed" title="about this many: estimated[^"]*">~', row)
 
 
 def test_every_time_shown_says_utc(engine: Engine) -> None:
@@ -116,3 +116,25 @@ def test_every_time_shown_says_utc(engine: Engine) -> None:
     assert all(suffix == " UTC" for suffix in times)
     listing = client(engine).get("/jobs").text
     assert re.findall(r"\d\d:\d\d:\d\d UTC", listing)
+
+
+def test_a_chart_has_a_time_axis_a_scale_with_its_unit_and_each_bars_minute_on_hover(
+    engine: Engine,
+) -> None:
+    # issue 38: the bars were unlabelled, with no axis, scale or hover time
+    new_queue(engine, "mail")
+    with engine.begin() as conn:
+        conn.execute(text(ROLLUP))
+    page = client(engine).get("/").text
+    assert 'id="chart-legend"' in page
+    hour, day = re.findall(
+        r'<td class="chart-cell chart-(?:hour|day)">(.*?)</td>', _row(page, "mail"), re.S
+    )
+    assert '<text class="axis" x="0" y="42">-60 min</text>' in hour
+    assert ">now</text>" in hour
+    assert '<text class="axis scale" x="243" y="8">4/min</text>' in hour  # the tallest bar
+    assert "-24 h</text>" in day
+    assert "/10 min</text>" in day
+    titles = re.findall(r"<title>(\d\d:\d\d) UTC: (\d+) ended, (\d+) failed</title>", hour)
+    assert len(titles) == 12
+    assert max(int(ended) for _, ended, _ in titles) == 4

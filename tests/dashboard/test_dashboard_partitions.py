@@ -33,19 +33,24 @@ def test_a_fair_queue_page_shows_its_deepest_partitions_escaped(engine: Engine) 
             )
         )
 
+        partitions.set_partition_weight(conn, "tenants", "globex", 2.5)  # issue 38: shown
+
     page = client(engine).get("/queues/tenants").text
 
     assert SCRIPT not in page
     rows = re.findall(
-        r"<tr>\s*<td>(.*?)</td>\s*<td class=\"num\">(\d+)</td>\s*<td class=\"num\">(\d+)</td>",
+        r"<tr[^>]*>\s*<td>(.*?)</td>\s*<td class=\"num weight\">([\d.]+)</td>"
+        r"\s*<td class=\"num\">(\d+)</td>\s*<td class=\"num\">(\d+)</td>",
         _table(page, "partitions"),
         re.S,
     )
-    assert [(html.unescape(p), int(q), int(r)) for p, q, r in rows] == [
-        (SCRIPT, 3, 0),
-        ('<span class="muted">(no partition)</span>', 1, 0),
-        ("globex", 0, 1),
+    assert [(html.unescape(p), w, int(q), int(r)) for p, w, q, r in rows] == [
+        (SCRIPT, "1", 3, 0),
+        ('<span class="muted">(no partition)</span>', "1", 1, 0),
+        ("globex", "2.5", 0, 1),
     ]
+    weights = _table(page, "partition-weights")
+    assert re.search(r"<td>globex</td><td class=\"num\">2.5</td>", weights)
     assert "yes: claims take turns between its partitions" in page
     assert "held-sequences" not in page
     assert 'id="aged"' not in page  # the queue does not age

@@ -311,3 +311,50 @@ def test_migrate_recognises_a_schema_whose_version_table_was_lost(app: App, db: 
     app.run("sqla-queue", "--database-url", app.url, "migrate")
     assert our_revisions(db) == [migrate.head_revision()]
     assert_queue_works(db)
+
+
+# -- online, through the application's own history -------------------------------------------
+
+
+def test_upgrade_schema_runs_online_in_an_environment_with_a_transaction_per_revision(
+    app: App, db: Engine
+) -> None:
+    import threading
+
+    from helpers.races import Race
+
+    env_py = app.root / "migrations" / "env.py"
+    configure = "connection=connection, target_metadata=target_metadata"
+    env_py.write_text(
+        env_py.read_text().replace(configure, f"{configure}, transaction_per_migration=True")
+    )
+    app.run("sqla-queue", "--database-url", app.url, "migrate", "--revision", "sqlaq_0017")
+    app.run("sqla-queue", "alembic", "revision")
+    said: list[str] = []
+    with Race(db) as race:
+        held = race.hold(lambda conn: conn.execute(text("SELECT * FROM sqla_queue.workers")).all())
+        upgrading = subprocess.Popen(
+            [ALEMBIC_BIN, "upgrade", "head"],
+            cwd=app.root,
+            env=subprocess_env(None),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        retried = threading.Event()
+
+        def read() -> None:
+            assert upgrading.stderr is not None
+            for line in upgrading.stderr:
+                said.append(line)
+                if "(lock_timeout)" in line:
+                    retried.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert retried.wait(60), "".join(said)  # it waited out its lock_timeout, then retried
+        held.rollback()
+        assert upgrading.wait(120) == 0, "".join(said)
+        reader.join(10)
+    assert our_revisions(db) == [migrate.head_revision()]
+    assert any(f"pid {held.pid}" in line for line in said)
+    assert_queue_works(db)

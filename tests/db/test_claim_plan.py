@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import threading
 import time
@@ -175,3 +176,41 @@ def test_statistics_refresh_skips_a_table_another_session_holds(engine: Engine) 
     assert upkeep.run() is True
     assert upkeep.analyses == 1
     assert _reltuples(engine) >= 900
+
+
+def test_doctor_does_not_alarm_about_a_sorted_claim_on_a_tiny_table(engine: Engine) -> None:
+    # issue 38: "claim_plan warn" on an 81-row table alarmed for nothing. Jobs done and
+    # deleted, the table analyzed empty, then 81 new ones: the planner sorts them, which
+    # costs nothing at that size.
+    _insert_cold(engine, 81)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM sqla_queue.jobs"))
+        conn.execute(text("ANALYZE sqla_queue.jobs"))
+    _insert_cold(engine, 81)
+    with engine.connect() as conn:
+        ordered, _, _ = queries.claim_plan_health(conn)
+    assert not ordered
+    (finding,) = [f for f in diagnose(engine) if f.name == "claim_plan"]
+    assert finding.severity is Severity.ok, finding
+    assert "harmless at about " in finding.value
+    assert "rows (it matters past 10,000, where a worker analyzes the table)" in finding.value
+
+
+def test_doctor_builds_the_claims_text_once_per_form(engine: Engine) -> None:
+    """Doctor (and the dashboard's doctor page, on every load) EXPLAINs both forms of the
+    claim; their text is built and compiled once, then reused: the kept texts are the same
+    objects on the next call, and only the two forms are kept."""
+    from sqla_queue.doctor import DoctorOptions
+
+    # the module (the package's `claim_plan` is the function of that name)
+    plans = importlib.import_module("sqla_queue.db.queries.claim_plan")
+    plans._EXPLAIN_TEXTS.clear()
+    diagnose(engine, DoctorOptions(sample=0))
+    kept = dict(plans._EXPLAIN_TEXTS)
+    assert sorted(key[2] or () for key in kept) == [(), ("default",)]
+    diagnose(engine, DoctorOptions(sample=0))
+    assert plans._EXPLAIN_TEXTS.keys() == kept.keys()
+    assert all(plans._EXPLAIN_TEXTS[key] is texts for key, texts in kept.items())
+    # the texts name the forms: the listed form binds its queues in the EXECUTE
+    listed = next(texts for key, texts in kept.items() if key[2] == ("default",))
+    assert "ARRAY['default']::text[]" in listed[1]

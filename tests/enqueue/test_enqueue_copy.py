@@ -98,3 +98,56 @@ def test_jobs_written_by_copy_are_claimed_and_run_once(engine: Engine) -> None:
     assert sorted(seen) == list(range(N))
     assert stats.succeeded == N
     assert stored_jobs(engine) == []
+
+
+def test_plain_rows_sent_as_copy_lines_store_what_was_given(engine: Engine) -> None:
+    # Only task, args, queue and priority: the lines are written without a parameters dict.
+    with engine.begin() as conn:
+        admin.create_queue(conn, "back\\slash")
+    args = [
+        {"i": 0, "s": "tab\there, new\nline, cr\r, back\\slash", "u": "é ✓ 😀"},
+        {"i": 1, "email": "e-mail e+1", "f": 1.5e-7},
+        {"i": 2, "l": [[1, [2, [3]]], {"a": None, "b": True}]},
+        None,
+    ]
+    rows = [
+        {
+            "task": f"t\\{i % 3}",
+            "args": args[i % 4],
+            "queue": "back\\slash" if i % 2 else None,
+            "priority": i % 5 or None,
+        }
+        for i in range(N)
+    ]
+    with Session(engine) as session, session.begin():
+        ids = enqueue_many(session, rows)
+
+    by_id = {job.id: job for job in stored_jobs(engine)}
+    assert len(ids) == len(set(ids)) == N
+    for job_id, row in zip(ids, rows, strict=True):
+        job = by_id[job_id]
+        assert (job.task, job.args, job.queue, job.priority) == (
+            row["task"], row["args"] or {}, row["queue"] or "default", row["priority"] or 0,
+        )  # fmt: skip
+        assert (job.status, job.tags, job.meta, job.max_attempts) == ("queued", [], {}, None)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"priority": -1}, "priority must be between 0"),
+        ({"args": {1: "x"}}, "args must be a dict of keyword arguments with str keys"),
+        ({"args": {"x": float("nan")}}, "not JSON-serialisable"),
+        ({"task": "a\tb"}, "task name must be printable"),
+    ],
+)
+def test_a_bad_row_among_plain_rows_is_refused_as_alone_and_nothing_is_written(
+    engine: Engine, bad: dict[str, object], message: str
+) -> None:
+    rows: list[dict[str, object]] = [{"task": "t", "args": {"n": n}} for n in range(N)]
+    rows[N // 2] = {**rows[N // 2], **bad}
+    with Session(engine) as session:
+        with pytest.raises((ValueError, TypeError), match=message):
+            enqueue_many(session, rows)
+        session.rollback()
+    assert stored_jobs(engine) == []

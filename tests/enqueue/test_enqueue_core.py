@@ -66,7 +66,7 @@ def test_core_enqueue_sends_the_notify_in_the_insert_statement(
             enqueue(conn, "send", {"n": n})
     assert len(statements) == 3  # one round trip per job: no separate NOTIFY statement
     assert all("INSERT" in s and "pg_notify" in s for s in statements)
-    assert received(listener) == ["default"]  # folded by PostgreSQL: once per transaction
+    assert received(listener, expect=1) == ["default"]  # folded by PostgreSQL: once per transaction
 
 
 def test_core_enqueue_refuses_bad_input_before_sending_anything(engine: Engine) -> None:
@@ -127,7 +127,7 @@ def test_core_enqueue_many_writes_in_order_and_notifies_on_commit(
     jobs = jobs_by_id(engine)
     assert [jobs[i].args["n"] for i in ids] == list(range(count))
     assert [jobs[i].tags for i in ids] == [["t"] if n % 2 else [] for n in range(count)]
-    assert received(listener) == ["default"]
+    assert received(listener, expect=1) == ["default"]
 
 
 def test_core_enqueue_many_refuses_a_bad_row_and_writes_none(engine: Engine) -> None:
@@ -158,7 +158,7 @@ def test_session_enqueue_sends_the_insert_and_notify_as_one_statement(
     assert len(jobs_seen) == 2
     assert "pg_notify" in jobs_seen[0]
     assert sum("pg_notify" in s for s in statements) == 1  # the added Job: already notified
-    assert received(listener) == ["default"]
+    assert received(listener, expect=1) == ["default"]
     with Session(engine) as session:
         stored_job = session.get(Job, job_id)
         assert stored_job is not None

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from helpers.support import count_jobs
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -69,3 +69,25 @@ def test_a_delay_that_is_not_a_finite_duration_is_refused(engine: Engine, delay:
     with Session(engine) as session, pytest.raises(InvalidJobError) as refused:
         enqueue(session, "t", delay=delay)
     assert "delay must be a number of seconds from 0 to 3155760000 s" in str(refused.value)
+
+
+def test_an_enqueued_job_is_persistent_after_its_flush_and_transient_after_rollback(
+    engine: Engine,
+) -> None:
+    # As a job the unit of work inserts: its pending_to_persistent event, its server-set
+    # columns loaded on first use, and gone from the session with the rolled-back row.
+    became: list[object] = []
+
+    def note(session: Session, instance: object) -> None:
+        became.append(instance)
+
+    with Session(engine) as session:
+        event.listen(session, "pending_to_persistent", note)
+        job = enqueue(session, "t.persisted", {"n": 1}, flush=True)
+        assert inspect(job).persistent
+        assert became == [job]
+        assert (job.status, job.attempts, job.tags, job.meta) == ("queued", 0, [], {})
+        session.rollback()
+        assert inspect(job).transient
+        assert job not in session
+    assert count_jobs(engine) == 0

@@ -14,9 +14,19 @@ from helpers.support import jobs_by_id, nested
 from sqlalchemy import Engine, create_engine, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from sqla_queue import ConfigurationError, InvalidJobError, Job, Queue, enqueue, limits
+from sqla_queue import (
+    ConfigurationError,
+    InvalidJobError,
+    Job,
+    Queue,
+    Registry,
+    enqueue,
+    enqueue_many,
+    limits,
+)
 from sqla_queue.db import migrate
 from sqla_queue.db.models import MAX_INT_DIGITS, validate_job
+from sqla_queue.job import validation
 
 # -- args of [], "", 0 ----------------------------------------------------------------------
 
@@ -191,6 +201,26 @@ def test_upgrade_over_a_row_that_breaks_a_check_fails_naming_it(empty_database_u
 # -- the URL's port, doctor's view of other sessions -------------------------------------------
 
 
+def test_args_over_the_limit_as_text_are_refused_however_small_they_are_stored(
+    engine: Engine,
+) -> None:
+    """sqlaq_0026 writes args out as text only when they are stored in more than 256 bytes:
+    args that compress well, or whose text is six times their binary form (control
+    characters, written `\\u0001`), are still refused; small ones are taken."""
+    refused = [
+        {"b": "x" * 1_000_000},  # compressed to a few kB
+        {"b": "\u0001" * 170_000},  # 170 kB stored, 1,020,000 bytes as text
+    ]
+    for args in refused:
+        with engine.connect() as conn, pytest.raises(InvalidJobError) as raised:
+            conn.execute(insert(Job).values(task="t", args=args))
+        assert "CHECK constraint ck_jobs_args_size" in str(raised.value)
+    with engine.begin() as conn:
+        conn.execute(insert(Job).values(task="t", args={"b": "\u0001" * 40}))
+        conn.execute(insert(Job).values(task="t", args={"b": "x" * 999_980}))
+    assert len(jobs_by_id(engine)) == 2
+
+
 def test_the_args_size_is_checked_where_args_are_written_not_on_every_update(
     engine: Engine,
 ) -> None:
@@ -212,3 +242,90 @@ def test_the_args_size_is_checked_where_args_are_written_not_on_every_update(
     assert "CHECK constraint ck_jobs_args_size" in str(raised.value)
     with engine.connect() as conn:
         assert conn.scalar(select(Job.attempts).where(Job.id == job_id)) == 1
+
+
+# -- each job checked once, whatever the path (issue 39) --------------------------------------
+
+
+def _count_name_checks(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Record each task or queue name `validate_job` checks (twice a job: task, queue)."""
+    checked: list[object] = []
+    real = validation.validate_name
+
+    def counting(label: str, value: object, error: Any = validation.configuration_error) -> str:
+        if label in ("task name", "queue name"):
+            checked.append(value)
+        return real(label, value, error)
+
+    monkeypatch.setattr(validation, "validate_name", counting)
+    return checked
+
+
+def test_each_enqueue_path_checks_a_job_once(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`enqueue`, `Task.enqueue`, `Task.defer`, a unique `enqueue` and `enqueue_many` check a
+    job's fields once: at the call, not again in `Job(...)` nor at the flush."""
+    registry = Registry()
+
+    @registry.task(name="shop.receipt")
+    def receipt(n: int) -> None:
+        """A task of one typed parameter."""
+
+    checked = _count_name_checks(monkeypatch)
+    calls: dict[str, Any] = {
+        "enqueue": lambda s: enqueue(s, "shop.receipt", {"n": 1}),
+        "Task.enqueue": lambda s: receipt.enqueue(s, {"n": 2}),
+        "Task.defer": lambda s: receipt.defer(s, n=3),
+        "delayed, tagged": lambda s: enqueue(s, "shop.receipt", {"n": 4}, delay=60, tags=["a"]),
+        "unique": lambda s: enqueue(s, "shop.receipt", {"n": 5}, unique=True),
+        "enqueue_many": lambda s: enqueue_many(s, [{"task": "shop.receipt", "args": {"n": 6}}]),
+    }
+    for name, call in calls.items():
+        del checked[:]
+        with Session(engine) as session, session.begin():
+            call(session)
+            session.flush()
+        assert checked == ["shop.receipt", "default"], name
+    stored = {job.args["n"]: job for job in jobs_by_id(engine).values()}
+    assert sorted(stored) == [1, 2, 3, 4, 5, 6]
+    assert stored[4].tags == ["a"]
+    assert stored[4].run_at > stored[4].created_at
+
+
+def test_a_job_changed_before_its_flush_is_checked_again(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `enqueue` checked is written as checked; a field set since, or args, tags or
+    meta changed in place, are checked again at the flush (and a bad one refused there)."""
+    checked = _count_name_checks(monkeypatch)
+    with Session(engine) as session, session.begin():
+        same = enqueue(session, "t", {"n": 1}, meta={"trace": "x"})
+        moved = enqueue(session, "t", {"n": 2})
+        moved.priority = 7
+        grown = enqueue(session, "t", {"n": 3})
+        grown.args["more"] = [1, 2]
+        tagged = enqueue(session, "t", {"n": 4}, tags=["a"])
+        tagged.tags.append("b")
+        traced = enqueue(session, "t", {"n": 5})
+        traced.meta["trace"] = "y"
+        untraced = enqueue(session, "t", {"n": 6}, meta={"trace": "z"})
+        untraced.meta.clear()
+        emptied = enqueue(session, "t", {"n": 7})
+        emptied.args.clear()
+        assert len(checked) == 14  # at the calls
+        session.flush()
+        assert checked[14:] == ["t", "default"] * 6
+        ids = [same.id, moved.id, grown.id, tagged.id, traced.id, untraced.id, emptied.id]
+    stored = jobs_by_id(engine)
+    assert stored[ids[0]].meta == {"trace": "x"}
+    assert stored[ids[1]].priority == 7
+    assert stored[ids[2]].args == {"n": 3, "more": [1, 2]}
+    assert stored[ids[3]].tags == ["a", "b"]
+    assert stored[ids[4]].meta == {"trace": "y"}
+    assert (stored[ids[5]].meta, stored[ids[6]].args) == ({}, {})
+    with Session(engine) as session:
+        job = enqueue(session, "t", {"n": 6})
+        job.args["bad"] = {1, 2}
+        with pytest.raises(TypeError, match="not JSON-serialisable"):
+            session.flush()

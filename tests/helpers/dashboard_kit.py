@@ -20,6 +20,19 @@ def client(engine: Engine, **options: Any) -> TestClient:
     return TestClient(create_app(engine, **options))
 
 
+API_ADMIN = {"Authorization": "Bearer meets"}
+"""The bearer header of `api_action`'s admin token."""
+
+
+def api_action(engine: Engine, action: str, **body: Any) -> dict[str, Any]:
+    """`POST /api/jobs/{action}` with an admin token; the answer's JSON (200 asserted)."""
+    answer = client(engine, api_tokens="meets:admin").post(
+        f"/api/jobs/{action}", json=body, headers=API_ADMIN
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()  # type: ignore[no-any-return]
+
+
 def csrf_of(page: str) -> str:
     found = re.search(r'name="csrf_token" value="([^"]+)"', page)
     assert found, "the page has no CSRF field"

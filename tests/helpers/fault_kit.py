@@ -124,8 +124,9 @@ class WorkerProcess:
                 raise
         return self.proc.returncode
 
-    def wait_started(self, timeout: float = 30) -> None:
-        """Until its latest start has logged 'started' (signal handlers are in place)."""
+    def wait_started(self, timeout: float = 60) -> None:
+        """Until its latest start has logged 'started' (signal handlers are in place); a start
+        takes tens of seconds on a loaded machine, and the deadline only matters on failure."""
         wait_until(
             lambda: " started: " in self.log().rpartition("--- (re)start ---")[2],
             timeout,
@@ -168,7 +169,10 @@ class FaultDatabase:
         return None if row is None else row[0]
 
     def status_counts(self) -> dict[str, int]:
-        return dict(self.rows("SELECT status, count(*) FROM sqla_queue.jobs GROUP BY status"))
+        """Jobs by status, live or finished (the jobs table and the history)."""
+        found = self.value("SELECT to_regclass('sqla_queue.all_jobs') IS NOT NULL")
+        every_job = "sqla_queue.all_jobs" if found else "sqla_queue.jobs"  # an older schema
+        return dict(self.rows(f"SELECT status, count(*) FROM {every_job} GROUP BY status"))
 
     def unfinished(self) -> int:
         return int(

@@ -92,10 +92,12 @@ class Race:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # End the waiting sessions first: rolled back before them, a holder would let a
+        # waiter go on to its COMMIT while the block ends (a transaction seen still open).
+        self._terminate_others(spare={held.pid for held in self._held if held.open})
         for held in self._held:
             if held.open:
                 held.rollback()
-        self._terminate_others()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def hold(self, step: Callable[[Connection], T]) -> Held[T]:
@@ -150,16 +152,28 @@ class Race:
             ).all()
         return [f"{r[0]} {r[1]}/{r[2]} behind {r[3]}: {r[4][:200]}" for r in rows]
 
-    def _terminate_others(self) -> None:
+    def _terminate_others(self, spare: set[int]) -> None:
+        """Terminate every busy session of the database but `spare`, and wait until each has
+        gone (a deadline of `DEADLINE`), so none is left mid-statement when the block ends."""
         with self.engine.connect() as conn:
-            conn.execute(
-                text(
-                    "select pg_terminate_backend(pid) from pg_stat_activity"
-                    " where datname = current_database() and pid <> pg_backend_pid()"
-                    " and state <> 'idle'"
-                )
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            ended = list(
+                conn.execute(
+                    text(
+                        "select pid from pg_stat_activity"
+                        " where datname = current_database() and pid <> pg_backend_pid()"
+                        " and state <> 'idle' and not (pid = any(:spare))"
+                    ),
+                    {"spare": sorted(spare)},
+                ).scalars()
             )
-            conn.commit()
+            for pid in ended:  # one by one: a WHERE may call a function before its filters
+                conn.execute(text("select pg_terminate_backend(:pid)"), {"pid": pid})
+            end = time.monotonic() + DEADLINE
+            alive = text("select count(*) from pg_stat_activity where pid = any(:pids)")
+            while conn.execute(alive, {"pids": ended}).scalar_one():
+                assert time.monotonic() < end, f"sessions {ended} outlived their termination"
+                time.sleep(POLL)
 
 
 def open_transactions(engine: Engine) -> list[str]:

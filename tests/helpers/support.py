@@ -21,7 +21,8 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import Dependency, Job, Registry, admin, enqueue, enqueue_many
+import sqla_queue
+from sqla_queue import Dependency, Job, JobContext, Registry, admin, enqueue, enqueue_many
 from sqla_queue.admin import partitions
 from sqla_queue.cli import main
 from sqla_queue.db import queries
@@ -37,7 +38,8 @@ SQLA_QUEUE_BIN = str(Path(sys.executable).with_name("sqla-queue"))
 TASK_LOG_DDL = text(
     "CREATE UNLOGGED TABLE public.task_log ("
     " job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL,"
-    " thread text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    " thread text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+    " claimed_at timestamptz)"
 )
 _INSERT_LOG = text(
     "INSERT INTO public.task_log (job_id, attempt, pid, thread) VALUES (:j, :a, :p, :t)"
@@ -54,14 +56,16 @@ def create_task_log(engine: Engine) -> None:
 
 
 _INSERT_LOG_AT = text(
-    "INSERT INTO public.task_log (job_id, attempt, pid, thread, at) "
-    "VALUES (:j, :a, :p, :t, to_timestamp(:at))"
+    "INSERT INTO public.task_log (job_id, attempt, pid, thread, at, claimed_at) "
+    "SELECT :j, :a, :p, :t, to_timestamp(:at),"
+    " (SELECT locked_at FROM sqla_queue.jobs WHERE id = :j AND attempts = :a)"
 )
 
 
 def record_attempt(url: str, job_id: int, attempt: int, at: float | None = None) -> None:
     """Insert (job id, attempt, pid, thread) into `task_log`, on a pooled engine per URL;
-    `at` (epoch seconds, e.g. the handler's own start) instead of the insert's clock."""
+    `at` (epoch seconds, e.g. the handler's own start) instead of the insert's clock, and
+    then also the time the claim took the job (its `locked_at`, the claim's own clock)."""
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
@@ -126,17 +130,37 @@ def enqueue_jobs(engine: Engine, task: str, count: int, **fields: Any) -> list[i
         return enqueue_many(session, [{"task": task, **fields} for _ in range(count)])
 
 
-def jobs_by_id(engine: Engine, ids: Sequence[int] | None = None) -> dict[int, Job]:
-    """Job rows, detached, by id (all of them when `ids` is None)."""
-    with Session(engine, expire_on_commit=False) as session:
-        query = select(Job)
-        if ids is not None:
-            query = query.where(Job.id.in_(list(ids)))
-        return {job.id: job for job in session.scalars(query)}
+def enqueue_numbered(engine: Engine, task: str, count: int, queue: str = "default") -> None:
+    """Commit `count` jobs of `task` into `queue`, numbered by their `n` arg (0, 1, ...)."""
+    with Session(engine) as session, session.begin():
+        rows = [{"task": task, "args": {"n": n}, "queue": queue} for n in range(count)]
+        enqueue_many(session, rows)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    """Poll `condition` until it returns something truthy; fail the test after `timeout` s."""
+def every_job(conn: Connection) -> str:
+    """The relation of every job, live or finished: `sqla_queue.all_jobs` (the jobs table and
+    the history), or `sqla_queue.jobs` on a schema older than sqlaq_0030_history (an
+    upgrade test's), where every job is in it."""
+    found = conn.scalar(text("SELECT to_regclass('sqla_queue.all_jobs') IS NOT NULL"))
+    return "sqla_queue.all_jobs" if found else "sqla_queue.jobs"
+
+
+def jobs_by_id(engine: Engine, ids: Sequence[int] | None = None) -> dict[int, Any]:
+    """The jobs, live or finished (`every_job`: the jobs table and the history), as rows
+    with the jobs table's columns, by id (all of them when `ids` is None)."""
+    with engine.connect() as conn:
+        query = f"SELECT * FROM {every_job(conn)}"
+        if ids is None:
+            rows = conn.execute(text(query))
+        else:
+            rows = conn.execute(text(f"{query} WHERE id = ANY(:ids)"), {"ids": list(ids)})
+        return {row.id: row for row in rows}
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05) -> Any:
+    """Poll `condition` until it returns something truthy; fail the test after `timeout` s.
+    A deadline only matters when the test fails, so it is generous: a loaded machine (CI runs
+    4 xdist workers on 2 cores) may take many seconds for what a quiet one does at once."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -145,6 +169,16 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {timeout}s: {condition}")
         time.sleep(interval)
+
+
+def until_told(ctx: JobContext, at_most: float = 60.0) -> bool:
+    """Hold a handler until the worker tells its context it timed out or was cancelled (the
+    worker's own decision, however late a loaded producer makes it), `at_most` seconds;
+    whether it was told. For a handler that must overrun: a fixed sleep may end first."""
+    deadline = time.monotonic() + at_most
+    while not ctx.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return ctx.cancelled
 
 
 def database_clock(engine: Engine) -> dt.datetime:
@@ -184,7 +218,16 @@ class Bounds(tuple[float, float]):
 
 
 def count_where(engine: Engine, condition: str) -> int:
-    """`SELECT count(*) FROM sqla_queue.jobs WHERE <condition>` (test-only literal SQL)."""
+    """How many jobs, live or finished (`every_job`: the jobs table and the history), match
+    `<condition>` (test-only literal SQL)."""
+    with engine.connect() as conn:
+        sql = f"SELECT count(*) FROM {every_job(conn)} WHERE {condition}"
+        return int(conn.scalar(text(sql)))
+
+
+def count_hot_where(engine: Engine, condition: str) -> int:
+    """`SELECT count(*) FROM sqla_queue.jobs WHERE <condition>`: the hot table only, which
+    holds the jobs still to run (and the finished ones no queue keeps in the history)."""
     with engine.connect() as conn:
         return int(conn.scalar(text(f"SELECT count(*) FROM sqla_queue.jobs WHERE {condition}")))
 
@@ -266,7 +309,7 @@ class WorkerThread:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def stop(self, timeout: float = 20.0) -> WorkerStats:
+    def stop(self, timeout: float = 60.0) -> WorkerStats:
         """Stop the worker the way another thread of the application would."""
         self.worker.stop()
         self.thread.join(timeout)
@@ -275,6 +318,25 @@ class WorkerThread:
             raise self.error
         assert self.stats is not None
         return self.stats
+
+
+class AtOnce:
+    """The most handlers that ran at once: `with at_once:` around a handler's work."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+
+    def __enter__(self) -> AtOnce:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.running -= 1
 
 
 def make_queue(engine: Engine, name: str = "tenants", **settings: Any) -> None:
@@ -359,10 +421,12 @@ def order_count(engine: Engine) -> int:
         return int(conn.scalar(text("SELECT count(*) FROM public.orders")) or 0)
 
 
-def jobs_of_task(engine: Engine, task: str = "sync") -> list[Job]:
-    """The jobs of `task`, detached, oldest first."""
-    with Session(engine, expire_on_commit=False) as session:
-        return list(session.scalars(select(Job).where(Job.task == task).order_by(Job.id)))
+def jobs_of_task(engine: Engine, task: str = "sync") -> list[Any]:
+    """The jobs of `task`, live or finished (`every_job`: a kept job is in the history), as
+    rows with the jobs table's columns, oldest first."""
+    with engine.connect() as conn:
+        query = f"SELECT * FROM {every_job(conn)} WHERE task = :task ORDER BY id"
+        return list(conn.execute(text(query), {"task": task}))
 
 
 def really_failed(engine: Engine) -> tuple[int, int, int]:
@@ -387,6 +451,19 @@ def really_failed(engine: Engine) -> tuple[int, int, int]:
     return key_error, smtp, reason
 
 
+def keep_jobs(engine: Engine, queue: str = "default") -> None:
+    """Keep `queue`'s finished jobs (retention keep), creating it if it is not there."""
+    with engine.begin() as conn:
+        if not admin.create_queue(conn, queue, retention="keep"):
+            admin.set_retention(conn, queue, "keep")
+
+
+def signal_now(engine: Engine, key: str, payload: Any = None, **kwargs: Any) -> int:
+    """`sqla_queue.signal` in a transaction of its own; the jobs it woke."""
+    with Session(engine) as session, session.begin():
+        return sqla_queue.signal(session, key, payload, **kwargs)
+
+
 def make_due(engine: Engine) -> None:
     """Pretend the retry delay has passed: every queued job is due now."""
     with engine.begin() as conn:
@@ -394,13 +471,21 @@ def make_due(engine: Engine) -> None:
 
 
 def received(
-    conn: psycopg.Connection[Any], wait: float = 0.3, first_within: float | None = None
+    conn: psycopg.Connection[Any],
+    wait: float = 0.3,
+    first_within: float | None = None,
+    expect: int = 0,
 ) -> list[str]:
     """Payloads of the notifications that arrive within `wait` seconds (after the first, when
-    `first_within` bounds the wait for that one: a deadline, never a duration asserted)."""
+    `first_within` bounds the wait for that one; after the first `expect`, waited for with a
+    60 s deadline: deadlines, never a duration asserted, so a loaded server's late delivery
+    is not a missing notification)."""
     got: list[str] = []
     if first_within is not None:
         got += [n.payload for n in conn.notifies(timeout=first_within, stop_after=1)]
+    deadline = time.monotonic() + 60
+    while len(got) < expect and (left := deadline - time.monotonic()) > 0:
+        got += [n.payload for n in conn.notifies(timeout=left, stop_after=expect - len(got))]
     return got + [n.payload for n in conn.notifies(timeout=wait)]
 
 
@@ -444,7 +529,7 @@ def seq_jobs(
         return [h.id for h in handles]
 
 
-def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, dict[str, Any]]:
+def http_get(port: int, path: str, timeout: float = 30) -> tuple[int, dict[str, Any]]:
     """GET http://127.0.0.1:PORT/PATH: its status and JSON body."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
@@ -458,3 +543,25 @@ def answers_with(port: int, path: str, status: int) -> bool:
         return http_get(port, path)[0] == status
     except OSError:
         return False
+
+
+def end_sleeps(engine: Engine) -> None:
+    """Time passes for durable sleeps (`ctx.sleep`): every recorded sleep's end is past,
+    and a keeper's look has queued the parked sleepers (due now)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.job_steps SET result = jsonb_build_object('until', "
+                "now() - interval '1 second') WHERE kind = 'sleep'"
+            )
+        )
+        conn.execute(
+            text(
+                "UPDATE sqla_queue.jobs SET run_at = now() - interval '1 second' "
+                "WHERE status = 'waiting' AND signal_key IS NULL AND deps_left IS NULL"
+            )
+        )
+        # imported here: the old-code test loads this module with an older release
+        from sqla_queue.db.queries import steps as step_queries
+
+        conn.execute(step_queries.wake_sleeping_jobs(), {"ahead": 0.0})

@@ -191,7 +191,7 @@ def test_a_duplicate_of_an_open_transactions_job_waits_for_it_then_knows(engine:
         thread.start()
         time.sleep(0.5)
         assert outcome == {}  # waiting on the first transaction, not guessing
-    thread.join(10)
+    thread.join(60)
     assert outcome == {"duplicate": True, "id": job_id}
 
 
@@ -210,7 +210,7 @@ def test_a_rolled_back_holder_lets_the_waiting_duplicate_be_written(engine: Engi
     time.sleep(0.3)
     first.rollback()
     first.close()
-    thread.join(10)
+    thread.join(60)
     assert outcome == {"duplicate": False}
     assert count_jobs(engine) == 1
 
@@ -465,7 +465,7 @@ def test_retry_racing_another_retry_of_the_same_key_reports_instead_of_failing(
         thread, result = retry_aside(engine, [second])
         assert thread.is_alive()  # waits on the unique index entry the first one wrote
         one.commit()
-    thread.join(10)
+    thread.join(60)
     (outcome,) = result
     assert isinstance(outcome, admin.RetriedJobs), outcome
     assert (outcome, outcome.skipped[second].held_by) == ({}, first)
@@ -480,7 +480,7 @@ def test_retry_racing_an_enqueue_of_the_same_key_reports_the_new_holder(engine: 
         thread, result = retry_aside(engine, [failed])
         assert thread.is_alive()  # waits on the uncommitted job's index entry
         session.commit()
-    thread.join(10)
+    thread.join(60)
     (outcome,) = result
     assert isinstance(outcome, admin.RetriedJobs), outcome
     assert outcome.skipped[failed].held_by == live

@@ -7,8 +7,14 @@
   another of its sequence runs or an earlier one holds it, a partition's limit exceeded:
   those two read the database at the start);
 - `build_registry`: the tasks of the model, all one handler that behaves as its job's
-  args say (`b`: ok, fail, nul, odd, snooze, slow, surrogate, nan, session);
-- `observe`: every job row (jobs and the archive) as a plain `Row`;
+  args say (`b`: ok, fail, nul, odd, snooze, slow, surrogate, nan, session, steps, sleep,
+  wait: for signal `signal_key(n)`, its payload or its timeout recorded; journey: an outside
+  step, a database-only step, a sleep and a wait, in one of three orders, `JOURNEYS`); and the row
+  tasks (`ROW_TASKS`), whose handler takes an ORM row (`ModelOrder`) besides, records the
+  row it was given (`Recorder.row_seen`) and behaves as `b` says (ok, fail, or touch: change
+  the row in `ctx.session()` and commit it with the job's end);
+- `observe`: every job row (jobs, the history and the archive of older releases) as a plain
+  `Row`;
 - `shift_clock`: the test's clock. Time passes by moving every timestamp of the test
   database back by so many seconds (run_at, finished_at, leases, worker registrations,
   rate windows): to the queue, whose every decision compares a timestamp with the
@@ -17,8 +23,14 @@
 - `kill_claim`: what a worker killed with SIGKILL leaves behind, in process: the worker's
   own claim statement under a worker id of its own (registered, like a real worker, with
   the worker's registration statement), optionally the heartbeat that reports the handler
-  started, then the connection goes away without finishing anything;
-- `reaper_round`: one round of the reaper, the statement every worker's keeper runs.
+  started, then the connection goes away without finishing anything; `run_steps` and
+  `run_journey`: what a `steps` or `journey` handler of such a worker did before it died
+  between two of its steps, sleeps and waits (its first stages, recorded through the
+  worker's own step journal and signal waits);
+- `reaper_round`: one round of the reaper, the statement every worker's keeper runs;
+- `keeper_wake`: the keeper's wake of parked jobs (signal waits, sleeps);
+- `check` and `replay`: a fixed scenario's steps run as the state machine runs its rules,
+  every invariant checked after each (the regression and durable scenario tests).
 """
 
 from __future__ import annotations
@@ -31,15 +43,20 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from sqlalchemy import Connection, Engine, func, select, text, update
+from sqlalchemy import Connection, Engine, Select, Table, func, select, text, update
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sqla_queue import JobContext, Registry, RetryPolicy, Snooze
+from sqla_queue import JobContext, Registry, RetryPolicy, SignalTimeout, Snooze
 from sqla_queue.db import queries
-from sqla_queue.db.queries.common import archive, jobs, queue_starts, workers
+from sqla_queue.db.queries import signals as signal_queries
+from sqla_queue.db.queries import steps as step_queries
+from sqla_queue.db.queries.common import archive, history, jobs, queue_starts, workers
+from sqla_queue.db.queries.steps import job_steps
 
 TASK_MAX_ATTEMPTS = 2
 """The model's tasks' own max_attempts: small, so jobs run out of attempts in a few steps."""
@@ -62,11 +79,41 @@ TASKS = {
 """The model's tasks by name and their options (one handler for all of them)."""
 
 BEHAVIOURS = {
-    "plain": ("ok", "fail", "nul", "odd", "snooze"),
-    "kept": ("ok", "fail", "snooze", "surrogate", "nan", "session"),
+    "plain": ("ok", "fail", "nul", "odd", "snooze", "steps", "sleep", "wait", "journey"),
+    "kept": ("ok", "fail", "snooze", "surrogate", "nan", "session", "steps"),
     "timed": ("ok", "fail", "slow"),
 }
 """What a job of each task may be asked to do (its `b` argument)."""
+
+ROW_TASKS = {
+    "row": {"max_attempts": TASK_MAX_ATTEMPTS, "missing": "cancel", "changed": "run"},
+    "row_skip": {"max_attempts": TASK_MAX_ATTEMPTS, "missing": "none", "changed": "skip"},
+}
+"""The model's tasks taking an ORM row (`order: ModelOrder`; `row_skip`'s may be None), with
+their row policy (`sqla_queue.orm.row_args`): a row gone cancels a `row` job and runs a
+`row_skip` one with None; a row changed since enqueue runs a `row` job with the row as it
+is and cancels a `row_skip` one."""
+ROW_BEHAVIOURS = ("ok", "fail", "touch")
+ROW_TABLE = "model_orders"
+
+
+class ModelRowBase(DeclarativeBase):
+    pass
+
+
+class ModelOrder(ModelRowBase):
+    """The rows the row tasks take: a `version_id_col`, so each change is seen."""
+
+    __tablename__ = ROW_TABLE
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str] = mapped_column(default="new")
+    version: Mapped[int] = mapped_column(default=1)
+    __mapper_args__ = {"version_id_col": version}
+
+
+if TYPE_CHECKING:
+    from system.test_model import QueueMachine
 
 
 class OddError(BaseException):
@@ -122,7 +169,33 @@ class Recorder:
     overtaken: frozenset[int] = frozenset()
     """Jobs retried while a later job of their sequence ran: that one may still run as they
     start (a known defect the model excuses, "overtaking retry" in tests/system/test_model.py)."""
+    outside: list[tuple[int, int]] = field(default_factory=list)
+    """(job, attempt) of every run of a `steps` job's outside step: its effect, counted."""
+    step_seen: dict[int, list[Any]] = field(default_factory=dict)
+    """What each run of a `steps` job got back from its outside step, in run order."""
+    signal_seen: dict[int, list[Any]] = field(default_factory=dict)
+    """What each run of a `wait` job got from its wait: a payload, or "timed out"."""
+    row_seen: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)
+    """Per (job, attempt) of a row task's run: the (id, version) of the row its handler was
+    given, or None."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def outside_step(self, job_id: int, attempt: int) -> dict[str, int]:
+        """A durable step's outside effect: counted in the ledger, its result the attempt.
+        A violation if the step is recorded done already: a recorded step never runs again
+        (in the model no worker dies between a step's function and its record)."""
+        recorded = None
+        if self.engine is not None:
+            with self.engine.connect() as conn:
+                recorded = conn.execute(RECORDED_OUTSIDE, {"j": job_id}).scalar()
+        with self.lock:
+            self.outside.append((job_id, attempt))
+            if recorded is not None:
+                self.violations.append(
+                    f"job {job_id}'s step 'outside', recorded done by attempt {recorded}, ran "
+                    f"again as attempt {attempt}"
+                )
+        return {"attempt": attempt}
 
     def start(self, ctx: JobContext, task: str, behaviour: str) -> Run:
         found = self._turn_violations(ctx.job_id, ctx.queue)
@@ -257,7 +330,7 @@ def build_registry(recorder: Recorder) -> Registry:
             run = recorder.start(ctx, task, b)
             raised: BaseException | None = None
             try:
-                return _behave(ctx, b, n)
+                return _behave(ctx, b, n, recorder)
             except BaseException as exc:
                 raised = exc
                 raise
@@ -267,12 +340,39 @@ def build_registry(recorder: Recorder) -> Registry:
         behave.__name__ = behave.__qualname__ = task
         return behave
 
+    def make_row(task: str) -> Any:
+        def behave(ctx: JobContext, order: ModelOrder | None, b: str, n: int) -> Any:
+            run = recorder.start(ctx, task, b)
+            raised: BaseException | None = None
+            with recorder.lock:
+                seen = None if order is None else (order.id, order.version)
+                recorder.row_seen[(ctx.job_id, ctx.attempt)] = seen
+            try:
+                if b == "touch" and order is not None:  # the row and the job's end, at once
+                    with ctx.session() as session:
+                        order.status = f"touched by job {ctx.job_id}"
+                        session.commit()
+                    return None
+                return _behave(ctx, b, n, recorder)
+            except BaseException as exc:
+                raised = exc
+                raise
+            finally:
+                recorder.end(run, raised)
+
+        behave.__name__ = behave.__qualname__ = task
+        kind = ModelOrder if ROW_TASKS[task]["missing"] == "cancel" else ModelOrder | None
+        behave.__annotations__ = {"order": kind, "b": str, "n": int}
+        return behave
+
     for task, options in TASKS.items():
         registry.task(name=task, pass_context=True, retry=RETRY, **options)(make(task))
+    for task, row_options in ROW_TASKS.items():
+        registry.task(name=task, pass_context=True, retry=RETRY, **row_options)(make_row(task))
     return registry
 
 
-def _behave(ctx: JobContext, b: str, n: int) -> Any:
+def _behave(ctx: JobContext, b: str, n: int, recorder: Recorder) -> Any:
     if b == "fail":
         raise RuntimeError(f"job {n} failed as asked")
     if b == "nul":
@@ -292,7 +392,96 @@ def _behave(ctx: JobContext, b: str, n: int) -> Any:
         with ctx.session() as session:
             session.commit()
         return {"n": n}
+    if b == "steps":
+        run_steps(ctx, recorder)
+        return {"n": n}
+    if b == "sleep":  # asleep for SNOOZE_SECONDS, then done once that much time has passed
+        ctx.sleep(timedelta(seconds=SNOOZE_SECONDS))
+        return {"n": n}
+    if b == "wait":  # parked until signal_key(n) comes or SNOOZE_SECONDS pass
+        wait_stage(ctx, recorder, n)
+        return {"n": n}
+    if b == "journey":
+        run_journey(ctx, recorder, n)
+        return {"n": n}
     return {"n": n}
+
+
+def wait_stage(ctx: JobContext, recorder: Recorder, n: int) -> None:
+    """Wait for signal `signal_key(n)` (parked until it comes or `SNOOZE_SECONDS` pass) and
+    record the answer: its payload, or "timed out"."""
+    try:
+        got = ctx.wait_for_signal(signal_key(n), timedelta(seconds=SNOOZE_SECONDS))
+    except SignalTimeout:
+        got = "timed out"
+    with recorder.lock:
+        recorder.signal_seen.setdefault(ctx.job_id, []).append(got)
+
+
+JOURNEYS = (
+    ("outside", "sleep", "db", "wait"),
+    ("wait", "outside", "sleep", "db"),
+    ("sleep", "wait", "db", "outside"),
+)
+"""The stages of a `journey` job of number n, `JOURNEYS[n % 3]`: its outside step, its
+database-only step, a durable sleep (`NAP`) and a wait for its signal, in three orders that
+put each kind of stage next to each other kind, so a worker killed between two stages
+(`kill_between_steps`) falls between any two of them."""
+NAP = "nap"
+"""The name of a journey's sleep."""
+
+
+def run_journey(ctx: JobContext, recorder: Recorder, n: int, upto: int = 4) -> None:
+    """A `journey` job's first `upto` stages (`JOURNEYS`): the handler runs all four; a
+    worker killed between two of them ran the first `upto` (a sleep not yet over or a wait
+    that parked ends the run there, as in the handler)."""
+    for stage in JOURNEYS[n % len(JOURNEYS)][:upto]:
+        if stage == "outside":
+            got = ctx.step("outside", recorder.outside_step, ctx.job_id, ctx.attempt)
+            with recorder.lock:
+                recorder.step_seen.setdefault(ctx.job_id, []).append(got)
+        elif stage == "db":
+            ctx.step("db", write_step_row, ctx.job_id, ctx.attempt, session=True)
+        elif stage == "sleep":
+            ctx.sleep(timedelta(seconds=SNOOZE_SECONDS), name=NAP)
+        else:
+            wait_stage(ctx, recorder, n)
+
+
+STEPS = ("outside", "db")
+"""A `steps` job's steps, in order."""
+RECORDED_OUTSIDE = text(
+    "SELECT attempt FROM sqla_queue.job_steps WHERE job_id = :j AND name = 'outside' "
+    "AND status = 'done'"
+)
+
+
+def run_steps(ctx: JobContext, recorder: Recorder, upto: int = len(STEPS)) -> None:
+    """A `steps` job's first `upto` steps: an outside step (at least once: its effect is
+    counted in the ledger), then a database-only step (exactly once: its row written through
+    the step's session). The handler runs both; a worker killed between two steps (the
+    model's `kill_between_steps`) ran the first `upto` of them."""
+    got = ctx.step("outside", recorder.outside_step, ctx.job_id, ctx.attempt)
+    with recorder.lock:
+        recorder.step_seen.setdefault(ctx.job_id, []).append(got)
+    if upto >= 2:
+        ctx.step("db", write_step_row, ctx.job_id, ctx.attempt, session=True)
+
+
+def signal_key(n: int) -> str:
+    """The signal a `wait` job of number `n` waits for."""
+    return f"model:{n}"
+
+
+STEP_ROWS = "public.model_step_rows"
+"""The rows `steps` jobs write through their database-only step's session."""
+
+
+def write_step_row(session: Session, job_id: int, attempt: int) -> None:
+    session.execute(
+        text(f"INSERT INTO {STEP_ROWS} (job_id, attempt) VALUES (:j, :a)"),
+        {"j": job_id, "a": attempt},
+    )
 
 
 @dataclass(frozen=True)
@@ -317,6 +506,14 @@ class Row:
     archived: bool = False
     partition: str | None = None
     sequence: str | None = None
+    parked: str | None = None
+    """While `waiting`: "signal" (parked by `ctx.wait_for_signal`), "sleep" (by
+    `ctx.sleep`), or None (waiting for the jobs it depends on)."""
+    due_in: float | None = None
+    """Seconds until `run_at` by the database clock when observed (<= 0: due)."""
+    old_archive: bool = False
+    """Archived in the unpartitioned archive of releases before sqlaq_0030 (`prune` only
+    empties it with `archive=True`), not in the history."""
 
     @property
     def held(self) -> bool:
@@ -381,7 +578,7 @@ def sequence_holders(row: Row, seen: Mapping[int, Row], skipping: set[str]) -> l
 
 
 def observe(conn: Connection) -> dict[int, Row]:
-    """Every job of the test database by id, the archived ones too."""
+    """Every job of the test database by id, those in the history (or archive) too."""
     now = func.now()
     live = select(
         jobs.c.id,
@@ -396,10 +593,13 @@ def observe(conn: Connection) -> dict[int, Row]:
         jobs.c.last_error,
         jobs.c.locked_by,
         (jobs.c.run_at <= now).label("due"),
+        func.extract("epoch", jobs.c.run_at - now).label("due_in"),
         func.extract("epoch", now - jobs.c.finished_at).label("age"),
         func.extract("epoch", jobs.c.lease_expires_at - now).label("lease_left"),
         jobs.c.partition,
         jobs.c.sequence,
+        jobs.c.signal_key,
+        jobs.c.deps_left,
     )
     found = {
         r.id: Row(
@@ -419,45 +619,68 @@ def observe(conn: Connection) -> dict[int, Row]:
             None if r.lease_left is None else float(r.lease_left),
             partition=r.partition,
             sequence=r.sequence,
+            parked=_parked(r),
+            due_in=None if r.due_in is None else float(r.due_in),
         )
         for r in conn.execute(live)
     }
-    archived = select(
-        archive.c.id,
-        archive.c.queue,
-        archive.c.task,
-        archive.c.status,
-        archive.c.attempts,
-        archive.c.max_attempts,
-        archive.c.result,
-        archive.c.last_error,
-        func.extract("epoch", now - archive.c.finished_at).label("age"),
-        archive.c.partition,
-        archive.c.sequence,
-    )
-    for r in conn.execute(archived):
-        if r.id in found:
-            raise AssertionError(f"job {r.id} is both in jobs and in the archive")
-        found[r.id] = Row(
-            r.id,
-            r.queue,
-            r.task,
-            r.status,
-            r.attempts,
-            r.max_attempts,
-            None,
-            None,
-            r.result,
-            r.last_error,
-            None,
-            False,
-            None if r.age is None else float(r.age),
-            None,
-            archived=True,
-            partition=r.partition,
-            sequence=r.sequence,
-        )
+    for table in (history, archive):  # the history, and the archive of older releases
+        for r in conn.execute(_finished_rows(table, now)):
+            if r.id in found:
+                raise AssertionError(f"job {r.id} is both in jobs and in {table.name}")
+            found[r.id] = Row(
+                r.id,
+                r.queue,
+                r.task,
+                r.status,
+                r.attempts,
+                r.max_attempts,
+                None,
+                None,
+                r.result,
+                r.last_error,
+                None,
+                False,
+                None if r.age is None else float(r.age),
+                None,
+                archived=True,
+                partition=r.partition,
+                sequence=r.sequence,
+                old_archive=table is archive,
+            )
     return found
+
+
+def _finished_rows(table: Table, now: Any) -> Select[Any]:
+    """The columns `observe` reads of a finished job moved out of `jobs`."""
+    return select(
+        table.c.id,
+        table.c.queue,
+        table.c.task,
+        table.c.status,
+        table.c.attempts,
+        table.c.max_attempts,
+        table.c.result,
+        table.c.last_error,
+        func.extract("epoch", now - table.c.finished_at).label("age"),
+        table.c.partition,
+        table.c.sequence,
+    )
+
+
+def _parked(r: Any) -> str | None:
+    if r.status != "waiting":
+        return None
+    if r.signal_key is not None:
+        return "signal"
+    return "sleep" if r.deps_left is None else None
+
+
+def keeper_wake(conn: Connection) -> None:
+    """The keeper's wake of parked jobs: those waiting for a signal past their deadline or
+    with one unread, and the sleepers whose end has come (no look-ahead)."""
+    conn.execute(signal_queries.wake_waiting_jobs())
+    conn.execute(step_queries.wake_sleeping_jobs(), {"ahead": 0.0})
 
 
 def shift_clock(conn: Connection, seconds: float) -> None:
@@ -477,10 +700,21 @@ def shift_clock(conn: Connection, seconds: float) -> None:
             ),
         ),
         (archive, ("run_at", "created_at", "finished_at", "locked_at", "heartbeat_at")),
+        (history, ("run_at", "created_at", "finished_at", "locked_at", "heartbeat_at")),
         (workers, ("started_at", "heartbeat_at", "expires_at", "loop_blocked_since")),
         (queue_starts, ("started_at",)),
+        (job_steps, ("started_at", "finished_at")),
+        (signal_queries.signals, ("created_at", "expires_at")),
+        (signal_queries.signal_waits, ("deadline", "started_at", "resolved_at")),
     ):
         conn.execute(update(table).values({name: table.c[name] - delta for name in names}))
+    conn.execute(  # a durable sleep's end, kept in its JSON result
+        text(
+            "UPDATE sqla_queue.job_steps SET result = jsonb_build_object('until', "
+            "(result->>'until')::timestamptz - make_interval(secs => :s)) WHERE kind = 'sleep'"
+        ),
+        {"s": seconds},
+    )
 
 
 def kill_claim(
@@ -634,3 +868,23 @@ def engine_for(url: str) -> Engine:
     from sqlalchemy import create_engine
 
     return create_engine(url, pool_size=4, max_overflow=8)
+
+
+def check(state: QueueMachine) -> None:
+    """Every invariant of the state machine, as it runs them after each step."""
+    state.holds()
+    state.workflows_hold()
+    state.turns_hold()
+    state.progresses()
+    state.steps_hold()
+    state.parked_jobs_hold_nothing()
+    state.signals_hold()
+    state.rows_hold()
+
+
+def replay(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) -> None:
+    """Run each (rule, arguments), then the invariants, as the state machine does."""
+    check(state)
+    for name, arguments in steps:
+        getattr(state, name)(**arguments)
+        check(state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -253,8 +254,12 @@ def test_worker_refuses_an_app_that_is_not_a_registry(
 ) -> None:
     result = run_cli(["worker", "--app", app], database_url)
     assert result.returncode == 1
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]
+    if "importing it raised" in message:  # the application's own bug: where, always
+        assert "Traceback (most recent call last)" in result.stderr
+        assert re.search(r'fault_app_broken\.py", line 7\b', result.stderr), result.stderr
+    else:
+        assert "Traceback" not in result.stderr
 
 
 def test_wrong_database_or_host_is_a_clear_error(
@@ -274,7 +279,7 @@ def test_wrong_database_or_host_is_a_clear_error(
     assert "no-such-host.invalid" in result.stderr
     # A worker treats an unreachable host as a database that is away: it says so and retries.
     worker = workers(unknown_host)
-    wait_until(lambda: "database unavailable" in worker.log(), 30, what="a retry log line")
+    wait_until(lambda: "database unavailable" in worker.log(), 60, what="a retry log line")
     assert "no-such-host.invalid" in worker.log()
     worker.signal(signal.SIGTERM)
     assert worker.proc is not None
@@ -285,7 +290,7 @@ def test_worker_on_an_unknown_queue_says_so_and_waits(
     database_url: str, workers: Callable[..., WorkerProcess]
 ) -> None:
     worker = workers(database_url, "-q", "default,emials")
-    wait_until(lambda: "no queue named 'emials'" in worker.log(), 30, what="the warning")
+    wait_until(lambda: "no queue named 'emials'" in worker.log(), 60, what="the warning")
     assert "'default'" not in worker.log().partition("no queue named")[2].splitlines()[0]
     worker.signal(signal.SIGTERM)
     assert worker.proc is not None
@@ -354,7 +359,10 @@ def typed(value: Any) -> Any:
 
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80,
+    deadline=None,  # a database test: its time is the machine's load, not a defect
+    # too_slow as in the profile (tests/conftest.py): a loaded CI box draws slowly
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(batch=st.lists(job_args, min_size=1, max_size=8))
 def test_any_json_args_round_trip_exactly_to_the_handler(

@@ -11,24 +11,30 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers.fault_kit import free_port
+from helpers.fault_kit import WorkerProcess, free_port, wait_until
+from helpers.support import answers_with
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from sqla_queue import Registry, enqueue, enqueue_many
+from sqla_queue import Registry, enqueue, enqueue_many, wait_for
+from sqla_queue.db import queries
+from sqla_queue.db.notify import listening
+from sqla_queue.enqueue import COPY_MIN_ROWS
 from sqla_queue.testing import enqueued_jobs
 from sqla_queue.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "deploy"
 SQLA_QUEUE_BIN = str(Path(sys.executable).with_name("sqla-queue"))
+COPY_ROWS = max(COPY_MIN_ROWS, 60)
 DEPLOY_FILES = [
     "sqla-queue-worker@.service",
     "Dockerfile",
@@ -136,6 +142,8 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
     """A PgBouncer of the test's own in transaction pooling, in front of the test's database."""
     binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
     if binary is None:
+        if os.environ.get("SQLA_QUEUE_REQUIRE_PGBOUNCER"):  # .ci/run installs it: never skip there
+            pytest.fail("pgbouncer is not installed, and SQLA_QUEUE_REQUIRE_PGBOUNCER is set")
         pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
     target = make_url(database_url)
     port = free_port()
@@ -171,7 +179,7 @@ def pgbouncer_url(database_url: str) -> Iterator[str]:
         yield target.set(port=port).render_as_string(hide_password=False)
     finally:
         process.terminate()
-        process.wait(timeout=20)
+        process.wait(timeout=60)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -210,3 +218,94 @@ def test_the_guides_hold_their_sections_themselves(guide: str, heading: str) -> 
     assert text.startswith(heading + "\n")
     assert "--8<--" not in text  # docs/ is the single source, not a copy of README sections
     assert len(text) > 3000  # the section itself, not a stub pointing elsewhere
+
+
+@pytest.mark.slow  # about 10 s: a worker process started, drained and stopped
+def test_cli_poll_only_worker_drains_through_pgbouncer_and_is_ready(
+    pgbouncer_url: str, tmp_path: Path
+) -> None:
+    """`sqla-queue worker --poll-only --no-prepare` pointed at the pooler (Debian's PgBouncer
+    1.18 keeps no prepared statements): its statements, its readiness check (no `options`
+    startup parameter, which PgBouncer refuses) and its registration all through
+    transaction pooling; a SIGTERM releases and deregisters through it too."""
+    engine = create_engine(pgbouncer_url, connect_args={"prepare_threshold": None})
+    port = free_port()
+    log_path = tmp_path / "worker.log"
+    try:
+        with Session(engine) as session, session.begin():
+            ids = enqueue_many(
+                session, [{"task": "ok", "args": {"n": n}} for n in range(COPY_ROWS)]
+            )
+        worker = WorkerProcess(
+            pgbouncer_url, log_path, "--poll-only", "--no-prepare", "-c", "2", "--batch", "10",
+            "--health-port", str(port), app="helpers.apps.observed:registry",
+        ).start()  # fmt: skip
+        try:
+            wait_until(lambda: answers_with(port, "/readyz", 200), 60, what="/readyz 200")
+            wait_until(
+                lambda: enqueued_jobs(engine, status=None) == [], 60, what="the queue to drain"
+            )
+            assert worker.alive(), worker.log()
+            assert worker.stop() == 0
+        finally:
+            if worker.alive():
+                worker.kill()
+        assert len(ids) == COPY_ROWS
+        assert "prepared statement" not in worker.log()
+        assert "Traceback" not in worker.log()
+    finally:
+        engine.dispose()
+
+
+def test_wait_for_through_pgbouncer_learns_the_end_by_looking_at_the_row(
+    pgbouncer_url: str, database_url: str
+) -> None:
+    """What `wait_for` does behind transaction pooling: its LISTEN is sent, but the pooler
+    hands the server connection it was sent on to other clients, so the NOTIFY of the end
+    reaches no listener of ours; the wait looks at the row every `recheck` seconds instead,
+    and returns the kept result."""
+    registry = Registry()
+
+    @registry.task(name="pgbouncer.square", keep_result=True)
+    def square(n: int) -> int:
+        return n * n
+
+    engine = create_engine(pgbouncer_url, connect_args={"prepare_threshold": None})
+    try:
+        with Session(engine) as session, session.begin():
+            job_ids = [square.enqueue(session, {"n": n}, flush=True).id for n in range(3)]
+        config = WorkerConfig(concurrency=2, poll_only=True, burst=True)
+        finished: list[int] = []
+        runner = threading.Thread(
+            target=lambda: finished.append(
+                Worker(engine, registry, config).run(install_signal_handlers=False).succeeded
+            )
+        )
+        runner.start()
+        try:
+            results = [wait_for(engine, job_id, timeout=60, recheck=0.2) for job_id in job_ids]
+        finally:
+            runner.join(60)
+        assert results == [0, 1, 4]
+        assert finished == [3]
+        # why: a LISTEN sent through the pooler stays on a server connection the client has
+        # left, and a NOTIFY sent through it reaches that connection's next client, not ours.
+        # (That next client may be this listener, handed the server connection the waits
+        # above listened on, with their jobs' ends still pending on it: so only '42' counts.)
+        with listening(engine, queries.LISTEN_RESULTS) as listener:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"NOTIFY \"{queries.RESULTS_CHANNEL}\", '42'")
+            assert "42" not in [n.payload for n in listener.notifies(timeout=1.0)]
+        direct = create_engine(database_url)  # the same, straight to the server: heard
+        try:
+            with listening(direct, queries.LISTEN_RESULTS) as listener:
+                with direct.begin() as conn:
+                    conn.exec_driver_sql(f"NOTIFY \"{queries.RESULTS_CHANNEL}\", '42'")
+                heard = [n.payload for n in listener.notifies(timeout=60.0, stop_after=1)]
+            assert heard == ["42"]
+        finally:
+            direct.dispose()
+        # a job that has ended is read at once, with no LISTEN at all
+        assert wait_for(engine, job_ids[2], timeout=0) == 4
+    finally:
+        engine.dispose()

@@ -7,7 +7,7 @@ through a second kind, with a real burst worker, and checks after each step that
 the kind's rule (a duplicate finds J, J's follower in its sequence waits, J's child waits,
 no partition or queue runs past its limit, ...) and the run feature's outcome (timed out then
 run, retried, snoozed, its result kept, its session's row written once, cancelled, retried by
-filter).
+filter, its durable steps run once and replayed, put to sleep and woken).
 """
 
 from __future__ import annotations
@@ -23,11 +23,21 @@ from typing import Any
 import pytest
 from helpers.enqueue_paths import EVERY_PATH
 from helpers.statements import claim, finish
-from helpers.support import WorkerThread, cli, jobs_by_id, jobs_of_task, make_due, record_run
+from helpers.support import (
+    WorkerThread,
+    cli,
+    end_sleeps,
+    jobs_by_id,
+    jobs_of_task,
+    make_due,
+    record_run,
+)
 from helpers.support import wait_for as wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from starlette.testclient import TestClient
 
+import sqla_queue
 from sqla_queue import (
     ConfigurationError,
     DependencyError,
@@ -48,13 +58,27 @@ from sqla_queue import (
 from sqla_queue.admin import partitions
 from sqla_queue.admin.filters import JobFilter, bulk_cancel, bulk_delete, bulk_retry, search_jobs
 from sqla_queue.brokers.worker import _no_session
+from sqla_queue.dashboard import create_app
+from sqla_queue.db.queries import steps as step_queries
 from sqla_queue.job.options import DEFAULT_MAX_ATTEMPTS
 from sqla_queue.orm import cancel_jobs_about
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker.periodic import Scheduler
 
-RUNS = ("timeouts", "retry", "snooze", "results", "ctx_session", "cancel", "bulk")
-"""What happens to J once a worker has it."""
+RUNS = (
+    "timeouts",
+    "retry",
+    "snooze",
+    "results",
+    "ctx_session",
+    "cancel",
+    "bulk",
+    "steps",
+    "sleep",
+    "signals",
+    "api",
+)
+"""What happens to J once a worker has it (`api`: a bulk retry through the HTTP API)."""
 KINDS = (
     "unique",
     "debounce",
@@ -98,6 +122,8 @@ class Meeting:
     running: list[tuple[int, int]] = field(default_factory=list)
     """(running jobs of the handler's partition, running jobs of the queue) at each start."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    step_calls: list[int] = field(default_factory=list)
+    """The job ids of every run of an outside-effect durable step (`steps`, `sleep`)."""
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds
@@ -118,7 +144,7 @@ class Meeting:
             options["priority"] = 9
         if self.has("about"):
             options["about"] = ABOUT
-        if self.run == "bulk":
+        if self.run in ("bulk", "api"):
             options["max_attempts"] = 1
         return options
 
@@ -140,10 +166,20 @@ class Meeting:
             return {"v": v}
         if self.run == "timeouts" and first:
             time.sleep(TIMEOUT * 4)
-        if self.run in ("retry", "bulk") and first:
+        if self.run in ("retry", "bulk", "api") and first:
             raise RuntimeError("the first attempt fails")
         if self.run == "snooze" and first:
             raise Snooze(3600, reason="not now")
+        if self.run in ("steps", "sleep"):
+            ctx.step("outside", self.step_calls.append, ctx.job_id)
+        if self.run == "steps":  # a database-only step, then a failure: the retry replays both
+            ctx.step("db", _log_job, ctx.job_id, session=True)
+            if first:
+                raise RuntimeError("the first attempt fails after its steps")
+        if self.run == "sleep":
+            ctx.sleep(dt.timedelta(hours=1))
+        if self.run == "signals":  # parks on its first run; the test sends the signal
+            assert ctx.wait_for_signal(f"meet:{ctx.job_id}", timeout=3600) == {"go": True}
         if self.run == "ctx_session":
             with ctx.session() as session:
                 session.execute(
@@ -233,7 +269,7 @@ class Meeting:
     def row(self, job_id: int) -> dict[str, Any]:
         """The job's row in the table, else in the archive (with `archived` set)."""
         with self.engine.connect() as conn:
-            for table in ("jobs", "jobs_archive"):
+            for table in ("jobs", "jobs_history"):
                 found = (
                     conn.execute(
                         text(f"SELECT * FROM sqla_queue.{table} WHERE id = :i"), {"i": job_id}
@@ -242,7 +278,7 @@ class Meeting:
                     .first()
                 )
                 if found is not None:
-                    return {**found, "archived": table == "jobs_archive"}
+                    return {**found, "archived": table == "jobs_history"}
         raise AssertionError(f"job {job_id} is in neither the table nor the archive")
 
     def runs_of(self, job_id: int) -> list[int]:
@@ -346,22 +382,47 @@ class Meeting:
             self.check_ended("cancelled")
             return
         self.run_worker(registry)
-        if self.run in ("timeouts", "retry", "snooze", "bulk"):
+        if self.run == "signals":
+            j = self.row(self.j)
+            assert (j["status"], j["signal_key"]) == ("waiting", f"meet:{self.j}")
+            self.check_while_unfinished("while it waits for its signal")
+            with Session(self.engine) as session, session.begin():
+                assert sqla_queue.signal(session, f"meet:{self.j}", {"go": True}) == 1
+            self.check_while_unfinished("woken, before it runs again")
+            self.run_worker(registry)
+            assert len(self.runs_of(self.j)) == 2
+        elif self.run in ("timeouts", "retry", "snooze", "bulk", "steps", "sleep", "api"):
             j = self.row(self.j)
             if self.run == "bulk":
                 assert j["status"] == "failed"
                 retried = bulk_retry(self.engine, JobFilter(task="meet", status="failed"))
                 assert (retried.acted, retried.skipped) == (1, 0)
-            else:
-                assert j["status"] == "queued"
+            elif self.run == "api":
+                assert j["status"] == "failed"
+                api = TestClient(create_app(self.engine, api_tokens="meet:admin"))
+                answer = api.post(
+                    "/api/jobs/retry",
+                    json={"task": "meet", "status": ["failed"]},
+                    headers={"Authorization": "Bearer meet"},
+                ).json()
+                assert (answer["acted"], answer["skipped"]) == (1, 0), answer
+            else:  # a sleeper is parked (waiting), a snoozed job queued, both not due yet
+                assert j["status"] == ("waiting" if self.run == "sleep" else "queued")
                 assert j["run_at"] > dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
             if self.run == "timeouts":
                 assert "JobTimeoutError" in j["last_error"]
-            if self.run == "snooze":
+            if self.run in ("snooze", "sleep"):
                 budget = before["max_attempts"] or DEFAULT_MAX_ATTEMPTS
                 assert j["max_attempts"] == budget + 1  # the attempt it took is given back
+            if self.run == "sleep":
+                assert (j["last_error"], j["signal_key"], j["deps_left"]) == (None, None, None)
             self.check_while_unfinished(f"after a {self.run}")
+            if self.run == "sleep":  # its end has come
+                end_sleeps(self.engine)
             self.move_run_at(self.j, "now()")
+            if self.run == "sleep":  # the keeper's look queues it
+                with self.engine.begin() as conn:
+                    conn.execute(step_queries.wake_sleeping_jobs(), {"ahead": 0.0})
             self.run_worker(registry)
             assert len(self.runs_of(self.j)) == 2
         else:
@@ -371,10 +432,16 @@ class Meeting:
             assert wait_for(self.engine, self.j, timeout=0) == {
                 "v": self.runs[self.runs_of(self.j)[-1]][2]
             }
-        if self.run == "ctx_session":
+        if self.run in ("ctx_session", "steps"):
             with self.engine.connect() as conn:
                 logged = conn.execute(text("SELECT job_id FROM public.meet_log")).scalars().all()
             assert logged == [self.j]
+        if self.run in ("steps", "sleep"):  # J's outside step ran once, replayed after
+            assert self.step_calls == [self.j]
+
+
+def _log_job(session: Session, job_id: int) -> None:
+    session.execute(text("INSERT INTO public.meet_log (job_id) VALUES (:j)"), {"j": job_id})
 
 
 @pytest.mark.slow  # 115 cases, each a burst worker: minutes; in .ci/run (tests/run.sh --slow)
@@ -749,7 +816,9 @@ def test_a_handler_cancelled_while_it_runs_cannot_commit_its_session(engine: Eng
     assert jobs_by_id(engine)[job_id].status == "cancelled"
 
 
-def test_bulk_retry_reruns_a_job_whose_session_rolled_back(engine: Engine) -> None:
+@pytest.mark.parametrize("via", ["admin", "api"])
+def test_bulk_retry_reruns_a_job_whose_session_rolled_back(engine: Engine, via: str) -> None:
+    """By `bulk_retry`, or through the HTTP API's `POST /api/jobs/retry`."""
     registry = Registry()
 
     @registry.task(name="writes", pass_context=True)
@@ -768,7 +837,15 @@ def test_bulk_retry_reruns_a_job_whose_session_rolled_back(engine: Engine) -> No
         job_id = enqueue(session, "writes", {}, max_attempts=1, flush=True).id
     run_one(engine, registry)
     assert (jobs_by_id(engine)[job_id].status, meet_log(engine)) == ("failed", [])
-    assert bulk_retry(engine, JobFilter(task="writes", status="failed")).acted == 1
+    if via == "admin":
+        assert bulk_retry(engine, JobFilter(task="writes", status="failed")).acted == 1
+    else:
+        answer = TestClient(create_app(engine, api_tokens="meet:admin")).post(
+            "/api/jobs/retry",
+            json={"task": "writes", "status": ["failed"]},
+            headers={"Authorization": "Bearer meet"},
+        )
+        assert answer.json()["acted"] == 1
     run_one(engine, registry)
     assert meet_log(engine) == [job_id]
     assert job_id not in jobs_by_id(engine)  # done, and deleted by the default retention

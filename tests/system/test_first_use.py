@@ -14,11 +14,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import pytest
 from click.testing import Result
 from helpers.apps import first_use
+from helpers.dashboard_kit import client
 from helpers.support import (
     WorkerThread,
     cli,
@@ -37,6 +39,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 from sqla_queue import Registry, admin, enqueue, set_default_registry
 from sqla_queue.admin import workers as admin_workers
 from sqla_queue.cli.worker import worker as worker_command
+from sqla_queue.dashboard.reads import bounded_rows
 from sqla_queue.db.database import normalize_url
 from sqla_queue.doctor import DoctorOptions, Severity, diagnose
 from sqla_queue.enqueue import enqueue_async
@@ -250,15 +253,26 @@ def test_task_enqueue_without_a_session_names_the_mistake(engine: Engine) -> Non
 # -- trap 5: an --app that raises on import ------------------------------------------------------
 
 
-def test_an_app_that_raises_on_import_says_where(database_url: str) -> None:
-    app = ("--app", "helpers.apps.raises_on_import:registry", "--burst")
-    line = one_error_line(cli("worker", *app, url=database_url, catch=True))
+@pytest.mark.parametrize("level", [(), ("--log-level", "debug")])
+def test_an_app_that_raises_on_import_says_where_with_its_traceback(
+    database_url: str, level: tuple[str, ...]
+) -> None:
+    app = ("--app", "helpers.apps.raises_on_import:registry", "--burst", *level)
+    result = cli("worker", *app, url=database_url, catch=True)
+    assert result.exit_code != 0
+    *traceback, line = result.stderr.strip().splitlines()
+    assert line.startswith("Error: Cannot load the task registry")
     assert "KeyError('DATABASE')" in line
     assert re.search(r"apps/raises_on_import\.py:10\b", line), line
-    debug = cli("worker", *app, "--log-level", "debug", url=database_url, catch=True)
-    assert debug.exit_code != 0
-    assert "Traceback (most recent call last)" in debug.stderr
-    assert 'DATABASE = SETTINGS["DATABASE"]' in debug.stderr
+    # the traceback, always (not only at --log-level debug): file, line and source
+    assert traceback[:2] == [
+        "Importing --app helpers.apps.raises_on_import:registry raised:",
+        "Traceback (most recent call last):",
+    ]
+    assert re.search(r'apps/raises_on_import\.py", line 10, in <module>', traceback[2])
+    assert 'DATABASE = SETTINGS["DATABASE"]' in "\n".join(traceback)
+    assert traceback[-1] == "KeyError: 'DATABASE'"
+    assert "importlib" not in result.stderr  # from the application's module on
 
 
 # -- trap 6: off a terminal ----------------------------------------------------------------------
@@ -277,6 +291,37 @@ def test_the_text_log_off_a_terminal_is_one_line_per_record() -> None:
     (line,) = done.stderr.splitlines()
     assert "ERROR" in line
     assert line.endswith(message)
+
+
+def test_every_table_the_cli_prints_off_a_terminal_keeps_each_record_on_one_line(
+    database_url: str, engine: Engine
+) -> None:
+    # names as long as the schema takes: on an 80-column terminal each would wrap
+    queue = "q" + "_long_queue_name" * 12
+    task = "shop.tasks" + ".a_very_long_task_name" * 8
+    host = "host-" + "x" * 150
+    with engine.begin() as conn:
+        admin.create_queue(conn, queue)
+        conn.execute(
+            text(
+                "INSERT INTO sqla_queue.workers (id, hostname, pid, queues, concurrency, "
+                "expires_at) VALUES ('w-long', :host, 42, ARRAY[:queue], 3, "
+                "now() + interval '1 minute')"
+            ),
+            {"host": host, "queue": queue},
+        )
+    ids = enqueue_jobs(engine, task, 2, queue=queue, tags=["tag-" + "t" * 60])
+    tables = [
+        (("jobs", "list", "--queue", queue), [[str(i), task, queue, "queued"] for i in ids]),
+        (("stats",), [[queue, "2"]]),
+        (("workers", "list"), [["w-long", host, "42", queue]]),
+    ]
+    for args, records in tables:
+        printed = cli(*args, url=database_url, catch=True)
+        assert printed.exit_code == 0, printed.output
+        lines = printed.stdout.splitlines()
+        for record in records:
+            assert any(all(cell in line for cell in record) for line in lines), (args, lines)
 
 
 FAIL_EVERY_JOB = text(
@@ -325,7 +370,7 @@ def test_a_worker_shows_its_claimed_jobs_apart_from_the_running_ones(
                 with engine.connect() as conn:
                     return [(w.running, w.claimed) for w in admin_workers.live_workers(conn)]
 
-            wait_for(lambda: held() == [(1, 9)], timeout=20)
+            wait_for(lambda: held() == [(1, 9)], timeout=60)
             (listed,) = json.loads(
                 cli("workers", "list", "--json", url=database_url, catch=True).stdout
             )
@@ -338,6 +383,75 @@ def test_a_worker_shows_its_claimed_jobs_apart_from_the_running_ones(
             assert "1 job(s) running, 9 claimed and not started" in workers.value
         finally:
             release.set()
+
+
+@contextmanager
+def one_running_nine_claimed(engine: Engine) -> Iterator[None]:
+    """A worker at concurrency 1 that has claimed 10 jobs of queue `default`: one handler at
+    work (its start reported), nine held in its buffer; released on leaving."""
+    registry = Registry()
+    release = threading.Event()
+
+    @registry.task(name="hold")
+    def hold() -> None:
+        release.wait(30)  # bounded: the context sets it
+
+    enqueue_jobs(engine, "hold", 10)
+    with WorkerThread(engine, registry, concurrency=1, batch=10, max_batch=10):
+        try:
+
+            def held() -> list[tuple[int, int]]:
+                with engine.connect() as conn:
+                    return [(w.running, w.claimed) for w in admin_workers.live_workers(conn)]
+
+            wait_for(lambda: held() == [(1, 9)], timeout=60)
+            yield
+        finally:
+            release.set()
+
+
+def test_stats_counts_claimed_jobs_apart_from_the_running_ones(
+    database_url: str, engine: Engine
+) -> None:
+    with one_running_nine_claimed(engine):
+        listed = json.loads(cli("stats", "--json", url=database_url, catch=True).stdout)
+        (default,) = [q for q in listed if q["queue"] == "default"]
+        assert (default["running"], default["claimed"]) == (1, 9)
+        table = cli("stats", url=database_url, catch=True).stdout
+    assert "claimed" in table
+
+
+def test_the_queues_page_counts_claimed_jobs_apart_from_the_running_ones(
+    engine: Engine,
+) -> None:
+    with one_running_nine_claimed(engine):
+        page = client(engine).get("/").text
+        with engine.begin() as conn:
+            bounded = {row.name: row.counts for row in bounded_rows(conn)}  # a big table's
+    assert 'data-queue="default"' in page, page
+    row = page[page.index('data-queue="default"') :]
+    row = row[: row.index("</tr>")]
+    assert re.search(r'count-running"[^>]*>.*?>1</a>', row), row
+    assert re.search(r'count-claimed"[^>]*>.*?>9</a>', row), row
+    assert (bounded["default"]["running"], bounded["default"]["claimed"]) == (1, 9)
+
+
+def test_the_api_and_the_scaling_signal_count_claimed_jobs_apart_from_the_running_ones(
+    engine: Engine,
+) -> None:
+    api = client(engine, api_tokens="r3ad:read")
+    token = {"Authorization": "Bearer r3ad"}
+    with one_running_nine_claimed(engine):
+        queues = api.get("/api/queues", headers=token).json()["queues"]
+        scaling = api.get("/api/queues/default/scaling", headers=token).json()
+        with engine.begin() as conn:
+            (signal,) = admin.scaling_signal(conn, "default")
+    (default,) = [q for q in queues if q["name"] == "default"]
+    assert (default["counts"]["running"], default["counts"]["claimed"]) == (1, 9)
+    assert (default["scaling"]["running"], default["scaling"]["claimed"]) == (1, 9)
+    assert (scaling["running"], scaling["claimed"]) == (1, 9)
+    # the held jobs take the worker's one slot: none is free
+    assert (signal.running, signal.claimed, signal.workers, signal.free_slots) == (1, 9, 1, 0)
 
 
 # -- trap 9: what a --burst worker leaves --------------------------------------------------------
@@ -363,24 +477,45 @@ def test_a_burst_worker_says_which_retry_it_left_and_when_it_is_due(
         result.stderr
     )
     assert "--burst-wait" in result.stderr
+    # the bound it waits within, said as it starts
+    assert "waits for those due within 0s (--burst-wait), then exits" in result.stderr
 
 
-def test_burst_wait_runs_a_retry_that_falls_due_within_it(
-    database_url: str, engine: Engine
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        (("--until-empty",), "burst_until_empty waits until a burst worker's queues are empty"),
+        (
+            ("--burst", "--until-empty", "--burst-wait", "10"),
+            "burst_until_empty already waits for every job due later: drop burst_wait",
+        ),
+    ],
+)
+def test_until_empty_without_burst_or_beside_burst_wait_is_refused(
+    database_url: str, given: tuple[str, ...], says: str
+) -> None:
+    result = cli(
+        "worker", "--app", "helpers.apps.first_use:registry", *given, url=database_url, catch=True
+    )
+    line = one_error_line(result)
+    assert says in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "bound"),
+    [
+        (("--burst-wait", "60"), "waits for those due within 60s (--burst-wait), then exits"),
+        (("--until-empty", "--fail-if-left"), "exits once none is left (--until-empty)"),
+    ],
+)
+def test_burst_wait_or_until_empty_runs_a_retry_and_leaves_nothing(
+    database_url: str, engine: Engine, flags: tuple[str, ...], bound: str
 ) -> None:
     (job_id,) = enqueue_jobs(engine, "first_use.fail_once", 1)
-    result = cli(
-        "worker",
-        "--app",
-        "helpers.apps.first_use:registry",
-        "--burst",
-        "--burst-wait",
-        "60",
-        "--poll-only",
-        url=database_url,
-        catch=True,
-    )
+    args = ("worker", "--app", "helpers.apps.first_use:registry", "--burst", "--poll-only")
+    result = cli(*args, *flags, url=database_url, catch=True)
     assert result.exit_code == 0, result.output
+    assert bound in result.stderr  # said as it starts
     assert "done: 1 succeeded, 1 retried, 0 failed" in result.stderr
     assert "not yet due" not in result.stderr
     assert count_where(engine, f"id = {job_id} AND status <> 'done'") == 0
@@ -418,3 +553,32 @@ def test_burst_wait_without_burst_is_refused(database_url: str) -> None:
     line = one_error_line(result)
     assert "burst_wait" in line
     assert "(--burst)" in line
+
+
+def test_burst_fail_if_left_exits_3_when_it_leaves_a_retry_not_yet_due(
+    database_url: str, engine: Engine
+) -> None:
+    # issue 38: CI and cron expect the work done, or a failure that says it is not
+    (job_id,) = enqueue_jobs(engine, "first_use.fail_once", 1)
+    args = ("worker", "--app", "helpers.apps.first_use:registry", "--burst", "--fail-if-left")
+    result = cli(*args, url=database_url, catch=True)
+    assert result.exit_code == 3, result.output
+    assert "left 1 job not yet due" in result.stderr
+    assert count_where(engine, f"id = {job_id} AND status = 'queued'") == 1
+    done = cli(*args, "--burst-wait", "60", "--poll-only", url=database_url, catch=True)
+    assert done.exit_code == 0, done.output
+    assert count_where(engine, f"id = {job_id} AND status <> 'done'") == 0
+
+
+def test_fail_if_left_without_burst_is_refused(database_url: str) -> None:
+    result = cli(
+        "worker",
+        "--app",
+        "helpers.apps.first_use:registry",
+        "--fail-if-left",
+        url=database_url,
+        catch=True,
+    )
+    line = one_error_line(result)
+    assert "--fail-if-left" in line
+    assert "add --burst" in line

@@ -7,41 +7,12 @@ the defect it found (those of issue 20, of issue 24's claim and of issue 33: all
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from sqla_queue.testing import TemplateDatabases
-from system.model_kit import Clones
+from system.model_kit import replay
 from system.test_model import QueueMachine
-
-
-@pytest.fixture
-def machine(databases: TemplateDatabases) -> Iterator[QueueMachine]:
-    QueueMachine.pool = Clones(databases)
-    state = QueueMachine()
-    try:
-        yield state
-    finally:
-        state.teardown()
-        QueueMachine.pool = None
-
-
-def replay(state: QueueMachine, *steps: tuple[str, dict[str, Any]]) -> None:
-    """Run each (rule, arguments), then the invariants, as the state machine does."""
-    check(state)
-    for name, arguments in steps:
-        getattr(state, name)(**arguments)
-        check(state)
-
-
-def check(state: QueueMachine) -> None:
-    """Every invariant of the state machine, as it runs them after each step."""
-    state.holds()
-    state.workflows_hold()
-    state.turns_hold()
-    state.progresses()
 
 
 def job(task: str, b: str, queue: str = "default", letter: str | None = None, **more: Any) -> Any:

@@ -212,7 +212,8 @@ def check_final_state(db: FaultDatabase, stress: Stress) -> None:
     rows = {
         r[0]: r
         for r in db.rows(
-            "SELECT id, status, result, args, finished_at, sequence FROM sqla_queue.jobs"
+            # every queue keeps: the done jobs are in the history
+            "SELECT id, status, result, args, finished_at, sequence FROM sqla_queue.all_jobs"
         )
     }
     lost = sorted(stress.ids - set(rows))

@@ -29,7 +29,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+import sqla_queue
 from sqla_queue import (
+    JobContext,
     Registry,
     SqlaQueueError,
     admin,
@@ -164,7 +166,7 @@ WORKER_GRANTS = [
     "GRANT SELECT ON sqla_queue.jobs TO {role}",
     "GRANT UPDATE ON sqla_queue.jobs TO {role}",
     "GRANT DELETE ON sqla_queue.jobs TO {role}",
-    "GRANT INSERT ON sqla_queue.jobs_archive TO {role}",
+    "GRANT SELECT, INSERT, UPDATE ON sqla_queue.jobs_history TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.workers TO {role}",
     "GRANT SELECT, INSERT, DELETE ON sqla_queue.queue_starts TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.job_counts TO {role}",
@@ -172,6 +174,12 @@ WORKER_GRANTS = [
     "GRANT SELECT ON sqla_queue.partition_weights TO {role}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.partition_turns TO {role}",
     "GRANT SELECT, UPDATE ON sqla_queue.job_deps TO {role}",
+    "GRANT SELECT ON sqla_queue.schema_revisions TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.job_steps TO {role}",
+    "GRANT SELECT, UPDATE, DELETE ON sqla_queue.signals TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.signal_waits TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.job_progress TO {role}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON sqla_queue.job_logs TO {role}",
 ]
 """Exactly what docs/production.md ("Security") lists for the worker's role."""
 
@@ -237,7 +245,8 @@ def test_worker_runs_every_path_with_only_the_documented_privileges(
         engine.dispose()
 
     # The handlers (application code) record through the application's own connection.
-    worker = workers(worker_role.url, "--lease", "1", "-c", "2", app_dsn=fault_db.dsn)
+    # -q "*": its jobs are in queues the app's tasks do not name (delete, keep, archive)
+    worker = workers(worker_role.url, "--lease", "1", "-c", "2", "-q", "*", app_dsn=fault_db.dsn)
     # the unknown task's job is put back for a worker that knows it (status queued)
     wait_until(lambda: fault_db.unfinished() == 1, 120, what="every other job to finish")
     wait_until(
@@ -245,19 +254,20 @@ def test_worker_runs_every_path_with_only_the_documented_privileges(
             "SELECT count(*) FROM sqla_queue.jobs WHERE status = 'queued' AND attempts = 0 "
             "AND last_error LIKE 'deferred %% time(s): unknown task %%'"
         ),
-        30,
+        60,
         what="the unknown task's job to be deferred",
     )
     worker.wait_started()
     worker.signal(signal.SIGTERM)
     assert worker.proc is not None
-    assert worker.proc.wait(30) == 0
+    assert worker.proc.wait(60) == 0
     assert "permission denied" not in worker.log()
     assert "requeued 1 job(s)" in worker.log()
 
-    # keep's job, and the unknown task's job, left for a worker that knows it
-    assert fault_db.status_counts() == {"done": 1, "queued": 1}
-    assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_archive") == 1
+    # keep's job and archive's (both in the history), and the unknown task's job, left for
+    # a worker that knows it
+    assert fault_db.status_counts() == {"done": 2, "queued": 1}
+    assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_history") == 2
     assert fault_db.value("SELECT count(DISTINCT job_id) FROM public.fault_runs") == 5
 
 
@@ -293,9 +303,18 @@ def test_each_documented_privilege_is_needed(
     and finished (the limit makes the claim record its start in queue_starts, and the fair
     claim reads the partition weights and records its turn); without the one
     on stopped_workers, the job runs but the worker cannot deregister (its stop is recorded
-    there in the same statement): it says so, and its registration is left to expire."""
+    there in the same statement): it says so, and its registration is left to expire; without
+    the one on schema_revisions, a worker cannot tell a newer expand revision (which it may
+    run on) from a contract one, and refuses; without one on the signals' tables, a
+    handler's wait cannot take its signal (its attempt fails, retried once granted); without
+    the one on job_steps, an archived job's steps cannot be removed with it."""
     registry = Registry()
     registry.task(name="noop")(lambda: None)
+
+    @registry.task(name="waits", pass_context=True)
+    def waits(ctx: JobContext) -> None:
+        assert ctx.wait_for_signal("security:1", timeout=60) == {"ok": True}
+
     admin_engine = create_engine(fault_db.url)
     role_engine = create_engine(worker_role.url)
     config = WorkerConfig(concurrency=1, poll_only=True)
@@ -322,6 +341,25 @@ def test_each_documented_privilege_is_needed(
             fault_db.conn.execute("DELETE FROM sqla_queue.workers")
             with Session(admin_engine) as session, session.begin():
                 enqueue(session, "noop", queue="archived")
+        elif "signal" in grant:
+            # a handler's wait takes its signal from the mailbox and records its answer
+            fault_db.conn.execute("DELETE FROM sqla_queue.jobs")
+            with Session(admin_engine) as session, session.begin():
+                sqla_queue.signal(session, "security:1", {"ok": True})
+                enqueue(session, "waits", queue="archived")
+            assert run_until_empty(role_engine, registry, config).retried == 1
+            assert "permission denied" in fault_db.value("SELECT last_error FROM sqla_queue.jobs")
+            fault_db.conn.execute("UPDATE sqla_queue.jobs SET run_at = now()")
+        elif "schema_revisions" in grant:
+            # a newer sqla-queue applied an expand revision: its kind is read there
+            fault_db.conn.execute(
+                "COMMENT ON SCHEMA sqla_queue IS 'sqla_queue revision sqlaq_9998_future'"
+            )
+            fault_db.conn.execute(
+                "INSERT INTO sqla_queue.schema_revisions VALUES ('sqlaq_9998_future', 'expand')"
+            )
+            with pytest.raises(Exception, match="sqlaq_9998_future"):
+                run_until_empty(role_engine, registry, config)
         else:
             with pytest.raises(Exception, match="permission denied"):
                 run_until_empty(role_engine, registry, config)
@@ -330,10 +368,12 @@ def test_each_documented_privilege_is_needed(
         fault_db.conn.execute(
             "UPDATE sqla_queue.jobs SET status = 'queued' WHERE status = 'running'"
         )
-        assert run_until_empty(role_engine, registry, config).succeeded == 1
+        assert run_until_empty(role_engine, registry, config).succeeded == 1, fault_db.rows(
+            "SELECT status, last_error FROM sqla_queue.jobs"
+        )
         one_more = "job_counts" in grant or "stopped_workers" in grant  # ran above
         archived = 2 if one_more else 1
-        assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_archive") == archived
+        assert fault_db.value("SELECT count(*) FROM sqla_queue.jobs_history") == archived
         assert fault_db.value("SELECT how FROM sqla_queue.stopped_workers") == "graceful"
         # >= 1: without e.g. the archive's INSERT the handler ran (and was counted) before
         # its finish was refused; the rollup counts attempts as their handlers end

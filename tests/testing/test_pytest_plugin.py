@@ -281,3 +281,50 @@ def test_under_xdist_each_worker_clones_its_own_template_and_drops_every_databas
             {"names": [*templates.values(), *(database for _, _, database in rows)]},
         ).all()
     assert left == []  # every clone dropped after its test, each template at the end
+
+
+def test_queues_declared_in_code_are_made_with_their_settings_in_every_test_database(
+    pytester: pytest.Pytester, admin_url: str
+) -> None:
+    pytester.makepyfile(
+        shop_queues="""
+        from sqla_queue import Registry
+
+        registry = Registry()
+        registry.declare_queue("emails", retention="keep", max_running=3)
+        registry.declare_queue("audit", retention="archive")
+
+        @registry.task(queue="emails")
+        def send_receipt(email: str) -> None: ...
+        """
+    )
+    pytester.makeini(
+        f"""
+        [pytest]
+        sqla_queue_url = {admin_url}
+        sqla_queue_registry = shop_queues:registry
+        """
+    )
+    pytester.makepyfile(
+        test_declared="""
+        from sqla_queue import admin
+
+        def settings(queues):
+            return [(q.name, q.retention, q.max_running) for q in queues]
+
+        EXPECTED = [
+            ("audit", "archive", None), ("default", "delete", None), ("emails", "keep", 3)
+        ]
+
+        def test_own(sqla_queue_engine, sqla_queue_queues):
+            assert sqla_queue_queues == ["audit", "default", "emails"]
+            with sqla_queue_engine.connect() as connection:
+                assert settings(admin.list_queues(connection)) == EXPECTED
+
+        def test_shared(sqla_queue_connection):
+            assert settings(admin.list_queues(sqla_queue_connection)) == EXPECTED
+        """
+    )
+    pytester.syspathinsert()
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=2)

@@ -10,11 +10,20 @@ import time
 
 import pytest
 from helpers.support import task_statuses
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import ConfigurationError, Job, Registry, RetryPolicy, enqueue, enqueue_many
+from sqla_queue import (
+    ConfigurationError,
+    HistoryJob,
+    Job,
+    JobContext,
+    Registry,
+    RetryPolicy,
+    enqueue,
+    enqueue_many,
+)
 from sqla_queue.job.outcome import Outcome
 from sqla_queue.testing import (
     DrainResult,
@@ -42,7 +51,8 @@ def boom(**args: object) -> None:
     raise ValueError("boom")
 
 
-@registry.task(name="t.slow_async", timeout=0.2)
+# 1 s: a 0.01 s sleep must not time out on a loaded machine, a 5 s one must
+@registry.task(name="t.slow_async", timeout=1.0)
 async def slow_async(seconds: float) -> None:
     await asyncio.sleep(seconds)
     calls.append(("t.slow_async", {"seconds": seconds}))
@@ -173,10 +183,16 @@ def test_drain_on_an_engine_commits_and_follows_the_queue_retention(
         enqueue(session, "t.ok", {"n": 1})
     assert drain(sqla_queue_engine, registry) == DrainResult(succeeded=1)
     with sqla_queue_engine.connect() as conn:
-        row = conn.execute(select(Job.status, Job.locked_by, Job.finished_at)).one()
-    assert row.status == "done"
-    assert row.locked_by is None  # a finished job is held by nobody, as the worker leaves it
+        assert conn.scalar(select(func.count()).select_from(Job)) == 0  # none in jobs
+        row = conn.execute(select(HistoryJob.status, HistoryJob.finished_at)).one()
+    assert row.status == "done"  # moved to the history, as the worker does
     assert row.finished_at is not None
+    [kept] = enqueued_jobs(sqla_queue_engine, task="t.ok", status="done")  # read there too
+    assert isinstance(kept, HistoryJob)
+    assert kept.args == {"n": 1}
+    assert [job.id for job in enqueued_jobs(sqla_queue_engine, status=None)] == [kept.id]
+    assert enqueued_jobs(sqla_queue_engine, status="failed") == []
+    assert_enqueued(sqla_queue_engine, task=ok, args={"n": 1}, status="done", count=1)
 
 
 def test_drain_on_a_connection_outside_a_transaction_commits_each_step(
@@ -207,7 +223,7 @@ def test_drain_runs_async_handlers_and_enforces_their_timeout(
     result = drain(sqla_queue_session, registry)
     assert result == DrainResult(succeeded=1, retried=1)
     assert calls == [("t.slow_async", {"seconds": 0.01})]
-    assert "ran longer than its timeout of 0.2 s" in result.errors[0][1]
+    assert "ran longer than its timeout of 1.0 s" in result.errors[0][1]
 
 
 def test_drain_times_out_a_sync_handler_that_returns_past_its_timeout(
@@ -344,3 +360,34 @@ def test_inline_runs_at_an_async_session_commit(sqla_queue_database_url: str) ->
 
     assert asyncio.run(scenario()) == DrainResult(succeeded=2)
     assert sorted(name for name, _ in calls) == ["t.ok", "t.slow_async"]
+
+
+def test_drain_records_steps_in_the_sessions_transaction_and_replays_them_on_retry(
+    sqla_queue_session: Session,
+) -> None:
+    registry = Registry()
+    calls: list[int] = []
+
+    @registry.task(name="stepped", pass_context=True, retry=RetryPolicy(base=0, jitter=0))
+    def stepped(ctx: JobContext) -> int:
+        n = ctx.step("count", lambda: calls.append(1) or len(calls))
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        return int(n)
+
+    enqueue(sqla_queue_session, "stepped", {})
+    result = drain(sqla_queue_session, registry, include_scheduled=True)
+    assert (result.retried, result.succeeded) == (1, 1)
+    assert calls == [1]
+
+
+def test_drain_refuses_a_session_step_naming_the_worker(sqla_queue_session: Session) -> None:
+    registry = Registry()
+
+    @registry.task(name="saves", pass_context=True, max_attempts=1)
+    def saves(ctx: JobContext) -> None:
+        ctx.step("save", lambda session: None, session=True)
+
+    enqueue(sqla_queue_session, "saves", {})
+    with pytest.raises(ConfigurationError, match="session=True step needs a job run by a worker"):
+        drain(sqla_queue_session, registry, reraise=True)

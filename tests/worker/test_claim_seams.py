@@ -276,7 +276,7 @@ def test_the_end_of_a_sequences_holder_notifies_the_next_jobs_queue(
             else:
                 cancel_running(conn, running)
                 handlers_returned(conn, running)
-            assert "steps" in received(listener, 0.2, first_within=5.0)
+            assert "steps" in received(listener, 0.2, first_within=60.0)
         assert [r["id"] for r in claim(conn, 10, ["steps"])] == ids[1:]
 
 

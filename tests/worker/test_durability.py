@@ -127,6 +127,9 @@ def test_server_crash_under_asynchronous_commits_loses_no_job(
     )
     runs_path = tmp_path / "runs"
     monkeypatch.setenv("DURABILITY_RUNS", str(runs_path))
+    gate = tmp_path / "gate"  # the second half waits for it: the crash comes mid-drain
+    monkeypatch.setenv("DURABILITY_GATE", str(gate))
+    monkeypatch.setenv("DURABILITY_GATE_FROM", str(CRASH_JOBS // 2))
     worker = WorkerProcess(
         cluster.url,
         tmp_path / "worker.log",
@@ -144,6 +147,7 @@ def test_server_crash_under_asynchronous_commits_loses_no_job(
         ran_before = sum(runs_of(runs_path).values())
         time.sleep(1)
         cluster.start()
+        gate.touch()
         db = FaultDatabase(cluster.url)
         try:
             wait_until(lambda: not db.unfinished(), 180, what="the queue to drain again")

@@ -106,7 +106,7 @@ def test_sigkilled_workers_lose_no_job(
 
     figures = assert_nothing_lost(fault_db, ids, kills)
     reaped = fault_db.value(
-        "SELECT count(*) FROM sqla_queue.jobs WHERE last_error LIKE 'lease expired%%'"
+        "SELECT count(*) FROM sqla_queue.all_jobs WHERE last_error LIKE 'lease expired%%'"
     )
     assert reaped > 0, "no kill orphaned a job: the test did not exercise the reaper"
     record_property("figures", {**figures, "reaped": reaped})
@@ -148,7 +148,7 @@ def test_terminated_connections_are_reopened_and_lose_no_job(
 
 def job_row(db: FaultDatabase, job_id: int) -> tuple[Any, ...]:
     row = db.rows(
-        "SELECT status, attempts, locked_by, finished_at, last_error FROM sqla_queue.jobs "
+        "SELECT status, attempts, locked_by, finished_at, last_error FROM sqla_queue.all_jobs "
         "WHERE id = %s",
         job_id,
     )
@@ -162,19 +162,19 @@ def test_paused_worker_past_its_lease_changes_nothing_when_it_wakes(
         fault_db.url, "fence", "fenced_write", [{"key": "k", "first_attempt_sleeps": 3.0}]
     )
     sleeper = workers(fault_db.url, *worker_options("fence", lease="1"))
-    wait_until(lambda: fault_db.events(job_id), 30, what="attempt 1 to start")
+    wait_until(lambda: fault_db.events(job_id), 60, what="attempt 1 to start")
     sleeper.signal(signal.SIGSTOP)
 
     # The paused worker stops heartbeating: another worker reaps the job and runs attempt 2.
     rescuer = workers(fault_db.url, *worker_options("fence", lease="1"))
-    wait_until(lambda: job_row(fault_db, job_id)[0] == "done", 30, what="attempt 2 to finish")
+    wait_until(lambda: job_row(fault_db, job_id)[0] == "done", 60, what="attempt 2 to finish")
     finished = job_row(fault_db, job_id)
     assert finished[1] == 2
     assert rescuer.stop() == 0
 
     # Resumed, attempt 1 finishes its sleep, writes with a stale token, then reports success.
     sleeper.signal(signal.SIGCONT)
-    wait_until(lambda: len(fault_db.events(job_id)) == 4, 30, what="attempt 1 to write")
+    wait_until(lambda: len(fault_db.events(job_id)) == 4, 60, what="attempt 1 to write")
     assert sleeper.stop() == 0
 
     assert fault_db.events(job_id) == [
@@ -200,16 +200,16 @@ def test_sigterm_lets_in_flight_jobs_finish_and_requeues_the_rest(
     )
     wait_until(
         lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") >= 64,
-        30,
+        60,
         what="64 jobs in flight",
     )
     worker.signal(signal.SIGTERM)
     assert worker.proc is not None
-    assert worker.proc.wait(20) == 0
+    assert worker.proc.wait(60) == 0
 
     counts = dict(
         fault_db.rows(
-            "SELECT status, count(*) FROM sqla_queue.jobs WHERE id = ANY(%s) GROUP BY 1",
+            "SELECT status, count(*) FROM sqla_queue.all_jobs WHERE id = ANY(%s) GROUP BY 1",
             quick,
         )
     )
@@ -217,7 +217,7 @@ def test_sigterm_lets_in_flight_jobs_finish_and_requeues_the_rest(
     assert "running" not in fault_db.status_counts()
     # Claimed but never started: back to queued with the attempt refunded.
     unstarted = fault_db.rows(
-        "SELECT status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", waiting
+        "SELECT status, attempts FROM sqla_queue.all_jobs WHERE id = ANY(%s)", waiting
     )
     assert set(unstarted) == {("queued", 0)}
 
@@ -229,16 +229,16 @@ def test_sigterm_requeues_jobs_still_running_after_the_shutdown_timeout(
     worker = workers(fault_db.url, "-q", "stuck", "-c", "64", "--shutdown-timeout", "1")
     wait_until(
         lambda: fault_db.value("SELECT count(*) FROM public.fault_runs") >= 64,
-        30,
+        60,
         what="64 jobs in flight",
     )
-    stopped_at = time.monotonic()
     worker.signal(signal.SIGTERM)
     assert worker.proc is not None
-    assert worker.proc.wait(15) == 0
-    assert time.monotonic() - stopped_at < 10, "the worker waited for its handlers to return"
+    # The handlers sleep ten minutes: a worker that waited for them would not exit before
+    # this deadline (a guard against a hang, not a measure); its log says it gave up on them.
+    assert worker.proc.wait(120) == 0, "the worker waited for its handlers to return"
 
-    rows = fault_db.rows("SELECT status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", ids)
+    rows = fault_db.rows("SELECT status, attempts FROM sqla_queue.all_jobs WHERE id = ANY(%s)", ids)
     # Interrupted mid-run: queued again, the attempt kept (a job that always hangs still fails).
     assert set(rows) == {("queued", 1)}
     assert "still running after the 1.0s shutdown timeout" in worker.log()
@@ -257,7 +257,7 @@ def test_worker_waits_for_the_database_at_start_and_survives_a_restart_mid_run(
 
     # Nothing listens on the port: the worker says so and keeps trying.
     worker = workers(cluster.url, *worker_options("outage"))
-    wait_until(lambda: "database unavailable" in worker.log(), 30, what="a retry log line")
+    wait_until(lambda: "database unavailable" in worker.log(), 60, what="a retry log line")
     assert worker.alive()
     assert "retrying in" in worker.log()
 
@@ -269,7 +269,7 @@ def test_worker_waits_for_the_database_at_start_and_survives_a_restart_mid_run(
         during = fill_kept_queue(
             cluster.url, "outage", "record", [{"n": n, "work": 0.02} for n in range(400)]
         )
-        wait_until(lambda: executions(db), 30, what="the second batch to start")
+        wait_until(lambda: executions(db), 60, what="the second batch to start")
         db.close()
         cluster.stop()
         time.sleep(1)
@@ -290,7 +290,7 @@ def final_status(db: FaultDatabase, ids: list[int]) -> dict[int, tuple[str, int]
     return {
         job_id: (status, attempts)
         for job_id, status, attempts in db.rows(
-            "SELECT id, status, attempts FROM sqla_queue.jobs WHERE id = ANY(%s)", ids
+            "SELECT id, status, attempts FROM sqla_queue.all_jobs WHERE id = ANY(%s)", ids
         )
     }
 
@@ -303,7 +303,8 @@ def test_overrunning_handlers_time_out_and_follow_the_retry_rules(
         fault_db.url,
         "timeouts",
         "sync_overrun",
-        [{"seconds": 1.5}, {"seconds": 1.5, "succeed_on_attempt": 2}],
+        # at most 60 s: each returns once told of its timeout (not told: late, cancelled=False)
+        [{"seconds": 60}, {"seconds": 60, "succeed_on_attempt": 2}],
     )
     async_fails, async_retried = fill_kept_queue(
         fault_db.url,
@@ -320,7 +321,7 @@ def test_overrunning_handlers_time_out_and_follow_the_retry_rules(
             and [e for _, e in fault_db.events(sync_fails)].count(late) == 2
             and (1, late) in fault_db.events(sync_retried)
         ),
-        30,
+        60,
         what="every job to finish and the sync handlers to return",
     )
     assert worker.stop() == 0
@@ -358,7 +359,7 @@ def test_overrunning_handlers_time_out_and_follow_the_retry_rules(
         (2, "returned in time"),
     ]
     errors = fault_db.rows(
-        "SELECT last_error FROM sqla_queue.jobs WHERE id = ANY(%s)", [sync_fails, async_fails]
+        "SELECT last_error FROM sqla_queue.all_jobs WHERE id = ANY(%s)", [sync_fails, async_fails]
     )
     assert all("ran longer than its timeout of 0.5 s" in error for (error,) in errors)
 
@@ -388,7 +389,7 @@ def test_cancelled_jobs_never_run_and_running_ones_see_it(
         worker = workers(fault_db.url, *worker_options("cancels", lease="1"))
         wait_until(
             lambda: fault_db.events(running_cli) and fault_db.events(running_api),
-            30,
+            60,
             what="both long jobs to start",
         )
         result = run_cli(["jobs", "cancel", str(running_cli)], fault_db.url)
@@ -399,7 +400,7 @@ def test_cancelled_jobs_never_run_and_running_ones_see_it(
             lambda: all(
                 (1, "saw cancelled") in fault_db.events(i) for i in (running_cli, running_api)
             ),
-            30,
+            60,
             what="the handlers to see the cancellation",
         )
         time.sleep(2.5)  # more than two leases: a cancelled job must not be reaped and rerun

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
-from sqla_queue import ArchivedJob, Job, Registry, enqueue_many
+from sqla_queue import HistoryJob, Job, Registry, enqueue_many
 from sqla_queue.admin import set_retention
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import WorkerConfig
@@ -95,7 +95,7 @@ def test_jobs_table_size_stays_bounded_over_200k_jobs(engine: Engine, retention:
 
     with Session(engine) as session:
         left = session.scalar(select(func.count()).select_from(Job))
-        archived = session.scalar(select(func.count()).select_from(ArchivedJob))
+        archived = session.scalar(select(func.count()).select_from(HistoryJob))
     assert left == 0
     assert archived == (ROUNDS * PER_ROUND if retention == "archive" else 0)
     # Index pages freed by one VACUUM are reusable only after the next, so the steady

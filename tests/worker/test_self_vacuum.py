@@ -278,7 +278,7 @@ def _started(engine: Engine) -> list[dt.datetime]:
         return list(
             conn.execute(
                 text(
-                    "SELECT started_at FROM sqla_queue.jobs "
+                    "SELECT started_at FROM sqla_queue.all_jobs "
                     "WHERE task = 'tick' AND started_at IS NOT NULL ORDER BY started_at"
                 )
             ).scalars()

@@ -216,7 +216,7 @@ def test_real_workers_a_killed_one_is_lost_a_stopped_one_graceful(
     victim.kill()
     how_of = "SELECT how FROM sqla_queue.stopped_workers WHERE pid = %s"
     # its registration expires after dead_after (6 s); the survivor reaps every 2 s or so
-    wait_until(lambda: fault_db.value(how_of, victim.pid), 30, what="the killed worker's row")
+    wait_until(lambda: fault_db.value(how_of, victim.pid), 60, what="the killed worker's row")
     assert fault_db.value(how_of, victim.pid) == "lost"
     assert "recorded as lost" in survivor.log()
     assert survivor.stop() == 0

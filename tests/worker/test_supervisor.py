@@ -269,10 +269,10 @@ def test_a_second_signal_makes_the_children_requeue_their_jobs_and_exit_now(
     parent, _ = four_jobs_running(fault_db, workers, "twice", seconds=600.0)
 
     parent.signal(signal.SIGINT)
-    wait_until(lambda: "received SIGINT: stopping" in parent.log(), 10, what="the first signal")
+    wait_until(lambda: "received SIGINT: stopping" in parent.log(), 60, what="the first signal")
     parent.signal(signal.SIGINT)
     assert parent.proc is not None
-    assert parent.proc.wait(30) == 1  # not a clean shutdown: the jobs did not finish
+    assert parent.proc.wait(120) == 1  # not a clean shutdown: the jobs did not finish
     assert fault_db.status_counts() == {"queued": 4}
 
 
@@ -287,7 +287,7 @@ def test_children_of_a_sigkilled_parent_shut_down(
     parent.kill()
     wait_until(lambda: not worker_rows(fault_db), 60, what="the children to deregister")
     for _, pid, _, _ in rows:
-        wait_until(lambda pid=pid: not alive(pid), 30, what=f"child {pid} to exit")
+        wait_until(lambda pid=pid: not alive(pid), 60, what=f"child {pid} to exit")
 
 
 def alive(pid: int) -> bool:

@@ -17,6 +17,7 @@ from helpers.support import (
     enqueue_jobs,
     start_worker_process,
     task_log,
+    until_told,
     wait_for,
 )
 from sqlalchemy import Engine, text
@@ -145,7 +146,7 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_row_once_and_the_job_
 ) -> None:
     (job_id,) = enqueue_jobs(receipts, "commit_then_die", 1)
     killed = start_worker_process(database_url, "--burst")
-    killed.communicate(timeout=60)
+    killed.communicate(timeout=180)
     assert killed.returncode == -signal.SIGKILL
     assert receipt_rows(receipts) == [(job_id, 1)]
     assert count_where(receipts, f"id = {job_id}") == 0  # finished by the handler's commit
@@ -153,7 +154,7 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_row_once_and_the_job_
     with receipts.begin() as conn:  # the dead worker's registration: its jobs are reapable
         conn.execute(text("UPDATE sqla_queue.workers SET expires_at = now() - interval '1 s'"))
     again = start_worker_process(database_url, "--burst")
-    _, stderr = again.communicate(timeout=60)
+    _, stderr = again.communicate(timeout=180)
     assert again.returncode == 0, stderr
     assert receipt_rows(receipts) == [(job_id, 1)], "the job did not run again"
 
@@ -166,16 +167,16 @@ def test_a_stale_attempt_paused_past_its_reaping_cannot_commit_its_writes(
     (job_id,) = enqueue_jobs(receipts, "commit_after_pause", 1, args={"pause": 3.0})
     paused = start_worker_process(database_url, "--lease", "2")
     try:
-        wait_for(lambda: task_log(receipts), timeout=30)  # attempt 1 wrote, not committed
+        wait_for(lambda: task_log(receipts), timeout=120)  # attempt 1 wrote, not committed
         paused.send_signal(signal.SIGSTOP)
 
         def reaped() -> bool:
             with receipts.begin() as conn:
                 return bool(conn.execute(queries.reap_stale_jobs()).all())
 
-        wait_for(reaped, timeout=30, interval=0.5)
+        wait_for(reaped, timeout=120, interval=0.5)
         successor = start_worker_process(database_url, "--burst")
-        _, stderr = successor.communicate(timeout=60)
+        _, stderr = successor.communicate(timeout=180)
         assert successor.returncode == 0, stderr
         assert receipt_rows(receipts) == [(job_id, 2)]
         paused.send_signal(signal.SIGCONT)
@@ -202,7 +203,7 @@ def invoice_registry(after_commit: threading.Event) -> Registry:
                 {"j": ctx.job_id, "a": ctx.attempt},
             )
             session.commit()
-        after_commit.wait(5)  # a waiter looks at the row meanwhile: it must not end yet
+        after_commit.wait(120)  # a waiter looks at the row meanwhile: it must not end yet
         return {"order": order, "invoice": order * 10}
 
     @registry.task(name="broken", keep_result=True, pass_context=True, max_attempts=1)
@@ -227,15 +228,15 @@ def test_a_result_returned_after_the_handlers_session_committed_is_kept(
     worker = threading.Thread(target=run_until_empty, args=(receipts, registry))
     worker.start()
     try:
-        wait_for(lambda: receipt_rows(receipts), timeout=10)  # committed, not yet returned
+        wait_for(lambda: receipt_rows(receipts), timeout=60)  # committed, not yet returned
         with pytest.raises(ResultTimeoutError, match="finishing"):
             results.wait_for(receipts, job_id, timeout=0.3, recheck=0.05)
     finally:
         after_commit.set()
-        worker.join(20)
-    assert results.wait_for(receipts, job_id, timeout=10) == {"order": 7, "invoice": 70}
+        worker.join(60)
+    assert results.wait_for(receipts, job_id, timeout=60) == {"order": 7, "invoice": 70}
     with pytest.raises(JobFailedError, match="no result can be kept: it raised"):
-        results.wait_for(receipts, broken_id, timeout=10)
+        results.wait_for(receipts, broken_id, timeout=60)
     assert receipt_rows(receipts) == [(job_id, 1)]  # ran once
 
 
@@ -246,16 +247,18 @@ def test_a_result_kept_past_a_session_commit_survives_the_handlers_timeout(
     # stands and its result is stored (a timeout held for it wrote nothing, for good).
     registry = Registry()
 
-    @registry.task(name="slow_after_commit", keep_result=True, pass_context=True, timeout=0.3)
+    @registry.task(name="slow_after_commit", keep_result=True, pass_context=True, timeout=2)
     def slow_after_commit(ctx: JobContext) -> str:
         with ctx.session() as session:
             session.commit()
-        time.sleep(0.8)
+        timed_out.append(until_told(ctx))  # returns once timed out, not after a guess
         return "stored"
 
+    timed_out: list[bool] = []
     (job_id,) = enqueue_jobs(receipts, "slow_after_commit", 1)
     run_until_empty(receipts, registry)
-    assert results.wait_for(receipts, job_id, timeout=5) == "stored"
+    assert timed_out == [True]  # it returned past its deadline
+    assert results.wait_for(receipts, job_id, timeout=60) == "stored"
 
 
 def test_a_worker_stopping_before_a_committed_handler_returns_leaves_no_pending_result(
@@ -276,8 +279,8 @@ def test_a_worker_stopping_before_a_committed_handler_returns_leaves_no_pending_
     runner = WorkerThread(receipts, registry, concurrency=1, shutdown_timeout=0.2)
     try:
         with runner:
-            assert committed.wait(10)
+            assert committed.wait(60)
     finally:
         release.set()
     with pytest.raises(JobFailedError, match="worker stopped before the handler returned"):
-        results.wait_for(receipts, job_id, timeout=5)
+        results.wait_for(receipts, job_id, timeout=60)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from helpers.support import (
     WorkerThread,
+    count_hot_where,
     count_where,
     database_clock,
     delay_chosen,
@@ -20,11 +21,11 @@ from helpers.support import (
     stall_and_reap,
     wait_for,
 )
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, event, func, select, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
-    ArchivedJob,
+    HistoryJob,
     JobContext,
     Registry,
     RetryPolicy,
@@ -372,6 +373,12 @@ def test_a_single_queue_name_is_one_queue_not_a_sequence_of_letters(engine: Engi
 
 
 def test_notify_wakes_an_idle_worker_long_before_its_poll_interval(engine: Engine) -> None:
+    """Each claim that finds less than it asked for doubles the poll backoff (towards the
+    poll interval, an hour here), so a worker that only polled would wait about as long
+    as it had been idle: 0.3, 0.05, 2.9, 12.5, 30 s for the first five jobs with a 30 s
+    interval, twice as long for each next one. Only NOTIFY delivers all eight before the
+    deadline, which guards against that wait and measures nothing (a loaded machine may
+    take seconds per job; a worker that polls, minutes)."""
     registry = Registry()
     done: dict[int, float] = {}
 
@@ -390,20 +397,19 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll_interval(engine: Engin
                 )
             )
 
-    with WorkerThread(engine, registry, poll_interval=30, poll_only=False, concurrency=1):
+    with WorkerThread(engine, registry, poll_interval=3600, poll_only=False, concurrency=1):
         wait_for(listening)
         time.sleep(1.0)  # idle: the polling backoff has grown past a second
         latencies = []
-        # Each claim that finds less than a batch doubles the poll backoff (towards 30 s),
-        # so only NOTIFY can deliver every one of these promptly.
-        for n in range(5):
+        for n in range(8):
             with Session(engine) as session, session.begin():
                 enqueue(session, "wake", {"n": n})
             committed = time.monotonic()
-            wait_for(lambda n=n: n in done, timeout=3.0, interval=0.01)
+            wait_for(lambda n=n: n in done, timeout=60, interval=0.01)
             latencies.append(done[n] - committed)
             time.sleep(0.3)
-    assert max(latencies) < 3.0, latencies  # the poll interval is 30 s
+    assert sorted(done) == list(range(8))
+    print(f"\ncommit to handler, s: {[round(x, 3) for x in latencies]}")
 
 
 # -- shutdown --------------------------------------------------------------------------------
@@ -421,7 +427,7 @@ class Gate:
         @registry.task(name="gate", pass_context=True)
         def gate(ctx: JobContext) -> None:
             self.started.append(ctx.job_id)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30  # past any stop's wait: finishing is the defect
             while not self.release.is_set() and time.monotonic() < deadline:
                 if ctx.cancelled:
                     self.saw_cancel.append(ctx.job_id)
@@ -441,7 +447,7 @@ def test_stop_returns_unfinished_jobs_to_queued(engine: Engine, concurrency: int
         wait_for(lambda: len(gate.started) == concurrency)
         held = min(concurrency + 2, 3)  # claims up to concurrency + batch - 1, batch at a time
         wait_for(lambda: count_where(engine, "status = 'running'") == held)
-        stats = runner.stop(timeout=5)  # the gate would hold a job for 10 s
+        stats = runner.stop()  # a worker that waited for the gate would append to finished
 
     jobs = jobs_by_id(engine, ids)
     assert {j.status for j in jobs.values()} == {"queued"}
@@ -475,7 +481,7 @@ def test_stop_cancels_async_handlers_past_the_timeout_and_requeues_their_jobs(
     runner = WorkerThread(engine, registry, concurrency=2, batch=1, shutdown_timeout=0.3)
     with runner:
         wait_for(lambda: len(started) == 2)
-        stats = runner.stop(timeout=5)
+        stats = runner.stop()  # one that waited for the sleeps would mark their jobs done
 
     jobs = jobs_by_id(engine, ids)
     assert {(j.status, j.locked_by) for j in jobs.values()} == {("queued", None)}
@@ -496,7 +502,7 @@ def test_stop_lets_in_flight_jobs_finish_within_the_shutdown_timeout(engine: Eng
         stopper.start()
         time.sleep(0.2)
         gate.release.set()
-        stopper.join(10)
+        stopper.join(60)
 
     assert sorted(gate.finished) == sorted(gate.started)
     assert count_where(engine, "true") == 2  # the two finished jobs were deleted
@@ -523,23 +529,21 @@ def test_succeeded_job_is_kept_deleted_or_archived_per_queue(
 
     kept = jobs_by_id(engine)
     with Session(engine) as session:
-        archived = session.get(ArchivedJob, job_id)
+        archived = session.scalars(select(HistoryJob).where(HistoryJob.id == job_id)).first()
         archived_row = archived and (
             archived.status,
             archived.task,
             archived.args,
             archived.attempts,
         )
-    if retention == "keep":
+    if retention == "delete":
+        assert kept == {}
+        assert archived_row is None
+    else:  # keep and archive: moved to the history, out of the hot table
         assert (kept[job_id].status, kept[job_id].attempts) == ("done", 1)
         assert kept[job_id].finished_at is not None
-        assert archived_row is None
-    elif retention == "delete":
-        assert kept == {}
-        assert archived_row is None
-    else:
-        assert kept == {}
         assert archived_row == ("done", "ok", {"a": 1}, 1)
+        assert count_hot_where(engine, "true") == 0
 
 
 def test_prune_deletes_kept_jobs_older_than_the_cutoff(engine: Engine) -> None:
@@ -549,9 +553,12 @@ def test_prune_deletes_kept_jobs_older_than_the_cutoff(engine: Engine) -> None:
         admin.set_retention(conn, "default", "keep")
     enqueue_jobs(engine, "ok", 3)
     run_until_empty(engine, registry)
+    assert count_hot_where(engine, "true") == 0  # the kept jobs are in the history
     with engine.begin() as conn:
         assert admin.prune(conn, 3600) == 0
-        conn.execute(text("UPDATE sqla_queue.jobs SET finished_at = now() - interval '2 hours'"))
+        conn.execute(
+            text("UPDATE sqla_queue.jobs_history SET finished_at = now() - interval '2 hours'")
+        )
         assert admin.prune(conn, 3600) == 3
     assert count_where(engine, "true") == 0
 
@@ -568,7 +575,7 @@ def test_late_outcome_of_a_reaped_job_changes_nothing(engine: Engine, outcome: s
     @registry.task(name="stalls")
     def stalls() -> None:
         started.set()
-        release.wait(10)
+        release.wait(60)
         if outcome != "succeed":
             raise RuntimeError("late failure")
 
@@ -576,7 +583,7 @@ def test_late_outcome_of_a_reaped_job_changes_nothing(engine: Engine, outcome: s
     (job_id,) = enqueue_jobs(engine, "stalls", 1, max_attempts=max_attempts)
     last_attempt = outcome == "raise on the last attempt"
     with WorkerThread(engine, registry, concurrency=2) as runner:
-        started.wait(10)
+        assert started.wait(60)
         # On its last attempt the reaper fails the job itself; otherwise another worker
         # claims attempt 2.
         assert stall_and_reap(engine) == (0 if last_attempt else 2)
@@ -656,7 +663,7 @@ def test_heartbeats_keep_a_long_job_from_being_reaped(engine: Engine) -> None:
 
     enqueue_jobs(engine, "long", 1)
     with WorkerThread(engine, registry, lease=1, concurrency=2) as runner:
-        wait_for(lambda: count_where(engine, "true") == 0, timeout=15)
+        wait_for(lambda: count_where(engine, "true") == 0)
         assert runner.worker.stats.reaped == 0
     assert attempts == [1]
 
@@ -692,3 +699,50 @@ def test_every_finished_job_that_ran_records_when_it_started(
         assert job.started_at is not None, f"job {job.task} ({job.status}) has no start"
         assert job.created_at <= job.started_at <= job.finished_at
     assert [job.status for job in jobs] == ["done", "done", "failed"]
+
+
+def test_a_burst_until_empty_runs_a_job_that_fell_due_between_its_claim_and_its_look_ahead(
+    engine: Engine,
+) -> None:
+    """Race, held on purpose: the job falls due after the burst's last claim (which saw it
+    not yet due) and before its read of what is due later. That read counted neither due
+    jobs nor later ones, so the worker exited and left it (stop 43's CI: "0 succeeded")."""
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.task(name="later", pass_context=True)
+    def later(ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    (job_id,) = enqueue_jobs(engine, "later", 1, delay=3600)
+    fell_due: list[bool] = []
+
+    def fall_due(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "min(sqla_queue.jobs.run_at)" in statement and not fell_due:
+            fell_due.append(True)  # the claim before saw it an hour ahead; the hour passes
+            with engine.begin() as other:
+                other.execute(
+                    text("UPDATE sqla_queue.jobs SET run_at = now() WHERE id = :id"),
+                    {"id": job_id},
+                )
+
+    event.listen(engine, "before_cursor_execute", fall_due)
+    try:
+        config = WorkerConfig(
+            concurrency=1, batch=1, poll_only=True, burst=True, burst_until_empty=True
+        )
+        result: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: result.append(run_until_empty(engine, registry, config)), daemon=True
+        )
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the burst worker did not exit within 60 s"
+    finally:
+        event.remove(engine, "before_cursor_execute", fall_due)
+
+    assert fell_due == [True]
+    assert ran == [job_id]
+    (stats,) = result
+    assert (stats.succeeded, stats.not_yet_due) == (1, 0)
+    assert count_hot_where(engine, f"id = {job_id}") == 0

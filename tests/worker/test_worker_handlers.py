@@ -58,14 +58,16 @@ def workers_finding(engine: Engine) -> Finding:
     return finding
 
 
-def test_a_timed_out_sync_handler_keeps_its_worker_slot_until_it_returns(engine: Engine) -> None:
+def test_a_timed_out_sync_handler_keeps_its_worker_slot_until_it_returns(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
     registry = Registry()
     release = threading.Event()
     ran: list[bool] = []
 
     @registry.task(name="stuck", timeout=0.2, retry=RetryPolicy(base=60, jitter=0))
     def stuck() -> str:
-        release.wait(10)  # bounded: the test sets it
+        release.wait(60)  # bounded: the test sets it once the worker timed it out
         return "discarded"
 
     @registry.task(name="quick")
@@ -77,12 +79,14 @@ def test_a_timed_out_sync_handler_keeps_its_worker_slot_until_it_returns(engine:
     runner = WorkerThread(engine, registry, concurrency=1, batch=1)
     try:
         with runner:
-            time.sleep(1.0)  # five times its timeout
+            # the worker's own decision, not a sleep: under load the producer's deadline check
+            # can come seconds after the 0.2 s timeout, and a release before it is a success
+            wait_for(lambda: "timed out after 0.2s" in caplog.text, timeout=60)
             (held,) = jobs_by_id(engine, [stuck_id]).values()
             assert held.status == "running"  # leased by the worker: not reaped, not retried
             assert ran == []  # -c 1: the one slot is the stuck handler's
             release.set()
-            wait_for(lambda: len(ran) == 5, timeout=5)
+            wait_for(lambda: len(ran) == 5, timeout=60)
     finally:
         release.set()
 
@@ -111,12 +115,12 @@ def test_a_handler_that_returns_past_its_deadline_unseen_by_a_busy_worker_timed_
 
     (job_id,) = enqueue_jobs(engine, "late", 1)
     with WorkerThread(engine, registry, concurrency=2, batch=1, poll_interval=0.05):
-        assert started.wait(10)
+        assert started.wait(60)
         with engine.connect() as conn, conn.begin():
             # the worker's next claim waits on this lock, past the handler's deadline
             conn.execute(text("LOCK TABLE sqla_queue.jobs IN EXCLUSIVE MODE"))
             time.sleep(1.0)
-        wait_for(lambda: count_where(engine, f"id = {job_id} AND status = 'failed'"), timeout=10)
+        wait_for(lambda: count_where(engine, f"id = {job_id} AND status = 'failed'"), timeout=60)
 
     (job,) = jobs_by_id(engine, [job_id]).values()
     assert "ran longer than its timeout of 0.2 s" in (job.last_error or "")
@@ -136,7 +140,7 @@ def test_a_queue_limited_to_two_never_runs_more_than_two_handlers_past_their_tim
 
     ids = enqueue_jobs(engine, "overruns", 4, queue="limited")
     with WorkerThread(engine, registry, concurrency=8, batch=8, heartbeat=0.2):
-        wait_for(lambda: count_where(engine, "status = 'failed'") == 4, timeout=10)
+        wait_for(lambda: count_where(engine, "status = 'failed'") == 4, timeout=60)
 
     assert executing.most == 2, "the queue's limit holds while handlers overrun"
     assert executing.returned == 4
@@ -159,7 +163,7 @@ def test_a_worker_at_c2_never_runs_more_than_two_handlers_past_their_timeout(
     enqueue_jobs(engine, "overruns", 6)
     runner = WorkerThread(engine, registry, concurrency=2, batch=4)
     with runner:
-        wait_for(lambda: count_where(engine, "status = 'failed'") == 6, timeout=15)
+        wait_for(lambda: count_where(engine, "status = 'failed'") == 6, timeout=60)
 
     assert executing.most == 2
     assert runner.stats is not None
@@ -180,19 +184,33 @@ def test_a_cancelled_running_job_keeps_its_queue_slot_until_its_handler_returns(
         with executing.one():
             started.append(n)
             if n == 1:
-                release.wait(10)  # never looks at ctx.cancelled
+                release.wait(60)  # never looks at ctx.cancelled
 
     first, second = (
         enqueue_jobs(engine, "ignores_cancel", 1, queue="single", args={"n": n})[0] for n in (1, 2)
     )
     # two workers: the second one would take the slot the cancel seemed to free; poll-only
-    # (no NOTIFY), so the holder hears of the cancel from its job heartbeat (every 0.5 s)
-    config = {"concurrency": 4, "heartbeat": 0.2, "poll_interval": 0.05, "lease": 2}
-    with WorkerThread(engine, registry, **config), WorkerThread(engine, registry, **config):
+    # (no NOTIFY), so the holder hears of the cancel from its job heartbeat (every 5 s: a
+    # 20 s lease, which a loaded keeper's late beats do not let expire, as 2 s did)
+    # dead_after 60 s: under load the holder's late registration beat let its slot go
+    config = {
+        "concurrency": 4,
+        "heartbeat": 0.2,
+        "poll_interval": 0.05,
+        "lease": 20,
+        "dead_after": 60,
+    }
+    one, other = WorkerThread(engine, registry, **config), WorkerThread(engine, registry, **config)
+    with one, other:
         try:
             wait_for(lambda: started == [1])
             with engine.begin() as conn:
                 assert admin.cancel_jobs(conn, [first]) == {first: "running"}
+            wait_for(  # the holder has heard of the cancel (its decision), then a while
+                lambda: any(
+                    j.ctx.cancelled for w in (one, other) for j in w.worker.board.find(first)
+                )
+            )
             time.sleep(1.0)
             assert started == [1], "no second handler while the cancelled one runs"
             (cancelled,) = jobs_by_id(engine, [first]).values()
@@ -220,7 +238,7 @@ def test_an_async_handler_that_swallows_its_cancel_keeps_its_slot(engine: Engine
     @registry.task(name="stubborn", timeout=0.2, max_attempts=1)
     async def stubborn() -> None:
         try:
-            await asyncio.sleep(5)
+            await asyncio.sleep(60)  # cancelled at its 0.2 s timeout, however late that comes
         except asyncio.CancelledError:  # swallowed: it goes on a while
             order.append("cancelled")
             await asyncio.sleep(0.6)
@@ -249,12 +267,22 @@ def test_a_handler_that_does_not_return_is_reported_by_doctor_metrics_and_the_lo
 
     @registry.task(name="hangs", timeout=0.2)
     def hangs() -> None:
-        release.wait(30)  # bounded: the test sets it
+        release.wait(60)  # bounded: the test sets it
 
     prom = CollectorRegistry()
     metrics = instrument(registry, prometheus_registry=prom, depth_interval=60)
     (job_id,) = enqueue_jobs(engine, "hangs", 1)
-    runner = WorkerThread(engine, registry, concurrency=1, heartbeat=0.2, shutdown_timeout=0.5)
+    # lease and dead_after 60 s: under load a late keeper beat got the worker recorded lost
+    # and its held job requeued while the test read the report
+    runner = WorkerThread(
+        engine,
+        registry,
+        concurrency=1,
+        heartbeat=0.2,
+        lease=60,
+        dead_after=60,
+        shutdown_timeout=0.5,
+    )
     try:
         with runner:
             finding = wait_for(
@@ -332,21 +360,26 @@ def test_an_async_handler_that_blocks_the_loop_still_times_out_and_is_reported(
     (Issue 20: its job keeps its slot, running, until the handler returns; then it fails.)"""
     registry = Registry()
 
-    returned = threading.Event()
+    returned, release = threading.Event(), threading.Event()
 
     @registry.task(name="blocks", timeout=0.5, max_attempts=1)
     async def blocks() -> None:
-        time.sleep(4)  # noqa: ASYNC251 -- blocking the event loop is the point
+        # blocks the loop until the test has seen both lines (60 s at most): a worker that
+        # told it only on return would log after `returned`, however slow the machine
+        release.wait(60)  # blocking the event loop is the point
         returned.set()
 
     (job_id,) = enqueue_jobs(engine, "blocks", 1)
     caplog.set_level(logging.WARNING, "sqla_queue")
-    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=2):
-        wait_for(lambda: "timed out after 0.5s" in caplog.text, timeout=10)
+    # dead_after 30 s: a loaded keeper's late beat must not get this worker recorded lost
+    # (and its job reaped) while the test watches the blocked loop
+    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=30):
+        wait_for(lambda: "timed out after 0.5s" in caplog.text, timeout=60)
         told_while_blocked = not returned.is_set()
-        wait_for(lambda: "the event loop has not run" in caplog.text, timeout=10)
+        wait_for(lambda: "the event loop has not run" in caplog.text, timeout=60)
         assert count_where(engine, "status = 'running'") == 1  # its handler still blocks
-        wait_for(lambda: count_where(engine, "status = 'failed'") == 1, timeout=10)
+        release.set()
+        wait_for(lambda: count_where(engine, "status = 'failed'") == 1, timeout=60)
         failed_once_returned = returned.is_set()
     assert told_while_blocked  # told at its 0.5 s timeout, not when the handler returned
     assert failed_once_returned  # written once the handler returned
@@ -361,16 +394,18 @@ def test_a_blocked_event_loop_is_reported_by_doctor_until_it_runs_again(engine: 
 
     @registry.task(name="blocks", max_attempts=1)
     async def blocks() -> None:
-        release.wait(20)  # blocking the event loop is the point
+        release.wait(60)  # blocking the event loop is the point
 
     def workers_finding() -> Finding:
         (finding,) = [f for f in diagnose(engine, DoctorOptions(sample=0)) if f.name == "workers"]
         return finding
 
     enqueue_jobs(engine, "blocks", 1)
-    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=2):
+    # dead_after 30 s: a loaded keeper's late beat must not get this worker recorded lost
+    # (and its job reaped) while the test watches the blocked loop
+    with WorkerThread(engine, registry, heartbeat=0.3, dead_after=30):
         blocked = wait_for(
-            lambda: (f := workers_finding()).severity is Severity.warn and f, timeout=10
+            lambda: (f := workers_finding()).severity is Severity.warn and f, timeout=60
         )
         assert "event loop blocked in 1:" in blocked.value
         assert "asyncio.to_thread" in blocked.fix
@@ -378,4 +413,4 @@ def test_a_blocked_event_loop_is_reported_by_doctor_until_it_runs_again(engine: 
         assert worker["loop_blocked_seconds"] >= 1.0
         release.set()
         wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0)
-        wait_for(lambda: workers_finding().severity is Severity.ok, timeout=10)
+        wait_for(lambda: workers_finding().severity is Severity.ok, timeout=60)

@@ -6,7 +6,7 @@ import threading
 import time
 
 from helpers.support import WorkerThread, count_where, enqueue_jobs, jobs_by_id, wait_for
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from sqla_queue import JobContext, Registry, RetryPolicy, admin
 from sqla_queue.db import queries
@@ -38,7 +38,7 @@ def test_a_job_reclaimed_by_the_same_worker_keeps_its_new_attempt_alive(engine: 
             )
             assert len(conn.execute(queries.reap_stale_jobs()).all()) == 1
         # The same worker claims attempt 2; attempt 1 finishes (fenced off) meanwhile.
-        wait_for(lambda: count_where(engine, "status = 'done'") == 1, timeout=20)
+        wait_for(lambda: count_where(engine, "status = 'done'") == 1, timeout=60)
         reaped_by_worker = runner.worker.stats.reaped
     job = jobs_by_id(engine)[job_id]
     assert (job.status, job.attempts) == ("done", 2)
@@ -64,7 +64,7 @@ def test_one_locked_row_does_not_stop_the_heartbeats_of_the_others(engine: Engin
         with engine.begin() as conn:  # a cancel, left open for three leases
             admin.cancel_jobs(conn, [locked])
             time.sleep(3)
-        wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0, timeout=20)
+        wait_for(lambda: count_where(engine, "status IN ('queued', 'running')") == 0, timeout=60)
         reaped = runner.worker.stats.reaped
     assert sorted(runs) == sorted([(locked, 1)] + [(job_id, 1) for job_id in healthy])
     assert reaped == 0
@@ -84,13 +84,13 @@ def test_a_handlers_own_heartbeat_on_a_row_locked_elsewhere_is_not_a_lost_job(
     @registry.task(name="beat", pass_context=True)
     def beat(ctx: JobContext) -> None:
         started.set()
-        assert locked.wait(10)
+        assert locked.wait(60)
         beats.append(ctx.heartbeat())
         beats.append(ctx.cancelled)
 
     (job_id,) = enqueue_jobs(engine, "beat", 1)
     with WorkerThread(engine, registry, lease=60, concurrency=1) as runner:
-        assert started.wait(10)
+        assert started.wait(60)
         with engine.begin() as conn:  # another session holds the row while the handler beats
             conn.execute(
                 text("SELECT id FROM sqla_queue.jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
@@ -102,3 +102,74 @@ def test_a_handlers_own_heartbeat_on_a_row_locked_elsewhere_is_not_a_lost_job(
         succeeded = wait_for(lambda: runner.worker.stats.succeeded or None)
     assert beats == [True, False]  # still ours, and not cancelled
     assert succeeded == 1
+
+
+def _register(conn: Connection, worker_id: str, session_pid: int | None) -> None:
+    """A registration that expired a second ago, recording `session_pid` as its session."""
+    conn.execute(
+        text(
+            "INSERT INTO sqla_queue.workers (id, hostname, pid, concurrency, started_at, "
+            "heartbeat_at, expires_at, session_pid) VALUES (:id, 'box', 1, 1, now(), "
+            "now() - interval '7 seconds', now() - interval '1 second', :session_pid)"
+        ),
+        {"id": worker_id, "session_pid": session_pid},
+    )
+
+
+def _claim_as(conn: Connection, worker_id: str) -> None:
+    (claimed,) = conn.execute(queries.claim_jobs(None), {"limit": 1, "worker_id": worker_id})
+    conn.execute(
+        text(
+            "UPDATE sqla_queue.jobs SET lease_expires_at = now() + interval '1 hour' WHERE id = :id"
+        ),
+        {"id": claimed[0]},
+    )
+
+
+def test_a_worker_past_its_registration_but_still_connected_keeps_its_jobs(engine: Engine) -> None:
+    """Found under a load of 30 on 2 cores: a worker whose heartbeat thread was starved past
+    `dead_after` was taken for dead, its jobs reaped and run a second time beside it. A late
+    registration now counts as dead only once the worker's session is gone too; until then
+    its jobs wait for their own leases."""
+    (job_id,) = enqueue_jobs(engine, "t", 1)
+    with engine.connect() as session:  # the slow worker's connection (its LISTEN's)
+        pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        session.commit()
+        with engine.begin() as conn:
+            _register(conn, "slow", pid)
+            _claim_as(conn, "slow")
+        with engine.begin() as conn:
+            assert conn.execute(queries.reap_stale_jobs(), {"lease": 60}).all() == []
+            assert conn.execute(queries.delete_expired_workers()).all() == []  # not lost
+    # its connection closed (the process died): the server ends the backend, the worker is gone
+    engine.dispose()
+
+    def backend_gone() -> bool:
+        with engine.connect() as conn:
+            return not conn.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+            ).scalar_one()
+
+    wait_for(backend_gone, timeout=60)
+    with engine.begin() as conn:
+        reaped = conn.execute(queries.reap_stale_jobs(), {"lease": 60}).all()
+        assert [row.id for row in reaped] == [job_id]
+        assert conn.execute(queries.delete_expired_workers()).all() == [("slow", "box", 1)]
+
+
+def test_a_late_worker_that_records_no_session_is_judged_by_its_registration(
+    engine: Engine,
+) -> None:
+    (job_id,) = enqueue_jobs(engine, "t", 1)
+    with engine.begin() as conn:
+        _register(conn, "poll-only", None)  # --poll-only: no session held, none recorded
+        _claim_as(conn, "poll-only")
+    # its own reaper knows better: a worker that is reaping is alive (a starved keeper let
+    # its registration lapse, then reaped before it beat again)
+    with engine.begin() as conn:
+        own = {"lease": 60, "reaper_id": "poll-only"}
+        assert conn.execute(queries.reap_stale_jobs(), own).all() == []
+        assert conn.execute(queries.delete_expired_workers(), own).all() == []
+    with engine.begin() as conn:
+        reaped = conn.execute(queries.reap_stale_jobs(), {"reaper_id": "another"}).all()
+    assert [row.id for row in reaped] == [job_id]

@@ -209,7 +209,7 @@ def test_a_worker_runs_inside_the_applications_own_process(engine: Engine) -> No
         assert live == [worker.config.worker_id]  # registered while it runs
     finally:
         worker.stop()
-        thread.join(20)
+        thread.join(60)
     assert not thread.is_alive()
     assert sorted(done) == [0, 1, 2]
     assert worker.stats.succeeded == 3
@@ -241,7 +241,7 @@ def test_a_short_lease_worker_never_reaps_the_long_job_of_a_long_lease_worker(
         with WorkerThread(engine, short_registry, lease=2, poll_interval=0.2) as short_worker:
             time.sleep(5)  # more than two of the short lease; its reaper runs every ~2 s
             assert jobs_by_id(engine)[job_id].status == "running"
-        wait_for(lambda: count_where(engine, "true") == 0, timeout=20)
+        wait_for(lambda: count_where(engine, "true") == 0, timeout=60)
     assert ran == [("long-lease worker", 1)]
     assert short_worker.worker.stats.reaped == 0
     assert long_worker.worker.stats.reaped == 0
@@ -333,7 +333,7 @@ def test_jobs_released_at_shutdown_are_reported_to_the_finished_hooks(engine: En
     enqueue_jobs(engine, "hold", 3)
     runner = WorkerThread(engine, registry, concurrency=1, batch=3, shutdown_timeout=0.2)
     with runner:
-        started.wait(10)
+        assert started.wait(60)
         wait_for(lambda: count_where(engine, "status = 'running'") == 3)
         stats = runner.stop()
     assert stats.released == 3

@@ -88,7 +88,7 @@ def rows_of(engine: Engine, ids: list[int]) -> list[Any]:
             conn.execute(
                 text(
                     "SELECT id, task, queue, priority, status, workflow_id, tags, last_error "
-                    "FROM sqla_queue.jobs WHERE id = ANY(:ids) ORDER BY id"
+                    "FROM sqla_queue.all_jobs WHERE id = ANY(:ids) ORDER BY id"
                 ),
                 {"ids": ids},
             )
@@ -125,7 +125,7 @@ def test_a_chain_runs_each_step_after_the_previous_one_ended(kept: Engine) -> No
             session
         )
     with WorkerThread(kept, registry, concurrency=4, poll_interval=0.05):
-        assert wait_for(kept, handle.last_id, timeout=10) == 3
+        assert wait_for(kept, handle.last_id, timeout=60) == 3
     assert ledger.before("a", "b")
     assert ledger.before("b", "c")
     assert [row.status for row in rows_of(kept, handle.job_ids)] == ["done"] * 3
@@ -152,7 +152,7 @@ def test_a_chords_callback_reads_its_groups_results_in_order(kept: Engine) -> No
     with Session(kept) as session, session.begin():
         handle = chord(group(header), registry["collect"].s()).enqueue(session)
     with WorkerThread(kept, registry, concurrency=4, poll_interval=0.05):
-        results = wait_for(kept, handle.last_id, timeout=10)
+        results = wait_for(kept, handle.last_id, timeout=60)
     assert results == [0, 10, 20, None, 30, 40, 50]
 
 

@@ -111,7 +111,7 @@ def test_cancel_workflow_ends_queued_waiting_and_running_jobs_and_tells_the_work
         listener.execute(f'LISTEN "{queries.CANCEL_CHANNEL}"')
         with engine.begin() as conn:
             cancelled = admin.cancel_workflow(conn, "wf-1")
-        payloads = [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)]
+        payloads = [n.payload for n in listener.notifies(timeout=60, stop_after=1)]
     finally:
         listener.close()
     assert cancelled == {

@@ -3,7 +3,10 @@
 
 Its handler appends the job's id and attempt to the file named by $DURABILITY_RUNS: a
 record outside the database the test crashes, so that no commit of the record makes the
-worker's own asynchronous commits durable before the crash.
+worker's own asynchronous commits durable before the crash. With $DURABILITY_GATE (a path)
+and $DURABILITY_GATE_FROM (a number), a job whose `n` is that number or more waits for the
+path to exist first (at most 120 s): the drain stops midway until the test opens the gate,
+so its crash comes mid-drain however fast the worker runs.
 
 Run as `sqla-queue worker --app helpers.apps.durability_app:registry` with tests/ on PYTHONPATH.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from pathlib import Path
 
 from sqla_queue import JobContext, Registry, RetryPolicy
 
@@ -25,5 +30,10 @@ _lock = threading.Lock()
 )
 def record_run(ctx: JobContext, n: int) -> None:
     """Append "job_id attempt" to the runs file, one line per execution."""
+    gate = os.environ.get("DURABILITY_GATE")
+    if gate and n >= int(os.environ["DURABILITY_GATE_FROM"]):
+        deadline = time.monotonic() + 120
+        while not Path(gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     with _lock, open(os.environ["DURABILITY_RUNS"], "a") as runs:
         runs.write(f"{ctx.job_id} {ctx.attempt}\n")

@@ -18,6 +18,7 @@ import time
 
 import psycopg
 
+from helpers.support import until_told
 from sqla_queue import JobContext, Registry, RetryPolicy, Snooze
 
 registry = Registry()
@@ -32,7 +33,8 @@ CREATE TABLE IF NOT EXISTS public.fault_runs (
     attempt integer NOT NULL,
     event text NOT NULL,
     pid integer NOT NULL,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    claimed_at timestamptz
 );
 CREATE TABLE IF NOT EXISTS public.fault_ledger (
     key text PRIMARY KEY,
@@ -61,10 +63,13 @@ def execute(sql: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
 
 
 def note(ctx: JobContext, event: str) -> None:
-    """Record one event of this attempt of this job."""
+    """Record one event of this attempt of this job, with the time its claim took it (the
+    row's `locked_at`, the claim's own clock: what the claim decided, whatever the load)."""
     execute(
-        "INSERT INTO public.fault_runs (job_id, attempt, event, pid) VALUES (%s, %s, %s, %s)",
-        (ctx.job_id, ctx.attempt, event, os.getpid()),
+        "INSERT INTO public.fault_runs (job_id, attempt, event, pid, claimed_at)"
+        " SELECT %s, %s, %s, %s,"
+        " (SELECT locked_at FROM sqla_queue.jobs WHERE id = %s AND attempts = %s)",
+        (ctx.job_id, ctx.attempt, event, os.getpid(), ctx.job_id, ctx.attempt),
     )
 
 
@@ -117,11 +122,12 @@ def fenced_write(ctx: JobContext, key: str, first_attempt_sleeps: float) -> None
     retry=NO_RETRY_WAIT,
 )
 def sync_overrun(ctx: JobContext, seconds: float, succeed_on_attempt: int = 0) -> None:
-    """Overruns its timeout unless this is `succeed_on_attempt`; says when it returns."""
+    """Overruns its timeout unless this is `succeed_on_attempt`: holds until the worker tells
+    it (`ctx.cancelled`: the worker's decision, however late a loaded producer makes it),
+    `seconds` at most; says when it returns."""
     note(ctx, "started")
     if ctx.attempt != succeed_on_attempt:
-        time.sleep(seconds)
-        note(ctx, f"returned late, cancelled={ctx.cancelled}")
+        note(ctx, f"returned late, cancelled={until_told(ctx, seconds)}")
     else:
         note(ctx, "returned in time")
 
@@ -195,3 +201,21 @@ async def stress(ctx: JobContext, n: int, mode: str = "ok", seconds: float = 0.0
 
 not_a_registry = {"record": record}
 """For the bad-input tests: importable, but not a Registry."""
+
+
+@registry.task(name="hold_connection", pass_context=True, max_attempts=100, retry=NO_RETRY_WAIT)
+def hold_connection(ctx: JobContext, n: int, seconds: float = 0.05) -> None:
+    """Holds a connection of its own while it works, as a handler on an application pool
+    sized to `-c` does (tests/worker/test_startup_storm.py); when the server has no room
+    for it, the job waits a little (a snooze: no attempt spent), as such an application would."""
+    try:
+        conn = psycopg.connect(os.environ["FAULT_APP_DSN"], autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[-1][:200]
+        raise Snooze(0.2, f"no connection for the handler: {reason}") from None
+    with conn:
+        time.sleep(seconds)
+        conn.execute(
+            "INSERT INTO public.fault_runs (job_id, attempt, event, pid) VALUES (%s, %s, %s, %s)",
+            (ctx.job_id, ctx.attempt, "ran", os.getpid()),
+        )
