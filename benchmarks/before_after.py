@@ -4,7 +4,7 @@ Run it alternately from two virtual environments (one per checkout: the old comm
 new) against one private cluster, so each pair of runs sees the same machine:
 
     python benchmarks/before_after.py LABEL OUTFILE [ADMIN_URL] [--drain-only]
-        [--batch N] [--concurrency N] [--jobs N] [--server-data DATADIR]
+        [--batch N] [--concurrency N] [--jobs N] [--processes N] [--server-data DATADIR]
 
 ADMIN_URL defaults to a private cluster at 127.0.0.1:55432. Each run creates its own
 database, enqueues 20,000 no-op jobs (`enqueue_many`, 1,000 per transaction) and drains them
@@ -21,7 +21,9 @@ have, so the old one can run this copy.
 
 import argparse
 import json
+import multiprocessing
 import os
+import resource
 import time
 import uuid
 
@@ -52,6 +54,13 @@ parser.add_argument(
 parser.add_argument("--batch", type=int, default=50)
 parser.add_argument("--concurrency", type=int, default=4)
 parser.add_argument("--jobs", type=int, default=20000)
+parser.add_argument(
+    "--processes",
+    type=int,
+    default=1,
+    help="drain with this many worker processes (forked, each a burst Worker as one child"
+    " of `worker --processes N` runs); the CPU per job is then theirs together",
+)
 parser.add_argument(
     "--server-data",
     help="the cluster's data directory (same machine): the drain line then carries the"
@@ -117,12 +126,39 @@ try:
         reltuples = c.execute(
             text("SELECT reltuples FROM pg_class WHERE oid = 'sqla_queue.jobs'::regclass")
         ).scalar()
-    cpu0 = time.process_time()
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def child() -> None:
+        own = create_engine(url)
+        try:
+            Worker(own, registry, config).run(install_signal_handlers=False)
+        finally:
+            own.dispose()
+
+    if opts.processes > 1:
+        engine.dispose()  # nothing of the parent's pool crosses the fork
+        forked = [
+            multiprocessing.get_context("fork").Process(target=child) for _ in range(opts.processes)
+        ]
+        cpu0 = children_cpu()
+    else:
+        cpu0 = time.process_time()
     server0 = server_cpu()
     t0 = time.perf_counter()
-    Worker(engine, registry, config).run(install_signal_handlers=False)
-    drain = N / (time.perf_counter() - t0)
-    drain_cpu_us = (time.process_time() - cpu0) / N * 1e6
+    if opts.processes > 1:
+        for process in forked:
+            process.start()
+        for process in forked:
+            process.join()
+        drain = N / (time.perf_counter() - t0)
+        drain_cpu_us = (children_cpu() - cpu0) / N * 1e6
+    else:
+        Worker(engine, registry, config).run(install_signal_handlers=False)
+        drain = N / (time.perf_counter() - t0)
+        drain_cpu_us = (time.process_time() - cpu0) / N * 1e6
     server_cpu_us = (server_cpu() - server0) / N * 1e6
     with engine.connect() as c:
         left = c.execute(
@@ -139,6 +175,8 @@ try:
         "label": opts.label,
         "batch": opts.batch,
         "concurrency": opts.concurrency,
+        "processes": opts.processes,
+        "loadavg": os.getloadavg()[0],
         "jobs": N,
         "warm": opts.warm,
         "reltuples_at_start": reltuples,

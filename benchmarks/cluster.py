@@ -125,6 +125,21 @@ class PrivateCluster:
         self.running = True
         return self.url
 
+    def restart(self) -> None:
+        """Stop and start the server on the same folder and port (its caches emptied)."""
+        assert self.running
+        assert self.folder is not None
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.folder}"
+        )
+        done = self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data),
+            "-l", str(self.folder / "server.log"),
+            "-m", "fast", "-o", options, "-w", "-t", "120", "restart",
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise ClusterError(f"the private cluster did not restart: {done.stderr.strip()}")
+
     def stop(self) -> None:
         if self.running:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")

@@ -133,23 +133,23 @@ def noisy_neighbour(
         elapsed = _run_workers(db.url, "tenants", done, workers, concurrency)
         multixacts = (db.next_multixact_id() - before) % 2**32
         with engine.connect() as conn:
-            first = conn.scalar(text("SELECT min(started_at) FROM sqla_queue.jobs"))
+            first = conn.scalar(text("SELECT min(started_at) FROM sqla_queue.all_jobs"))
             waits = [
                 float(w)
                 for (w,) in conn.execute(
                     text(
-                        "SELECT extract(epoch FROM started_at - :first) FROM sqla_queue.jobs "
+                        "SELECT extract(epoch FROM started_at - :first) FROM sqla_queue.all_jobs "
                         "WHERE partition <> 'A'"
                     ),
                     {"first": first},
                 )
             ]
             last_small = conn.scalar(
-                text("SELECT max(finished_at) FROM sqla_queue.jobs WHERE partition <> 'A'")
+                text("SELECT max(finished_at) FROM sqla_queue.all_jobs WHERE partition <> 'A'")
             )
             a_done = conn.scalar(
                 text(
-                    "SELECT count(*) FROM sqla_queue.jobs WHERE partition = 'A' "
+                    "SELECT count(*) FROM sqla_queue.all_jobs WHERE partition = 'A' "
                     "AND finished_at <= :t"
                 ),
                 {"t": last_small},

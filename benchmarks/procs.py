@@ -5,8 +5,9 @@
   the epoch START from stdin, then prints the number committed in each window
   [START + k*SECONDS, START + (k+1)*SECONDS) as JSON. Before START is the warm-up, not counted.
 - enqueue URL COUNT: COUNT jobs, one per transaction, with `enqueue()`; then exits.
-- steady URL RATE: prints "ready", reads the epoch UNTIL from stdin, then enqueues one job per
-  transaction at RATE jobs/s until UNTIL; prints the number enqueued and the seconds.
+- steady URL RATE [BATCH]: prints "ready", reads the epoch UNTIL from stdin, then enqueues at
+  RATE jobs/s until UNTIL, one job per transaction (`enqueue()`), or BATCH jobs per
+  transaction (`enqueue_many()`); prints the number enqueued and the seconds.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from sqla_queue import enqueue
+from sqla_queue import enqueue, enqueue_many
 from sqla_queue.worker import Worker, WorkerConfig
 
 from .tasks import registry
@@ -71,20 +72,24 @@ def enqueue_count(url: str, count: int) -> None:
     engine.dispose()
 
 
-def steady(url: str, rate: float) -> None:
+def steady(url: str, rate: float, batch: int = 1) -> None:
     engine = create_engine(url, pool_size=1)
     with engine.connect():
         pass  # connected before the clock starts
     print("ready", flush=True)
     until = float(sys.stdin.readline())
     start = time.time()
-    interval = 1.0 / rate
+    interval = batch / rate
     due = time.monotonic()
     n = 0
     while time.time() < until:
         with Session(engine) as session, session.begin():
-            enqueue(session, "noop", {"n": n})
-        n += 1
+            if batch == 1:
+                enqueue(session, "noop", {"n": n})
+            else:
+                rows = [{"task": "noop", "args": {"n": n + k}} for k in range(batch)]
+                enqueue_many(session, rows)
+        n += batch
         due += interval
         pause = due - time.monotonic()
         if pause > 0:
@@ -102,7 +107,7 @@ def main(argv: list[str]) -> None:
     elif kind == "enqueue":
         enqueue_count(rest[0], int(rest[1]))
     elif kind == "steady":
-        steady(rest[0], float(rest[1]))
+        steady(rest[0], float(rest[1]), int(rest[2]) if len(rest) > 2 else 1)
     else:
         raise SystemExit(f"unknown process kind {kind!r}")
 

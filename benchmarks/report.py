@@ -98,8 +98,10 @@ cProfile (enqueue, enqueue_many), then fixed in the library:
   runs on this machine (e.g. 6,900 -> 14,800 jobs/s).
 - **enqueue() builds no statement per call**: the NOTIFY, INSERT and id-reservation
   statements are built once (building the NOTIFY select was a third of enqueue()'s CPU).
-- Finishing by DELETE vs by UPDATE (retention `keep`) is measured in every run (the
-  `finish by UPDATE` rows); DELETE stays the default.
+- Finishing by DELETE vs a `keep` queue's finish (retention `keep`: since issue 35 a move
+  into the history, a DELETE from `jobs` and an INSERT into today's history partition, no
+  longer an UPDATE) is measured in every run (the `finish by a move to the history` rows);
+  DELETE stays the default.
 
 Noticed, not changed: the claim binds `status = 'queued'` as a parameter, so a generic
 plan could not use the partial claim indexes (89 ms instead of 0.1 ms per claim on 100,000
@@ -896,18 +898,33 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         ]
         out += [
             "",
-            "Ratios below are to the **best** line of the same batch (any clients, either "
-            f"finish): batch 1 = {_fmt(best.get('1'))}, batch 50 = {_fmt(best.get('50'))} jobs/s. "
-            "Batch 10 has no ceiling line and is shown against batch 50. One worker process "
-            "sends its claims and finishes on one connection, so the one-client line "
-            f"(batch 1 = {_fmt(one.get('1'))}, batch 50 = {_fmt(one.get('50'))}) is its "
+            "The worker's `--batch` is where its claim starts: the claim grows with the "
+            "backlog, doubling while the jobs are quick, up to `--max-batch` (default 500; "
+            "issue 22), so a drain's `--batch 1` or `--batch 10` claims hundreds of jobs at "
+            "once, not one or ten. Every drain ratio below is therefore to the **best** "
+            f"batch-50 line (any clients, either finish): {_fmt(best.get('50'))} jobs/s (the "
+            f"best batch-1 line, {_fmt(best.get('1'))}, is no like-for-like comparison for a "
+            "claim that grew). One worker process sends its claims and finishes on one "
+            f"connection, so the one-client batch-50 line ({_fmt(one.get('50'))}) is its "
             "like-for-like comparison.",
         ]
     else:
         out += [f"**No ceiling in this run: {ceiling['reason']}.** Figures are absolute only."]
 
     def ref_for(batch: int) -> float | None:
-        return best.get("1") if batch == 1 else best.get("50")
+        """The ceiling line a drain is read against: the batch-50 one whatever `--batch`
+        (the claim grows from it: batch 1 and 10 are grown claims, not single-job ones)."""
+        return best.get("50")
+
+    def drain_label(row: dict[str, Any]) -> str:
+        """A drain's summary label: where its claims start (`--batch`: they grow with the
+        backlog), and how it finishes."""
+        finish = (
+            "DELETE"
+            if row["retention"] == "delete"
+            else "a move to the history (keep: DELETE + INSERT into the history)"
+        )
+        return f"drain c={row['concurrency']} claims from {row['batch']} up, finish by {finish}"
 
     out += ["", "## Summary", "", "| scenario | median | spread | ratio |", "|---|---:|---:|---:|"]
     for producers, row in sc["enqueue_single"].items():
@@ -924,10 +941,9 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         f"{_fmt(bulk['median'])} jobs/s | {bulk['spread']:.0%} | |"
     )
     for row in sc["drain"]["grid"] + sc["drain"]["keep"]:
-        finish = "DELETE" if row["retention"] == "delete" else "UPDATE (retention keep)"
         ratio = _ratio(row["median"], ref_for(row["batch"]))
         out.append(
-            f"| drain c={row['concurrency']} batch={row['batch']}, finish by {finish} | "
+            f"| {drain_label(row)} | "
             f"{_fmt(row['median'])} jobs/s | {row['spread']:.0%} | {_r(ratio)} ceiling |"
         )
     for mode in ("idle", "load"):
@@ -980,7 +996,9 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         f"{sc['drain']['jobs']:,} no-op jobs pre-inserted per repetition; completions are "
         "counted as rows gone from the jobs table (committed), not claims.",
         "",
-        "| batch | " + " | ".join(f"c={c}" for c in concs) + " |",
+        "| batch (where the claim starts; it grows) | "
+        + " | ".join(f"c={c}" for c in concs)
+        + " |",
         "|---:|" + "---:|" * len(concs),
     ]
     for batch in sorted({r["batch"] for r in grid}):
@@ -1009,7 +1027,7 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
         "",
         f"A worker (concurrency {lat['worker']['concurrency']}, batch {lat['worker']['batch']}, "
         "LISTEN/NOTIFY) in the harness process; probes are enqueued with `enqueue()` in their "
-        "own transaction and timed from the return of COMMIT to the first line of the handler. "
+        "own transaction and timed from the sending of COMMIT to the first line of the handler. "
         f"Idle: {lat['idle']['probes_per_repetition']:,} probes one after another per "
         f"repetition. Under load: {lat['load']['probes_per_repetition']:,} probes 10 ms apart "
         f"while {lat['load'].get('background_processes', 1)} other process(es) enqueue no-op "

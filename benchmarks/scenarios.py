@@ -396,7 +396,10 @@ def drain(db: BenchDatabase, plan: Plan, say: Say, step: Callable[[], None]) -> 
             continue
         row = drain_config(db, plan, concurrency, 50, retention="keep")
         compare.append(row)
-        say(f"drain c={concurrency} b=50 finish by UPDATE (keep): {row['median']:,.0f} jobs/s")
+        say(
+            f"drain c={concurrency} b=50 finish by a move to the history (keep): "
+            f"{row['median']:,.0f} jobs/s"
+        )
         step()
     db.reset_jobs()
     return {"jobs": plan.drain_jobs, "seconds": plan.seconds, "grid": grid, "keep": compare}
@@ -650,28 +653,36 @@ def backlog(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
 # -- 5. latency ------------------------------------------------------------------------------
 
 
-def _wait_started(seqs: list[int], timeout: float) -> None:
+def wait_started(
+    seqs: list[int], timeout: float, started: dict[int, float] = tasks.probe_started
+) -> None:
+    """Wait until every probe of `seqs` has its start time in `started` (filled by the
+    handler, which notifies `tasks.probe_event`)."""
     deadline = time.monotonic() + timeout
     with tasks.probe_event:
-        while not all(s in tasks.probe_started for s in seqs):
+        while not all(s in started for s in seqs):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"probes did not start within {timeout}s")
             tasks.probe_event.wait(left)
 
 
-class _Probes:
+class Probes:
+    """Plain probes: `send()` enqueues the next `probe` job and commits."""
+
     def __init__(self, db: BenchDatabase) -> None:
         assert db.engine is not None
         self.engine = db.engine
         self.seq = 0
 
     def send(self) -> tuple[int, float]:
-        """Enqueue one probe and commit; returns (seq, time the commit returned)."""
+        """Enqueue one probe and commit; returns (seq, time the COMMIT was sent: the run may
+        start before the session's end returns, which gives the connection back)."""
         self.seq += 1
         with Session(self.engine) as session, session.begin():
             enqueue(session, "probe", {"seq": self.seq})
-        return self.seq, time.perf_counter()
+            at = time.perf_counter()
+        return self.seq, at
 
 
 def _latencies(sent: list[tuple[int, float]]) -> list[float]:
@@ -684,7 +695,7 @@ def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
     worker = Worker(db.url, tasks.registry, WorkerConfig(concurrency=4, batch=10))
     thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
     thread.start()
-    probes = _Probes(db)
+    probes = Probes(db)
     result: dict[str, Any] = {"worker": {"concurrency": 4, "batch": 10}}
     try:
         time.sleep(0.5)
@@ -693,7 +704,7 @@ def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
             sent = []
             for _ in range(plan.latency_jobs if rep else min(100, plan.latency_jobs)):
                 seq, at = probes.send()
-                _wait_started([seq], 10)
+                wait_started([seq], 10)
                 sent.append((seq, at))
             if rep:
                 idle_runs.append(latency_summary(_latencies(sent)))
@@ -718,7 +729,7 @@ def latency(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
             for _ in range(plan.latency_load_probes):
                 sent.append(probes.send())
                 time.sleep(0.01)
-            _wait_started([seq for seq, _ in sent], 30)
+            wait_started([seq for seq, _ in sent], 30)
             load_runs.append(latency_summary(_latencies(sent)))
         achieved = [json.loads(load.communicate()[0]) for load in loads]
         result["load"] = _latency_result(load_runs, plan.latency_load_probes)

@@ -39,10 +39,17 @@ from .sustained import TICK
 from .tasks import MARKS_ENV
 
 MIGRATE = (
-    "import sys; from sqlalchemy import create_engine; from sqla_queue.db.migrate import upgrade; "
+    "import sys; from sqlalchemy import create_engine; from sqla_queue.{module} import upgrade; "
     "upgrade(create_engine(sys.argv[1]))"
 )
 """Run in a tree's own interpreter path: its migrations, not this checkout's."""
+
+
+def migrate_code(tree: Path) -> str:
+    """MIGRATE for `tree`: `sqla_queue.db.migrate` since the layout (issue 34), else the flat
+    `sqla_queue.migrate` (ab8d9f7 and before)."""
+    module = "db.migrate" if (tree / "sqla_queue" / "db" / "migrate.py").exists() else "migrate"
+    return MIGRATE.format(module=module)
 
 
 def tree_env(tree: Path, marks: Path | None = None) -> dict[str, str]:
@@ -139,7 +146,12 @@ def run_tree(label: str, tree: Path, server: str, args: argparse.Namespace, log:
     since = log_size(log)
     worker = None
     try:
-        subprocess.run([sys.executable, "-c", MIGRATE, db.url], env=tree_env(tree), check=True)
+        subprocess.run(
+            [sys.executable, "-c", migrate_code(tree), db.url],
+            cwd=tree,  # first on the path: an editable install would answer before PYTHONPATH
+            env=tree_env(tree),
+            check=True,
+        )
         worker = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.sustained", "worker", db.url,
              str(args.vacuum_threshold), str(args.concurrency), str(args.batch)],

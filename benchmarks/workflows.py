@@ -64,8 +64,13 @@ def _summaries(runs: list[dict[str, Any]], *keys: str) -> dict[str, Any]:
     return {key: summary([r[key] for r in runs]) for key in keys}
 
 
+FINISHED_JOBS = "sqla_queue.all_jobs AS j"
+"""Every job with its end, wherever the queue's retention put it: the jobs table or the
+partitioned history (`jobs_history`), where a kept job moves as it finishes."""
+
+
 def _reset(db: BenchDatabase, retention: str) -> None:
-    db.sql("TRUNCATE sqla_queue.jobs, sqla_queue.job_deps")
+    db.sql("TRUNCATE sqla_queue.jobs, sqla_queue.job_deps, sqla_queue.jobs_history")
     db.set_retention(retention)
 
 
@@ -95,7 +100,7 @@ def _insert_graph(
 def _wait_done(db: BenchDatabase, job_id: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = db.sql("SELECT status FROM sqla_queue.jobs WHERE id = %s", (job_id,))
+        row = db.sql(f"SELECT status FROM {FINISHED_JOBS} WHERE id = %s", (job_id,))
         if row and row[0][0] in ("done", "failed", "cancelled"):
             if row[0][0] != "done":
                 raise RuntimeError(f"job {job_id} ended {row[0][0]}")
@@ -116,7 +121,7 @@ def _wait_empty(db: BenchDatabase, timeout: float) -> None:
 def _finished(db: BenchDatabase, first: int, last: int) -> dict[int, float]:
     """id -> epoch of `finished_at` of the kept jobs with ids in [first, last]."""
     rows = db.sql(
-        "SELECT id, extract(epoch FROM finished_at)::float8 FROM sqla_queue.jobs "
+        f"SELECT id, extract(epoch FROM finished_at)::float8 FROM {FINISHED_JOBS} "
         "WHERE id BETWEEN %s AND %s AND status = 'done'",
         (first, last),
     )
