@@ -97,7 +97,8 @@ class Producer:
         self._static = static
         self._statements: dict[tuple[bool, bool, int], DriverStatement] = {}
         self._behind_warned = False
-        self._claim_sent = time.monotonic()  # when the last claim was sent
+        # A burst worker's read of what is due later, until the claim after it (`_burst_wait`)
+        self._look: tuple[Any, ...] | None = None
         self._flush_size = settings.board.flush_size
         max_batch = DEFAULT_MAX_BATCH if config.max_batch is None else config.max_batch
         self.sizes = ClaimSize(config.batch, max(config.batch, max_batch))
@@ -165,6 +166,7 @@ class Producer:
                     or now >= flush_after
                 ):
                     self.completer.flush()
+                    self._look = None  # a retry written now is due later than it saw
                     flush_after = 0.0
                     queue_empty = queue_empty and not cfg.burst  # as after a claim's writes
                     continue
@@ -224,12 +226,17 @@ class Producer:
         """A burst worker with nothing due now: None to exit, recording what it leaves
         (`WorkerStats.not_yet_due`); or the seconds to wait, while a job of its queues
         falls due within `burst_wait`, or any does with `burst_until_empty` (polling at least
-        every `poll_interval`)."""
+        every `poll_interval`). It reads what is due later *first*, then claims once more
+        (0 seconds), and decides only when that claim found nothing: every queued job was
+        then either due by the claim's snapshot or counted by the read before it, so none
+        can fall due between the two unseen (as one did when the read came after the
+        claim, in stop 43's CI)."""
         cfg = self.config
-        since_claim = time.monotonic() - self._claim_sent
-        count, earliest, seconds = self.db.execute(
-            queries.not_yet_due(cfg.queues), {"since_claim": since_claim}
-        ).one()
+        look, self._look = self._look, None
+        if look is None:
+            self._look = tuple(self.db.execute(queries.not_yet_due(cfg.queues)).one())
+            return 0.0
+        count, earliest, seconds = look
         self.stats.not_yet_due, self.stats.next_due_at = int(count), earliest
         if not count or (not cfg.burst_until_empty and float(seconds) > cfg.burst_wait):
             return None
@@ -264,7 +271,8 @@ class Producer:
         statement: one commit per cycle instead of two.
         """
         limits = self.keeper.limits
-        self._claim_sent = time.monotonic()  # before the claim's snapshot: `_burst_wait`
+        if self.board.outcomes:  # a retry written now is due later than `_look` saw
+            self._look = None
         successes = self.completer.take_successes()
         if successes is None:
             self.completer.flush()

@@ -704,9 +704,11 @@ def test_every_finished_job_that_ran_records_when_it_started(
 def test_a_burst_until_empty_runs_a_job_that_fell_due_between_its_claim_and_its_look_ahead(
     engine: Engine,
 ) -> None:
-    """Race, held on purpose: the job falls due after the burst's last claim (which saw it
-    not yet due) and before its read of what is due later. That read counted neither due
-    jobs nor later ones, so the worker exited and left it (stop 43's CI: "0 succeeded")."""
+    """Race, held on purpose: the job falls due after a claim that saw it not yet due and
+    during the burst's read of what is due later. That read once came after the claim and
+    counted jobs by a window of the worker's own clock, which missed this one whenever the
+    other transaction took longer than the claim had (stop 43's CI and the next stop's:
+    "0 succeeded"); now the read comes first and the claim after it sees the job due."""
     registry = Registry()
     ran: list[int] = []
 
@@ -721,6 +723,10 @@ def test_a_burst_until_empty_runs_a_job_that_fell_due_between_its_claim_and_its_
         if "min(sqla_queue.jobs.run_at)" in statement and not fell_due:
             fell_due.append(True)  # the claim before saw it an hour ahead; the hour passes
             with engine.begin() as other:
+                # a slow transaction: the job falls due at its start, 0.3 s before the read
+                # (a window the read after the claim could not see; with the read first,
+                # the claim after it sees the job due however long this takes)
+                other.execute(text("SELECT pg_sleep(0.3)"))
                 other.execute(
                     text("UPDATE sqla_queue.jobs SET run_at = now() WHERE id = :id"),
                     {"id": job_id},

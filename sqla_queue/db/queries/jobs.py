@@ -59,7 +59,6 @@ from sqla_queue.db.queries.common import (
     literal_text,
     queues,
     seconds_interval,
-    seconds_param,
     status_is,
     workers,
 )
@@ -852,18 +851,16 @@ def make_scheduled_due(queue_names: Sequence[str] | None, skip_ids: bool = False
 
 def not_yet_due(queue_names: Sequence[str] | None) -> Select[Any]:
     """(count, earliest run_at, seconds until it) of the queued jobs in the given queues
-    (None: all) that the worker's last claim could not see due: due later, or fallen due
-    in the `:since_claim` seconds since that claim was sent (seconds then <= 0). What a
-    `--burst` worker leaves behind when it exits (a retry or a snooze not yet due), and
-    what `--burst-wait` waits for. Without the second part, a retry that fell due between
-    the claim and this read was counted by neither, and the burst exited leaving it."""
+    (None: all) not due yet: what a `--burst` worker leaves behind when it exits (a retry
+    or a snooze not yet due), and what `--burst-wait` waits for. The worker reads it
+    *before* its last claim (`Producer`): a job is then either due by that claim's
+    snapshot or counted here, with no window between the two for a job to fall due in."""
     columns = [
         func.count().label("count"),
         func.min(jobs.c.run_at).label("earliest"),
         func.extract("epoch", func.min(jobs.c.run_at) - func.now()).label("seconds"),
     ]
-    unseen = func.now() - seconds_param("since_claim")
-    statement = select(*columns).where(status_is(JobStatus.queued), jobs.c.run_at > unseen)
+    statement = select(*columns).where(status_is(JobStatus.queued), jobs.c.run_at > func.now())
     if queue_names is not None:
         statement = statement.where(jobs.c.queue.in_(queue_names))
     return statement
