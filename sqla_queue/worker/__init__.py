@@ -55,7 +55,7 @@ from sqla_queue.worker.connection import (
 )
 from sqla_queue.worker.executor import Executor
 from sqla_queue.worker.health import DatabaseCheck, ThreadOf, WorkerHealth
-from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob
+from sqla_queue.worker.jobs import ClaimColumns, ClaimedJob, ContextParts
 from sqla_queue.worker.journal import DatabaseJournal
 from sqla_queue.worker.keeper import Keeper
 from sqla_queue.worker.periodic import Scheduler
@@ -113,6 +113,15 @@ class Worker:
         self.health: HealthServer | None = None
         """The health server while `run()` serves one (`WorkerConfig.health_port`)."""
         self.resources = resources_of(registry, cfg.resources)
+        self._context_parts = ContextParts(
+            self.resources,
+            self._beat_one,
+            self._job_session,
+            self._parent_results,
+            self._step_journal,
+            self._receive_signal,
+            self._journal,
+        )
         hooks = registry.hooks
         self.board = JobBoard(cfg.concurrency, cfg.batch, wake_once(self._wake))
         self.db = DatabaseLink(
@@ -263,17 +272,7 @@ class Worker:
                 self.db.pulse.busy()
 
     def _make_job(self, row: Any, columns: ClaimColumns) -> ClaimedJob:
-        return ClaimedJob(
-            row,
-            columns,
-            self.resources,
-            self._beat_one,
-            self._job_session,
-            self._parent_results,
-            self._step_journal,
-            self._receive_signal,
-            self._journal,
-        )
+        return ClaimedJob(row, columns, self._context_parts)
 
     def _beat_one(self, ctx: JobContext) -> bool:
         for job in self.board.find(ctx.job_id):

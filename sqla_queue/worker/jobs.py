@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqla_queue.job.context import JobContext
 from sqla_queue.job.outcome import JobAttempt
 
-__all__ = ["ClaimColumns", "ClaimedJob", "decode_args"]
+__all__ = ["ClaimColumns", "ClaimedJob", "ContextParts", "decode_args"]
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
     json.JSONDecoder()  # type: ignore[arg-type]  # typeshed: its context is a decoder's
@@ -70,48 +71,117 @@ class ClaimColumns:
         self.task: int = keys.index("task")
 
 
+class ContextParts(NamedTuple):
+    """What every job's `JobContext` of one worker shares, besides its row's own values."""
+
+    resources: Mapping[str, Any]
+    heartbeat: Any = None
+    session_factory: Any = None
+    parent_results: Any = None
+    steps: Any = None
+    signals: Any = None
+    journal_sink: Any = None
+
+
+_BUILDING = threading.Lock()
+"""Held while a claimed job's context is built: the handler thread that runs it and the
+keeper (a heartbeat, a cancel) may ask for it at once, and must get the same one."""
+
+
 class ClaimedJob(JobAttempt):
     """A job this worker has claimed and not yet finished. Keyed by (id, attempt): a job
-    re-claimed by the same worker after a reap is a different `ClaimedJob`."""
+    re-claimed by the same worker after a reap is a different `ClaimedJob`.
 
-    __slots__ = ("_token", "claimed_at", "next_report", "reported_started")
+    Made by the dispatcher from a claimed row with only what the board and the keeper read
+    of every job (its id, attempt, task, queue, when claimed); its args are decoded and its
+    `JobContext` built on first use (`ctx`, `args`, `decode_error`), which is the handler
+    thread's as it starts the job. The dispatcher sends its next claim that much sooner:
+    the server works on it while the handler threads make the jobs of the one before."""
 
-    def __init__(
-        self,
-        row: Sequence[Any],
-        columns: ClaimColumns,
-        resources: Mapping[str, Any],
-        heartbeat: Any = None,
-        session_factory: Any = None,
-        parent_results: Any = None,
-        steps: Any = None,
-        signals: Any = None,
-        journal_sink: Any = None,
-    ) -> None:
-        # Decoded here, one job at a time: a row that cannot be decoded fails alone.
-        args, decode_error = decode_args(row[columns.args_json])
-        ctx = JobContext(  # by position: one per job, and keywords cost more to pass
-            row[columns.id],
-            row[columns.task],
-            row[columns.queue],
-            row[columns.attempts],
-            heartbeat,
-            resources,
-            row[columns.tags],
-            row[columns.meta_json],
-            session_factory,
-            parent_results,
-            steps,
-            signals,
-            journal_sink,
-            row[columns.about],
+    __slots__ = (
+        "_args",
+        "_ctx",
+        "_decode_error",
+        "_source",
+        "_token",
+        "claimed_at",
+        "next_report",
+        "reported_started",
+    )
+
+    def __init__(self, row: Sequence[Any], columns: ClaimColumns, parts: ContextParts) -> None:
+        # JobAttempt's fields, set here without a context (`JobAttempt.__init__` reads its)
+        self.id: int = (job_id := row[columns.id])
+        self.task: str = row[columns.task]
+        self.queue: str = row[columns.queue]
+        self.attempt: int = (attempt := row[columns.attempts])
+        self.max_attempts = row[columns.max_attempts]
+        self.key = (job_id, attempt)
+        self.deadline = None
+        self.started = False
+        self.started_at = None
+        self.pending = None
+        self.gave_up_at = None
+        self.future = None
+        self.task_handle = None
+        self._ctx: JobContext | None = None
+        self._source: tuple[Sequence[Any], ClaimColumns, ContextParts] | None = (
+            row,
+            columns,
+            parts,
         )
-        JobAttempt.__init__(self, ctx, args, row[columns.max_attempts], decode_error)
         self.claimed_at = time.monotonic()
         self.reported_started = False
         self._token = [True]
         self.next_report = 0.0
         """When the keeper reports the overrunning handler next (0: not reported yet)."""
+
+    def _build(self) -> JobContext:
+        """Decode the args and build the context, once (whoever asks first)."""
+        with _BUILDING:
+            ctx = self._ctx
+            if ctx is not None:
+                return ctx
+            assert self._source is not None
+            row, columns, parts = self._source
+            # Decoded here, one job at a time: a row that cannot be decoded fails alone.
+            self._args, self._decode_error = decode_args(row[columns.args_json])
+            ctx = self._ctx = JobContext(  # by position: keywords cost more to pass
+                self.id,
+                self.task,
+                self.queue,
+                self.attempt,
+                parts.heartbeat,
+                parts.resources,
+                row[columns.tags],
+                row[columns.meta_json],
+                parts.session_factory,
+                parts.parent_results,
+                parts.steps,
+                parts.signals,
+                parts.journal_sink,
+                row[columns.about],
+            )
+            self._source = None  # the row is not needed any more
+            return ctx
+
+    @property
+    def ctx(self) -> JobContext:  # type: ignore[override]  # JobAttempt's slot, built on use
+        ctx = self._ctx
+        return ctx if ctx is not None else self._build()
+
+    @property
+    def args(self) -> dict[str, Any]:  # type: ignore[override]
+        if self._ctx is None:
+            self._build()
+        return self._args
+
+    @property
+    def decode_error(self) -> str | None:  # type: ignore[override]
+        """Why the job's args could not be decoded (it fails without running), or None."""
+        if self._ctx is None:
+            self._build()
+        return self._decode_error
 
     def take(self) -> bool:
         """Become the one who settles this job: True once, for the first caller only (the
