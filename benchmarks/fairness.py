@@ -3,8 +3,7 @@ limits and sequences cost the claim.
 
     python -m benchmarks.fairness [--database-url URL] [--big 100000] [--repeat 4]
 
-Without `--database-url` it starts a private cluster (stock settings, autovacuum on) and
-drops the queue's foreign key (`drop_queue_fk`), as a busy deployment would.
+Without `--database-url` it starts a private cluster (stock settings, autovacuum on).
 
 1. **Noisy neighbour**: tenant A enqueues `--big` jobs of 5 ms, then tenants B..K 100
    each; worker threads (2 workers x `-c 32`) drain them all. Each run has a database of its
@@ -39,7 +38,6 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import Registry, Worker, WorkerConfig, admin, enqueue_many
 from sqla_queue.admin import partitions
-from sqla_queue.db.migrate import drop_queue_fk
 
 from .cluster import PrivateCluster
 from .database import BenchDatabase
@@ -65,7 +63,6 @@ def _fresh(server: str) -> BenchDatabase:
     db = BenchDatabase(server)
     db.create()
     assert db.engine is not None
-    drop_queue_fk(db.engine)
     return db
 
 

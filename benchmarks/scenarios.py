@@ -794,7 +794,7 @@ def multixacts(db: BenchDatabase, plan: Plan, say: Say) -> dict[str, Any]:
                 f", worker {result[variant]['worker']['median']:.0f}"
             )
     finally:
-        db.add_queue_fk()
+        db.drop_queue_fk()  # the default schema again (sqlaq_0031: the queue check)
     return result
 
 

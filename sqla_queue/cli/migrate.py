@@ -16,13 +16,15 @@ from sqla_queue.cli.types import Duration, count
 @click.option(
     "--drop-queue-fk",
     is_flag=True,
-    help="Also drop the jobs -> queues foreign key (opt-in revision): no MultiXact per "
-    "enqueue when many sessions enqueue into one queue.",
+    help="Let jobs name queues that do not exist (opt-in revision): drop the check that "
+    "refuses them (its triggers; on a schema before sqlaq_0031, the jobs -> queues foreign "
+    "key).",
 )
 @click.option(
     "--restore-queue-fk",
     is_flag=True,
-    help="Restore the jobs -> queues foreign key (refused while jobs name missing queues).",
+    help="Undo --drop-queue-fk: refuse jobs of unknown queues again (refused while jobs "
+    "name missing queues).",
 )
 @click.option(
     "--stamp",
@@ -86,7 +88,11 @@ def migrate(
         with engine.connect() as conn:
             click.echo(f"sqla_queue schema at revision {migrations.schema_revision(conn)}")
         if drop_queue_fk or restore_queue_fk:
-            click.echo(f"queue foreign key {'dropped' if drop_queue_fk else 'in place'}")
+            click.echo(
+                "queue foreign key dropped: jobs may name queues that do not exist"
+                if drop_queue_fk
+                else "queue foreign key in place: a job of an unknown queue is refused"
+            )
     finally:
         engine.dispose()
 

@@ -48,7 +48,7 @@ DROP_SCHEMA_IF_EMPTY = (
     f"DO $$ BEGIN DROP SCHEMA {SCHEMA}; "
     "EXCEPTION WHEN dependent_objects_still_exist THEN NULL; END $$"
 )
-SCHEMA_REVISION = "sqlaq_0030_history"
+SCHEMA_REVISION = "sqlaq_0031_queue_check"
 """The revision of our schema this version of the code needs (or a later one it ships: a
 revision it does not know is refused, `check_schema`)."""
 OPTIONAL_BRANCH = "sqla_queue_no_queue_fk"
@@ -382,7 +382,9 @@ def downgrade(bind: Engine | Connection, revision: str = f"{BRANCH}@base") -> No
 
 
 def drop_queue_fk(bind: Engine | Connection) -> None:
-    """Apply the opt-in revision that drops the foreign key from jobs.queue to queues.name.
+    """Apply the opt-in revision that lets jobs name queues that do not exist: it drops the
+    queue check's triggers (sqlaq_0031), or the foreign key from jobs.queue to queues.name
+    that a schema before it has.
 
     Enqueuing into an unknown queue then succeeds; its jobs run as if the queue existed.
     """
@@ -392,7 +394,8 @@ def drop_queue_fk(bind: Engine | Connection) -> None:
 
 
 def restore_queue_fk(bind: Engine | Connection) -> None:
-    """Revert the opt-in revision: restore the foreign key after checking for orphan jobs.
+    """Revert the opt-in revision: restore the queue check (its triggers; a schema before
+    sqlaq_0031, the foreign key) after checking for orphan jobs.
 
     Raises `OrphanJobsError`, naming the queues, if jobs reference queues that do not exist.
     """

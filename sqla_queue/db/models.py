@@ -320,7 +320,8 @@ class Job(QueueBase):
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
     queue: Mapped[str] = mapped_column(
         Text,
-        ForeignKey(f"{SCHEMA}.queues.name", onupdate="CASCADE"),
+        # No foreign key to queues.name since sqlaq_0031: triggers that lock nothing check
+        # it (`QUEUE_CHECK_TRIGGERS`); `queue_row` joins on the name.
         server_default=text(f"'{DEFAULT_QUEUE}'"),
     )
     task: Mapped[str] = mapped_column(Text)
@@ -920,6 +921,18 @@ SCHEMA_TRIGGERS: dict[str, tuple[str, str]] = {
 """The triggers the schema at head has: name -> (table, the revision file and constant
 holding its CREATE TRIGGER). Not in the models: `doctor` compares the catalogue with it."""
 
+QUEUE_CHECK_TRIGGERS: dict[str, tuple[str, str]] = {
+    name: (table, "sqlaq_0031_queue_check.py (TRIGGERS)")
+    for name, table in (
+        ("jobs_queue_known", "jobs"),
+        ("job_queue_known", "jobs"),
+        ("queue_in_use", "queues"),
+        ("queue_renamed", "queues"),
+    )
+}
+"""The triggers that refuse a job of an unknown queue (in place of the foreign key): at head
+unless the opt-in `migrate --drop-queue-fk` dropped them on purpose."""
+
 SCHEMA_FUNCTIONS: dict[str, str] = {
     "claim_slots": "sqlaq_0008_held_slots.py (CLAIM_SLOTS)",
     "claim_turns": "sqlaq_0015_claim_seams.py (CLAIM_TURNS)",
@@ -933,6 +946,10 @@ SCHEMA_FUNCTIONS: dict[str, str] = {
     "history_period_start": "sqlaq_0030_history.py (PERIOD_START)",
     "keep_history": "sqlaq_0030_history.py (KEEP_HISTORY)",
     "history_journal_gone": "sqlaq_0030_history.py (HISTORY_JOURNAL_GONE)",
+    "jobs_queue_known": "sqlaq_0031_queue_check.py (FUNCTIONS)",
+    "job_queue_known": "sqlaq_0031_queue_check.py (FUNCTIONS)",
+    "queue_in_use": "sqlaq_0031_queue_check.py (FUNCTIONS)",
+    "queue_renamed": "sqlaq_0031_queue_check.py (FUNCTIONS)",
 }
 """The functions the schema at head has: name -> the revision file and constant holding its
 CREATE FUNCTION."""

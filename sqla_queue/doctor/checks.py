@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 
 from sqla_queue.admin import partitions
 from sqla_queue.db import queries, rollup
-from sqla_queue.db.migrate import schema_revision
+from sqla_queue.db.migrate import has_optional_revisions, schema_revision
 from sqla_queue.db.queries import signals as signal_queries
 from sqla_queue.db.queries import vacuum
 from sqla_queue.doctor.findings import (
@@ -303,10 +303,19 @@ def check_subtransactions(conn: Connection, options: DoctorOptions) -> Finding:
 
 
 def check_queue_foreign_key(conn: Connection, options: DoctorOptions) -> Finding:
-    """Whether jobs.queue references queues, and how many sessions enqueue at once."""
+    """What refuses a job of an unknown queue: the queue check's triggers, which lock
+    nothing (sqlaq_0031 on); a foreign key (an older schema), whose lock on the queue's row
+    mints MultiXacts while sessions enqueue at once; or nothing (`--drop-queue-fk`); and
+    the jobs that name queues that do not exist."""
     names = list(conn.execute(queries.queue_foreign_keys()).scalars())
     enqueuers = int(conn.execute(queries.recent_enqueuers()).scalar_one())
-    details: dict[str, Any] = {"present": bool(names), "recent_enqueuers": enqueuers}
+    triggers = {str(r.name) for r in conn.execute(queries.schema_triggers())}
+    checked = "jobs_queue_known" in triggers
+    details: dict[str, Any] = {
+        "present": bool(names),
+        "checked_by_triggers": checked,
+        "recent_enqueuers": enqueuers,
+    }
     if not names:
         orphans = {str(queue): int(count) for queue, count in conn.execute(queries.orphan_queues())}
         details["orphan_queues"] = orphans
@@ -314,7 +323,12 @@ def check_queue_foreign_key(conn: Connection, options: DoctorOptions) -> Finding
             listed = ", ".join(f"{queue!r} ({count} jobs)" for queue, count in orphans.items())
             value = f"absent; jobs name queues that do not exist: {listed}"
             return Finding("queue_foreign_key", Severity.warn, value, FIX_ORPHANS, details)
-        value = f"absent; {enqueuers} session(s) enqueuing now or last"
+        how = (
+            "the queue check's triggers refuse unknown queues without a lock"
+            if checked
+            else "jobs may name unknown queues (--drop-queue-fk)"
+        )
+        value = f"absent: {how}; {enqueuers} session(s) enqueuing now or last"
         return Finding("queue_foreign_key", Severity.ok, value, FIX_FOREIGN_KEY, details)
     value = f"present ({', '.join(names)}); {enqueuers} session(s) enqueuing now or last"
     severity = Severity.warn if enqueuers >= options.concurrent_enqueuers else Severity.ok
@@ -675,6 +689,7 @@ def schema_differences(conn: Connection, worker_role: str | None = None) -> list
     tables, columns, indexes (and their validity), triggers, functions, and with
     `worker_role` that role's privileges."""
     from sqla_queue.db.models import (
+        QUEUE_CHECK_TRIGGERS,
         SCHEMA,
         SCHEMA_FUNCTIONS,
         SCHEMA_TRIGGERS,
@@ -711,7 +726,10 @@ def schema_differences(conn: Connection, worker_role: str | None = None) -> list
                     f"{SCHEMA}.{name}; then {create}"
                 )
     triggers = {str(r.name) for r in conn.execute(queries.schema_triggers())}
-    for name, (table_name, where) in SCHEMA_TRIGGERS.items():
+    expected = dict(SCHEMA_TRIGGERS)
+    if not has_optional_revisions(conn):  # `--drop-queue-fk` drops the queue check
+        expected.update(QUEUE_CHECK_TRIGGERS)
+    for name, (table_name, where) in expected.items():
         if name not in triggers:
             found.append(
                 f"trigger {name} on {SCHEMA}.{table_name} is missing: run its CREATE TRIGGER "

@@ -79,8 +79,8 @@ FIX_UPGRADE = (
 )
 FIX_MULTIXACTS = (
     "Remove subtransactions from the claim path (no savepoint such as begin_nested around "
-    "the worker's updates) and drop the foreign key from jobs to hot parent rows "
-    "(`sqla-queue migrate --drop-queue-fk`)."
+    "the worker's updates) and the foreign key from jobs to hot parent rows (`sqla-queue "
+    "migrate` replaces the queue's by triggers that lock nothing, since sqlaq_0031)."
 )
 FIX_FREEZE = (
     "Heavy MultiXact minting forces more frequent freezing: stop the minting (savepoints, "
@@ -101,13 +101,15 @@ FIX_SUBTRANSACTIONS = (
     "off for the worker."
 )
 FIX_FOREIGN_KEY = (
-    "Drop the foreign key from jobs to hot parent rows (`sqla-queue migrate --drop-queue-fk`): "
-    "a constraint is cheap to check once and expensive when a thousand inserts a second all "
-    "pin the same parent."
+    "Upgrade the schema (`sqla-queue migrate`): since sqlaq_0031 triggers that lock nothing "
+    "refuse a job of an unknown queue in place of the foreign key from jobs to the queue's "
+    "row, which is cheap to check once and expensive when a thousand inserts a second all "
+    "pin the same parent (`--drop-queue-fk` lets jobs name unknown queues instead)."
 )
 FIX_ORPHANS = (
-    "Without the foreign key nothing stops a typo in a queue name: create the missing queues "
-    "(`sqla-queue queues create NAME`) or cancel their jobs."
+    "Jobs name queues that do not exist (after `--drop-queue-fk`, or a queue deleted while "
+    "a job was enqueued into it): create the missing queues (`sqla-queue queues create "
+    "NAME`) or cancel their jobs."
 )
 FIX_TABLE_SIZE = (
     "Keep the table small: delete finished jobs or keep them in the history (queue "

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 from helpers.multixact_support import (
+    add_queue_fk,
     private_databases,
     run_naive_savepoint_worker,
     tagged_engine,
@@ -86,7 +87,8 @@ def test_healthy_database_reports_every_check_ok(engine: Engine) -> None:
     assert {f.name for f in findings} == EVERY_CHECK
     assert {f.name: f.severity for f in findings} == dict.fromkeys(EVERY_CHECK, Severity.ok)
     found = _by_name(findings)
-    assert found["queue_foreign_key"].details["present"] is True
+    assert found["queue_foreign_key"].details["present"] is False  # sqlaq_0031: triggers
+    assert found["queue_foreign_key"].details["checked_by_triggers"] is True
     assert found["multixact_rate"].details["minted"] == 0
     assert all(f.fix for f in findings)
 
@@ -165,6 +167,7 @@ def test_stale_running_job_is_critical_and_the_command_exits_1(
 
 
 def test_fk_with_concurrent_enqueuers_warns_and_is_absent_after_the_drop(engine: Engine) -> None:
+    add_queue_fk(engine)  # as a schema before sqlaq_0031 had it
     sessions = 8
     inserted = threading.Barrier(sessions + 1)
     checked = threading.Event()
@@ -190,11 +193,17 @@ def test_fk_with_concurrent_enqueuers_warns_and_is_absent_after_the_drop(engine:
     without_fk = _by_name(diagnose(engine, QUICK))["queue_foreign_key"]
 
     assert with_fk.severity is Severity.warn
-    assert with_fk.details == {"present": True, "recent_enqueuers": sessions}
+    assert with_fk.details == {
+        "present": True,
+        "checked_by_triggers": True,
+        "recent_enqueuers": sessions,
+    }
     assert "present (fk_jobs_queue_queues)" in with_fk.value
-    assert "--drop-queue-fk" in with_fk.fix
+    assert "`sqla-queue migrate`" in with_fk.fix
     assert without_fk.severity is Severity.ok
     assert without_fk.details["present"] is False
+    assert without_fk.details["checked_by_triggers"] is False
+    assert "jobs may name unknown queues" in without_fk.value
 
 
 def test_jobs_of_missing_queues_are_named_once_the_fk_is_dropped(engine: Engine) -> None:

@@ -179,3 +179,15 @@ def tagged_engine(database_url: str, **kwargs: object) -> tuple[Engine, str]:
     name = f"sqlaq-test-{uuid.uuid4().hex[:8]}"
     engine = create_engine(database_url, connect_args={"application_name": name}, **kwargs)
     return engine, name
+
+
+def add_queue_fk(engine: Engine) -> None:
+    """The foreign key from jobs.queue to queues.name, as a schema before sqlaq_0031 had it
+    (a KEY SHARE lock on the queue's row per inserted job)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "ALTER TABLE sqla_queue.jobs ADD CONSTRAINT fk_jobs_queue_queues "
+                "FOREIGN KEY (queue) REFERENCES sqla_queue.queues (name) ON UPDATE CASCADE"
+            )
+        )

@@ -24,9 +24,9 @@ def test_each_measurement_returns_its_documented_keys(database_url: str) -> None
     assert (bulk["rows"], bulk["queue_fk"]) == (150, False)
     assert bulk["ratio_range"][0] <= bulk["ratio_of_pairs"] <= bulk["ratio_range"][1]
     engine = create_engine(database_url)
-    with engine.connect() as conn:  # the foreign key is back, the scratch table gone
+    with engine.connect() as conn:  # the queue check is back, the scratch table gone
         names = conn.execute(
-            text("SELECT conname FROM pg_constraint WHERE conname = 'fk_jobs_queue_queues'")
+            text("SELECT tgname FROM pg_trigger WHERE tgname = 'jobs_queue_known'")
         ).all()
         orders = conn.execute(text("SELECT to_regclass('enqueue_paths_orders')")).scalar()
     engine.dispose()

@@ -26,7 +26,6 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import Dependency, Queue, admin, enqueue, enqueue_many
-from sqla_queue.db.migrate import drop_queue_fk
 
 StartWorker = Callable[..., WorkerProcess]
 APP = "helpers.apps.workflow_app:registry"
@@ -395,16 +394,16 @@ def test_sigkilled_workers_mid_workflow_lose_no_node_and_run_no_child_early(
 
 
 @pytest.mark.slow
-def test_workers_mint_no_multixacts_on_a_workflow_without_the_queue_fk(
+def test_workers_mint_no_multixacts_on_a_workflow(
     private_url: str, workers: StartWorker
 ) -> None:
     """A random DAG with a fan-in, a failing node, cancel and run edges, on the private
-    cluster (MultiXact ids are cluster-wide), the queue FK dropped."""
+    cluster (MultiXact ids are cluster-wide), the default schema (its queue check locks
+    nothing)."""
     engine = create_engine(private_url)
     admin_db = admin_engine(private_url)
     db = FaultDatabase(private_url)
     try:
-        drop_queue_fk(engine)
         create_ledger(libpq_dsn(private_url))
         specs = random_dag(random.Random(5), 300)
         specs["fail"] = Spec("boom", {"n": 300}, ["n10"])

@@ -1,11 +1,15 @@
-"""sqla-queue, optional: drop the foreign key from jobs.queue to queues.name.
+"""sqla-queue, optional: let jobs name queues that do not exist.
 
 Opt-in, on its own branch ("sqla_queue_no_queue_fk") in its own folder, so that
 `alembic upgrade heads` over the default versions folder never applies it. Apply it with
 `sqla-queue migrate --drop-queue-fk`; revert it with `--restore-queue-fk`.
 
-Why: every insert into jobs takes a KEY SHARE lock on its queue's row, and concurrent
-enqueuers into one queue share that lock through a MultiXact (about one per insert).
+It drops what refuses a job of an unknown queue: since sqlaq_0031 the queue check's
+triggers (`jobs_queue_known` and the three beside it), which take no lock; before it, the
+foreign key from jobs.queue to queues.name, whose KEY SHARE lock on the queue's row made a
+MultiXact of about every insert while producers enqueued into one queue at once (the
+reason this branch was first made). Reverted, it restores the triggers (or, on a schema
+before sqlaq_0031, the foreign key), refused while jobs name missing queues.
 
 Revision ID: sqlaq_nofk_0001
 Revises:
@@ -15,11 +19,13 @@ Create Date: 2026-11-29
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import text
 
 from alembic import op
-from sqla_queue.db import queries
-from sqla_queue.errors import OrphanJobsError
 
 revision: str = "sqlaq_nofk_0001"
 down_revision: str | Sequence[str] | None = None
@@ -31,25 +37,30 @@ SCHEMA = "sqla_queue"
 CONSTRAINT = "fk_jobs_queue_queues"
 
 
+def _check() -> Any:
+    """sqlaq_0031's module (the queue check, and the foreign key's restore)."""
+    return importlib.import_module("sqla_queue.migrations.versions.sqlaq_0031_queue_check")
+
+
+def _has_check() -> bool:
+    """Whether the schema has the check's functions (sqlaq_0031 on); before it, the foreign
+    key is what refuses an unknown queue."""
+    if op.get_context().as_sql:
+        return True
+    found = op.get_bind().execute(
+        text("SELECT to_regproc(:name) IS NOT NULL"), {"name": f"{SCHEMA}.jobs_queue_known"}
+    )
+    return bool(found.scalar())
+
+
 def upgrade() -> None:
     op.execute(f"ALTER TABLE {SCHEMA}.jobs DROP CONSTRAINT IF EXISTS {CONSTRAINT}")
+    if _has_check():
+        _check().drop_check()
 
 
 def downgrade() -> None:
-    # The lock ADD FOREIGN KEY takes anyway, taken first: no orphan can appear after the check.
-    op.execute(f"LOCK TABLE {SCHEMA}.jobs IN SHARE ROW EXCLUSIVE MODE")
-    if not op.get_context().as_sql:
-        orphans = op.get_bind().execute(queries.orphan_queues()).all()
-        if orphans:
-            listed = ", ".join(f"{queue!r}: {count} job(s)" for queue, count in orphans)
-            raise OrphanJobsError(orphans=listed)
-    op.create_foreign_key(
-        CONSTRAINT,
-        "jobs",
-        "queues",
-        ["queue"],
-        ["name"],
-        source_schema=SCHEMA,
-        referent_schema=SCHEMA,
-        onupdate="CASCADE",
-    )
+    if _has_check():
+        _check().restore_check()
+    else:
+        _check().restore_key()
