@@ -394,9 +394,7 @@ def test_sigkilled_workers_mid_workflow_lose_no_node_and_run_no_child_early(
 
 
 @pytest.mark.slow
-def test_workers_mint_no_multixacts_on_a_workflow(
-    private_url: str, workers: StartWorker
-) -> None:
+def test_workers_mint_no_multixacts_on_a_workflow(private_url: str, workers: StartWorker) -> None:
     """A random DAG with a fan-in, a failing node, cancel and run edges, on the private
     cluster (MultiXact ids are cluster-wide), the default schema (its queue check locks
     nothing)."""
