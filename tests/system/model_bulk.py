@@ -24,8 +24,13 @@ STATUSES = ("queued", "running", "done", "failed", "cancelled", "waiting")
 
 
 def takes(action: str, row: Row) -> bool:
-    """Whether `action` takes this job, whatever the filter (as the single-job commands)."""
-    if row.archived or row.held:
+    """Whether `action` takes this job, whatever the filter (as the single-job commands).
+    Of the finished jobs moved out of `jobs`, a delete takes the history's (a `keep` or
+    `archive` queue's succeeded jobs, since sqlaq_0030: `admin.filters.bulk_delete`), not
+    those of the unpartitioned archive of older releases; retry and cancel take neither."""
+    if row.archived:
+        return action == "delete" and not row.old_archive
+    if row.held:
         return False
     if action == "delete":
         return row.status != "running"
