@@ -37,12 +37,12 @@ LIMITS: dict[str, str] = {
         "wait on I/O."
     ),
     "bulk_enqueue": (
-        "per row on the server: the queue foreign key's RI trigger (a lookup per row: 5-15 ms "
-        "per 1,000 rows under EXPLAIN ANALYZE here), three index entries and jsonb parsing; "
-        "per row in Python: validation, including one json.dumps. COPY on the session's "
-        "connection (used from 100 rows on) about doubled insertmanyvalues here; dropping "
-        "the optional FK (see README) removes the trigger. 100,000 jobs/s needs about 10 us "
-        "per row in all, which this 2-CPU machine, shared with other work, does not give."
+        "per row on the server: three index entries over every queued job and jsonb "
+        "parsing (the queue foreign key's per-row look-up gave way to one check per "
+        "statement in sqlaq_0031); per row in Python: validation, including one "
+        "json.dumps. COPY on the session's connection (used from 100 rows on) about doubled "
+        "insertmanyvalues here. 100,000 jobs/s needs about 10 us per row in all, which this "
+        "2-CPU machine, shared with the server, does not give."
     ),
     "single_enqueue_1": (
         "enqueue() is an ORM Session and a unit-of-work flush whose one statement carries "
