@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster = PrivateCluster(port=args.cluster_port)
             console.print(f"starting a private PostgreSQL cluster ({cluster.bindir}) ...")
             server_url = cluster.start()
+            plan.server_data = str(cluster.data)
         except ClusterError as exc:
             console.print(f"[red]{exc}[/]")
             return 2
@@ -226,6 +227,8 @@ def measure(
                 else:
                     sc[name] = getattr(scenarios, name)(db, plan, say)
                 step()
+                if name == "ceiling" and sc[name]["available"]:
+                    plan.ceiling_best = sc[name]["best"].get("50")
                 if name == "ceiling" and not sc[name]["available"]:
                     say(f"[yellow]no ceiling: {sc[name]['reason']}; absolute figures only[/]")
             for section in optional.SECTIONS:

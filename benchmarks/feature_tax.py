@@ -226,11 +226,12 @@ def _empty(conn: psycopg.Connection, table: str) -> None:
     conn.commit()
 
 
-def tax(url: str, rounds: int = 4) -> dict[str, Any]:
-    """Each workload against `jobs`, `minimal` and `jobs` without each feature in turn."""
+def tax(url: str, rounds: int = 4, each_feature: bool = True) -> dict[str, Any]:
+    """Each workload against `jobs`, `minimal` and (unless not `each_feature`) `jobs` without
+    each feature in turn."""
     dsn = enqueue_paths._dsn(url)
     with psycopg.connect(dsn) as conn:
-        every = features(conn)
+        every = features(conn) if each_feature else []
         _make_minimal(conn)
         variants: list[tuple[str, Feature | None]] = [("jobs", None), ("minimal", None)]
         variants += [(f"-{f.name}", f) for f in every]
@@ -340,9 +341,11 @@ def run(
     rounds: int = 4,
     revision: str | None = None,
     before: tuple[str, str] | None = None,
+    each_feature: bool = True,
 ) -> dict[str, Any]:
     """The parts in `only`; with `before` (a second database's URL, a revision) the plain
-    workloads at head against that revision first."""
+    workloads at head against that revision first; `each_feature=False` measures the jobs
+    and minimal tables only."""
     engine = create_engine(normalize_url(url))
     try:
         upgrade(engine) if revision is None else upgrade(engine, revision)
@@ -352,7 +355,7 @@ def run(
     if before is not None:
         result["compare"] = compare(url, before[0], before[1], rounds * 2)
     if "tax" in only:
-        result["tax"] = tax(url, rounds)
+        result["tax"] = tax(url, rounds, each_feature)
     if "enqueue" in only:
         result["enqueue"] = enqueue(url, rounds)
     result["load_after"] = list(os.getloadavg())

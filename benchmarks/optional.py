@@ -164,4 +164,13 @@ SECTIONS = (
         what="wait_for's latency from a finishing commit to its return, 100 jobs, 10 threads",
         call=_results_wait,
     ),
+    Section(
+        name="hot_path",
+        module="benchmarks.hot_path",
+        title="Issue 39: what a plain job pays, the drain's CPU per job, enqueue's price",
+        what="plain-job COPY and INSERT against a minimal table with each index's and "
+        "trigger's share, drains of jobs enqueued just before by one and two worker processes "
+        "with the worker's and the server's CPU per job, enqueue() against a hand-written "
+        "INSERT and enqueue_many against a raw COPY",
+    ),
 )

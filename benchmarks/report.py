@@ -1126,10 +1126,14 @@ def markdown(results: dict[str, Any], chart: str | None, root: Path) -> str:
     out += ["", PROFILING.rstrip("\n")]
     out += ["", "## Targets"]
     out += targets_table(
+        [t for t in results["targets"] if t.get("issue") == 39],
+        "### Issue 39: pay only for what you use",
+    )
+    out += targets_table(
         [t for t in results["targets"] if t.get("issue") == 13],
         "### Issue 13: faster on every path, peers in the same run",
     )
-    earlier = [t for t in results["targets"] if t.get("issue") != 13]
+    earlier = [t for t in results["targets"] if t.get("issue") not in (13, 39)]
     out += targets_table(earlier, "### Earlier targets (issue 4)")
     notes = results.get("notes") or []
     if notes:

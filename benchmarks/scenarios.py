@@ -113,6 +113,12 @@ class Plan:
     """Worker processes of the `worker --processes N` drain line (when the CLI has it)."""
     processes_concurrency: int = 4
     """Concurrency of each of those processes."""
+    server_data: str | None = None
+    """The private cluster's data directory (its processes' CPU is read from /proc), else
+    None (a server given by --database-url)."""
+    ceiling_best: float | None = None
+    """The run's best batch-50 ceiling line, once the ceiling has run (the ratios of
+    `benchmarks.hot_path`)."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> Plan:

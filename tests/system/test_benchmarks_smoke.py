@@ -28,7 +28,7 @@ TINY = [
 ]  # fmt: skip
 
 SCENARIOS = [
-    "backlog", "bulk_enqueue", "ceiling", "drain", "enqueue_paths", "enqueue_single",
+    "backlog", "bulk_enqueue", "ceiling", "drain", "enqueue_paths", "enqueue_single", "hot_path",
     "latency", "limits", "multixacts", "processes", "results_wait", "table_size", "workflows",
 ]  # fmt: skip
 
@@ -67,6 +67,19 @@ def test_harness_writes_every_scenario_at_tiny_sizes(admin_url: str, tmp_path: P
     assert wait["available"] is True, wait
     assert wait["jobs"] == 100
     assert wait["p99"] >= wait["p50"] > 0
+    hot = results["scenarios"]["hot_path"]
+    assert hot["available"] is True, hot
+    assert hot["tax"]["median_rate"]["minimal"]["copy"] > 0
+    assert hot["tax"]["features"] == {}  # a tiny plan: the two tables, no feature one by one
+    assert [(d["processes"], d["jobs"]) for d in hot["drains"]] == [(1, 500), (2, 500)]
+    assert all(d["median"] > 0 and d["worker_cpu_us"] > 0 for d in hot["drains"])
+    assert all(d["server_cpu_us"] is None for d in hot["drains"])  # not its own cluster
+    rows39 = [t for t in results["targets"] if t["issue"] == 39]
+    assert [t["name"] for t in rows39] == [
+        "i39_copy", "i39_insert", "i39_drain_one", "i39_drain_two", "i39_enqueue",
+        "i39_enqueue_many",
+    ]  # fmt: skip
+    assert [t["met"] for t in rows39][2:4] == [None, None]  # no ceiling: no ratio
     assert results["meta"]["server"]["synchronous_commit"] in {
         "on",
         "off",
@@ -95,6 +108,7 @@ def test_harness_writes_every_scenario_at_tiny_sizes(admin_url: str, tmp_path: P
     markdown = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## Targets" in markdown
     assert "### Issue 13" in markdown
+    assert "### Issue 39: pay only for what you use" in markdown
     assert "## Deep backlog" in markdown
     assert "## Peers in the same run" in markdown
     assert "the server given by `--database-url`" in markdown
