@@ -97,6 +97,46 @@ def test_claim_of_any_queue_reads_the_claim_index_in_order_on_a_never_analyzed_t
     assert "Sort Key: c.priority" not in plan, plan
 
 
+def test_the_claim_updates_its_rows_by_id_not_by_walking_the_drained_ids(engine: Engine) -> None:
+    """A drain leaves the ids it finished dead in the primary key until a VACUUM. The claim
+    marks its candidates running by looking each one up (an index condition on the ids), not
+    by a merge join that reads the primary key from its first entry, dead ones included, up
+    to the candidates: that walk grew with every job drained (half of a 500-job claim's time
+    100,000 jobs into a drain) and held a long-running worker at 0.66x its rate on a table
+    just analyzed."""
+    _insert_cold(engine, 20_000)
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE sqla_queue.jobs"))
+        # the first 19,000 drained: deleted, not yet vacuumed (autovacuum is off above)
+        conn.execute(
+            text(
+                "DELETE FROM sqla_queue.jobs WHERE id <= (SELECT min(id) + 18999 "
+                "FROM sqla_queue.jobs)"
+            )
+        )
+    compiled = queries.claim_jobs(None).compile(dialect=engine.dialect)
+    values = {
+        **compiled.params,
+        "limit": 500,
+        "worker_id": "w",
+        "lease": 60.0,
+        "task_leases": "{}",
+        "task_max_attempts": "{}",
+    }
+    with engine.connect() as conn:
+        plan = "\n".join(
+            row[0]
+            for row in conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + compiled.string, values
+            )
+        )
+        conn.rollback()  # the claim's UPDATE, explained, is not kept
+    claimed = plan.split("CTE claimed")[1].split("\n  CTE ")[0].split("\n  ->")[0]
+    assert "rows=500 loops=1" in claimed, plan
+    assert "Index Cond: (id = ANY" in claimed, plan
+    assert "Merge Join" not in claimed, plan
+
+
 def test_worker_refreshes_the_statistics_of_a_cold_table_on_its_upkeep_thread(
     engine: Engine,
 ) -> None:
