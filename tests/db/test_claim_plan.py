@@ -102,8 +102,8 @@ def test_the_claim_updates_its_rows_by_id_not_by_walking_the_drained_ids(engine:
     marks its candidates running by looking each one up (an index condition on the ids), not
     by a merge join that reads the primary key from its first entry, dead ones included, up
     to the candidates: that walk grew with every job drained (half of a 500-job claim's time
-    100,000 jobs into a drain) and held a long-running worker at 0.66x its rate on a table
-    just analyzed."""
+    100,000 jobs into a drain) and held a long-running worker draining bursts of 100,000 at
+    0.66x the rate it has with the look-up."""
     _insert_cold(engine, 20_000)
     with engine.begin() as conn:
         conn.execute(text("ANALYZE sqla_queue.jobs"))
